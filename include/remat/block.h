@@ -1,0 +1,115 @@
+// A transformer block as data.
+//
+// A BlockSpec is the table of every named activation of one block (name, shape, dtype, the op that
+// produces it, whether any backward reads it) and the list of op nodes that connect them, in
+// forward order. Nothing else knows a size: the executor allocates by it, the memory report sums
+// it, the planner searches over it. Shapes are concrete for one ModelConfig, in elements.
+//
+//   BlockSpec b = make_block(cfg);               // cfg.arch picks the kind: seed or gpt2
+//   for (const TensorSpec& t : b.tensors)        // "ln1 (8, 1024, 512) fp32 2.0 MiB"
+//     fmt::print("{} {} {}\n", t.name, t.shape, t.bytes());
+//
+// Adding a kind (say llama: RMSNorm, RoPE, SwiGLU) means adding its ops to OpKind and a builder
+// function in block.cpp; the executor and planner read only this table.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "remat/config.h"
+
+namespace remat {
+
+enum class OpKind : uint8_t {
+  Linear,      // y = x W^T + b                      in: x         out: y
+  LayerNorm,   // y = (x - mean) * rstd * w + b      in: x         out: y, mean, rstd
+  Gelu,        // y = gelu_tanh(x)                   in: x         out: y
+  Relu,        // y = max(x, 0)                      in: x         out: y
+  Dropout,     // y = x * mask / (1 - p)             in: x         out: y, mask
+  Scores,      // s = q k^T / sqrt(D) (+ causal)     in: qkv       out: scores   (B, H, T, T)
+  Softmax,     // p = softmax(s, -1)                 in: scores    out: probs
+  AttnValues,  // a = p v, heads merged              in: probs, qkv  out: atty   (B, T, C)
+  Add,         // y = a + b                          in: a, b      out: y
+  Count,
+};
+
+// What one kind of op consumes, produces, and keeps for its backward. One row per OpKind.
+struct OpInfo {
+  const char* name;
+  int n_in;
+  int n_out;
+  int n_params;
+  unsigned bwd_reads_in;   // bit i set: the backward reads input i
+  unsigned bwd_reads_out;  // bit i set: the backward reads output i
+};
+const OpInfo& op_info(OpKind kind);
+
+struct TensorSpec {
+  std::string name;             // unique in the block: "x", "ln1", "probs", ...
+  std::vector<int64_t> shape;   // elements per dimension
+  DType dtype = DType::F32;
+  int producer = -1;            // index of the op that produces it; -1 for the block input
+  bool read_by_backward = false;  // false: transient, freed after its last forward use
+  std::string doc;              // one line for reports: "attention probabilities"
+
+  int64_t numel() const;
+  int64_t bytes() const;
+};
+
+struct ParamSpec {
+  std::string name;             // "qkv.weight"
+  std::vector<int64_t> shape;
+};
+
+struct OpNode {
+  OpKind kind;
+  std::string name;             // "qkv", "attn.drop", ...
+  std::vector<int> in;          // tensor ids, as OpInfo orders them
+  std::vector<int> out;         // tensor ids
+  std::vector<int> params;      // parameter ids (Linear: weight, bias; LayerNorm: weight, bias)
+  double p = 0.0;               // Dropout: drop probability
+  bool causal = false;          // Scores: mask j > i
+  int64_t heads = 0;            // Scores, AttnValues: number of heads
+};
+
+// Matmul FLOPs of one op (2 per multiply-add); other ops count 0.
+struct OpFlops {
+  int64_t forward = 0;
+  int64_t backward = 0;
+};
+
+struct BlockSpec {
+  std::string kind;                  // "seed" or "gpt2"
+  std::vector<TensorSpec> tensors;   // the table; index = tensor id
+  std::vector<OpNode> ops;           // forward order
+  std::vector<ParamSpec> params;
+  int input = 0;                     // tensor id of the block input x (always kept)
+  int output = -1;                   // tensor id of the block output y
+
+  // Tensor id by name, or -1.
+  int find(std::string_view name) const;
+  // Tensor ids a policy may save or recompute: read by some backward, not the block input.
+  std::vector<int> choosable() const;
+  // Tensor ids that the backward of op `op` reads, from op_info().
+  std::vector<int> bwd_reads(int op) const;
+  // Matmul FLOPs of op `op`.
+  OpFlops flops(int op) const;
+  // Sum over all ops.
+  OpFlops flops() const;
+  // Elements in all parameters.
+  int64_t param_numel() const;
+  // Comma-separated names of choosable tensors (for error messages).
+  std::string choosable_names() const;
+};
+
+// The block of cfg.arch at cfg's sizes. REQUIRES: validate(cfg) passes.
+BlockSpec make_block(const ModelConfig& cfg);
+
+// "(8, 128, 512)".
+std::string shape_str(const std::vector<int64_t>& shape);
+// "2.0 MiB", "512 B", "1.50 GiB".
+std::string bytes_str(int64_t bytes);
+
+}  // namespace remat

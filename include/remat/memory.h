@@ -1,0 +1,69 @@
+// Memory accounting: live and peak bytes of all tensor storage.
+//
+//   remat::MemoryTracker::install();             // once, first thing in main
+//   remat::MemoryScope scope;                    // peak of a region
+//   auto y = model.forward(x);
+//   fmt::print("{} B kept, {} B peak\n", scope.delta(), scope.peak());
+//
+// CPU: exact to the byte. install() makes remat's allocator LibTorch's CPU allocator; every tensor
+// storage allocated afterwards (at::empty, op outputs, oneDNN buffers) counts at its requested size.
+// It cannot see memory that BLAS libraries (OpenBLAS, oneDNN) malloc for their own scratch, tensors
+// made with from_blob, or storages allocated before install().
+// The allocator keeps freed blocks in a cache keyed by exact size (up to a limit) and hands them
+// out again: a training step that allocates the same shapes every step touches no fresh pages.
+// Cached bytes are "reserved", not "live".
+//
+// CUDA (a CUDA build): live and peak are the caching allocator's allocated_bytes statistics.
+#pragma once
+
+#include <cstdint>
+
+namespace remat {
+
+enum class MemoryDevice : uint8_t { CPU, CUDA };
+
+class MemoryTracker {
+ public:
+  // Installs the tracking allocator as LibTorch's CPU allocator. Idempotent. Tensors allocated
+  // before the first call are invisible to it.
+  static void install();
+  static bool installed();
+
+  // Bytes of live tensor storage now.
+  static int64_t live(MemoryDevice device = MemoryDevice::CPU);
+  // Highest live() since install() or the last reset_peak().
+  static int64_t peak(MemoryDevice device = MemoryDevice::CPU);
+  // Sets peak() to live().
+  static void reset_peak(MemoryDevice device = MemoryDevice::CPU);
+
+  // CPU: live bytes plus bytes held in the free-block cache.
+  static int64_t reserved();
+  // CPU: returns every cached free block to the system.
+  static void release_cache();
+  // CPU: most bytes the free-block cache may hold; beyond it freed blocks go back to the system.
+  // Default 8 GiB; 0 disables the cache.
+  static void set_cache_limit(int64_t bytes);
+  // CPU: number of storages allocated since install() (cache hits included).
+  static int64_t allocations();
+};
+
+// Measures one region of code. Construction resets the peak; the enclosing scope's peak is
+// restored on destruction, so scopes nest.
+class MemoryScope {
+ public:
+  explicit MemoryScope(MemoryDevice device = MemoryDevice::CPU);
+  ~MemoryScope();
+  MemoryScope(const MemoryScope&) = delete;
+  MemoryScope& operator=(const MemoryScope&) = delete;
+
+  int64_t start() const { return start_; }  // live bytes at construction
+  int64_t delta() const;                    // live now minus start
+  int64_t peak() const;                     // highest live since construction minus start
+
+ private:
+  MemoryDevice device_;
+  int64_t start_;
+  int64_t outer_peak_;
+};
+
+}  // namespace remat

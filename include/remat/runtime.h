@@ -1,0 +1,34 @@
+// The machine: thread settings, which BLAS is loaded, and how fast it multiplies.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace remat {
+
+// Threads for LibTorch's own kernels (OpenMP) and for the BLAS pool (OpenBLAS pthreads).
+// On a 2-core machine the two pools fight: idle libgomp workers spin on the cores OpenBLAS needs.
+struct ThreadConfig {
+  int aten = 1;  // at::set_num_threads
+  int blas = 2;  // openblas_set_num_threads; ignored when the BLAS is not OpenBLAS
+};
+
+// The default: ATen 1, BLAS = number of cores. Measured on the 2-core machine (README, "Threads").
+ThreadConfig default_threads();
+
+// "A/B" (ATen A, BLAS B) or "N" (both N). Throws remat::Error for anything else.
+ThreadConfig parse_threads(std::string_view text);
+
+// Applies both settings to this process.
+void apply_threads(const ThreadConfig& t);
+
+// "1/2".
+std::string to_string(const ThreadConfig& t);
+
+// The loaded BLAS, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell", or "unknown (not OpenBLAS)".
+std::string blas_name();
+
+// Float32 matmul rate in GFLOP/s: the median of `reps` n x n x n at::mm calls after one warm-up.
+double matmul_gflops(int n = 1024, int reps = 9);
+
+}  // namespace remat

@@ -1,0 +1,280 @@
+#include "remat/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+
+#include "remat/block.h"
+#include "remat/error.h"
+#include "remat/memory.h"
+#include "remat/module_model.h"
+#include "remat/optim.h"
+#include "remat/policy.h"
+#include "remat/report.h"
+
+namespace remat {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// A model, its fixed batch and its loss, behind one interface so that every engine is measured by
+// the same loop.
+class Subject {
+ public:
+  virtual ~Subject() = default;
+  virtual at::Tensor loss() = 0;
+  virtual std::vector<at::Tensor> parameters() = 0;
+};
+
+class ModuleSubject final : public Subject {
+ public:
+  ModuleSubject(const ModelConfig& cfg, const Policy& policy, uint64_t seed) {
+    at::manual_seed(seed);
+    model_ = std::make_unique<ModuleModel>(cfg, policy);
+    at::manual_seed(seed + 1);
+    x_ = at::randn({cfg.seq, cfg.batch, cfg.dim});
+    target_ = at::randn({cfg.seq, cfg.batch, cfg.dim});
+  }
+  at::Tensor loss() override { return at::mse_loss(model_->forward(x_), target_); }
+  std::vector<at::Tensor> parameters() override { return model_->parameters(); }
+
+ private:
+  std::unique_ptr<ModuleModel> model_;
+  at::Tensor x_, target_;
+};
+
+std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, const Policy& policy,
+                                      uint64_t seed) {
+  switch (engine) {
+    case Engine::Module: return std::make_unique<ModuleSubject>(cfg, policy, seed);
+  }
+  fail("unknown engine");
+}
+
+// The gradients of one forward/backward at the initial weights, cloned.
+std::vector<at::Tensor> first_grads(Subject& s) {
+  at::Tensor loss = s.loss();
+  loss.backward();
+  std::vector<at::Tensor> grads;
+  for (at::Tensor& p : s.parameters()) {
+    grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+    p.mutable_grad() = at::Tensor();
+  }
+  return grads;
+}
+
+double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].defined() != b[i].defined()) return std::numeric_limits<double>::infinity();
+    if (!a[i].defined()) continue;
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  }
+  return worst;
+}
+
+std::string fmt_ms(double ms) { return fmt::format("{:.1f}", ms); }
+std::string fmt_ratio(double r) { return fmt::format("{:.2f}x", r); }
+std::string fmt_mib(int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / (1 << 20)); }
+
+const BenchRow* find_none(const std::vector<BenchRow>& rows, Engine engine) {
+  for (const BenchRow& r : rows)
+    if (r.engine == engine && r.policy == "none") return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view to_string(Engine e) {
+  switch (e) {
+    case Engine::Module: return "module";
+  }
+  return "?";
+}
+
+Engine parse_engine(std::string_view s) {
+  if (s == "module") return Engine::Module;
+  fail("unknown --engine '{}'; allowed: module", s);
+}
+
+BenchResult run_bench(const BenchOptions& o) {
+  validate(o.model);
+  if (o.steps < 1) fail("--steps must be >= 1, got {}", o.steps);
+  if (o.warmup < 0) fail("--warmup must be >= 0, got {}", o.warmup);
+  if (o.policies.empty()) fail("--policies is empty; give at least one policy, e.g. none,full");
+  if (o.engines.empty()) fail("--engine is empty; allowed: module");
+  const BlockSpec spec = make_block(o.model);
+  for (const std::string& text : o.policies) {
+    const Policy policy = Policy::parse(text);
+    for (Engine e : o.engines)
+      if (e == Engine::Module) ModuleModel::check(o.model, policy);
+  }
+
+  MemoryTracker::install();
+  apply_threads(o.threads);
+  auto say = [&](const std::string& line) {
+    if (o.progress) o.progress(line);
+  };
+
+  BenchResult result;
+  result.options = o;
+  result.blas = blas_name();
+  say("measuring the matmul rate (1024^3 float32)");
+  result.matmul_gflops = matmul_gflops();
+  const OpFlops block = spec.flops();
+  result.flops_per_step = o.model.layers * (block.forward + block.backward);
+  result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
+
+  const size_t total = o.policies.size() * o.engines.size();
+  size_t done = 0;
+  for (Engine engine : o.engines) {
+    std::vector<at::Tensor> reference;
+    {
+      say(fmt::format("{}: reference gradients (none)", to_string(engine)));
+      auto subject = make_subject(engine, o.model, Policy::parse("none"), o.seed);
+      reference = first_grads(*subject);
+    }
+    for (const std::string& text : o.policies) {
+      ++done;
+      const std::string tag = fmt::format("[{}/{}] {} {}", done, total, to_string(engine), text);
+      auto subject = make_subject(engine, o.model, Policy::parse(text), o.seed);
+      Adam adam(subject->parameters(), AdamOptions{o.lr});
+
+      BenchRow row;
+      row.policy = text;
+      row.engine = engine;
+      row.flops_per_step = result.flops_per_step;
+      row.grad_max_abs_diff = max_abs_diff(first_grads(*subject), reference);
+
+      std::vector<double> step_ms, fwd_ms, bwd_ms;
+      for (int s = 0; s < o.warmup + o.steps; ++s) {
+        const bool timed = s >= o.warmup;
+        adam.zero_grad();
+        const int64_t before = MemoryTracker::live();
+        MemoryTracker::reset_peak();
+        const auto t0 = Clock::now();
+        double fwd, bwd;
+        {
+          at::Tensor loss = subject->loss();
+          fwd = ms_since(t0);
+          const int64_t saved = MemoryTracker::live() - before;
+          const auto t1 = Clock::now();
+          loss.backward();
+          bwd = ms_since(t1);
+          if (timed) row.saved_bytes = std::max(row.saved_bytes, saved);
+        }
+        adam.step();
+        const double step = ms_since(t0);
+        if (timed) {
+          row.peak_bytes = std::max(row.peak_bytes, MemoryTracker::peak() - before);
+          step_ms.push_back(step);
+          fwd_ms.push_back(fwd);
+          bwd_ms.push_back(bwd);
+        }
+        say(fmt::format("{}: {} {}/{} {:.0f} ms", tag, timed ? "step" : "warm-up",
+                        timed ? s - o.warmup + 1 : s + 1, timed ? o.steps : o.warmup, step));
+      }
+      row.step_ms_median = median(step_ms);
+      row.step_ms_min = *std::min_element(step_ms.begin(), step_ms.end());
+      row.fwd_ms_median = median(fwd_ms);
+      row.bwd_ms_median = median(bwd_ms);
+      row.floor_ratio = row.step_ms_median / result.floor_ms;
+      result.rows.push_back(row);
+    }
+  }
+  return result;
+}
+
+std::string BenchResult::markdown() const {
+  Table t;
+  t.header = {"policy", "engine", "step ms", "min ms", "fwd ms", "bwd ms", "time vs none",
+              "saved MiB", "peak MiB", "peak vs none", "step / floor", "grad diff"};
+  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true};
+  for (const BenchRow& r : rows) {
+    const BenchRow* none = find_none(rows, r.engine);
+    t.rows.push_back({r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median), fmt_ms(r.step_ms_min),
+                      fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
+                      none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-", fmt_mib(r.saved_bytes),
+                      fmt_mib(r.peak_bytes),
+                      none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
+                      fmt_ratio(r.floor_ratio), fmt::format("{:g}", r.grad_max_abs_diff)});
+  }
+  return t.markdown();
+}
+
+std::string BenchResult::csv() const {
+  std::string s =
+      "policy,engine,step_ms_median,step_ms_min,fwd_ms_median,bwd_ms_median,saved_bytes,peak_bytes,"
+      "grad_max_abs_diff,flops_per_step,floor_ratio\n";
+  for (const BenchRow& r : rows)
+    s += fmt::format("{},{},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{:g},{},{:.4f}\n", r.policy, to_string(r.engine),
+                     r.step_ms_median, r.step_ms_min, r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
+                     r.peak_bytes, r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio);
+  return s;
+}
+
+std::string BenchResult::json() const {
+  const ModelConfig& m = options.model;
+  nlohmann::json config = {
+      {"arch", to_string(m.arch)},   {"layers", m.layers},
+      {"dim", m.dim},                {"heads", m.heads},
+      {"batch", m.batch},            {"seq", m.seq},
+      {"hidden", m.hidden()},        {"dtype", to_string(m.dtype)},
+      {"steps", options.steps},      {"warmup", options.warmup},
+      {"seed", options.seed},        {"lr", options.lr},
+      {"threads", to_string(options.threads)},
+      {"blas", blas},                {"matmul_gflops", matmul_gflops},
+      {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
+      {"libtorch", TORCH_VERSION},
+  };
+  nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}};
+  for (const BenchRow& r : rows) {
+    out["rows"].push_back({{"policy", r.policy},
+                           {"engine", to_string(r.engine)},
+                           {"step_ms_median", r.step_ms_median},
+                           {"step_ms_min", r.step_ms_min},
+                           {"fwd_ms_median", r.fwd_ms_median},
+                           {"bwd_ms_median", r.bwd_ms_median},
+                           {"saved_bytes", r.saved_bytes},
+                           {"peak_bytes", r.peak_bytes},
+                           {"grad_max_abs_diff", r.grad_max_abs_diff},
+                           {"flops_per_step", r.flops_per_step},
+                           {"floor_ratio", r.floor_ratio}});
+  }
+  return out.dump(2) + "\n";
+}
+
+void BenchResult::write_chart(const std::string& path) const {
+  Chart chart;
+  chart.title = "remat bench: " + describe(options.model);
+  chart.xlabel = "step time, median (ms)";
+  chart.ylabel = "peak memory above weights and optimizer state (MiB)";
+  for (Engine e : options.engines) {
+    ChartSeries series;
+    series.title = std::string(to_string(e)) + " path";
+    for (const BenchRow& r : rows)
+      if (r.engine == e)
+        series.points.push_back({r.policy, r.step_ms_median, static_cast<double>(r.peak_bytes) / (1 << 20)});
+    chart.series.push_back(std::move(series));
+  }
+  render_chart(chart, path);
+}
+
+}  // namespace remat

@@ -1,0 +1,269 @@
+#include "remat/block.h"
+
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "remat/error.h"
+
+namespace remat {
+
+namespace {
+
+// One row per OpKind, in enum order. Bits: which inputs / outputs the backward reads.
+constexpr OpInfo kOpInfo[] = {
+    //  name           in out params  reads_in reads_out
+    {"linear",          1, 1, 2,      0b01,    0b000},  // dx = dy W, dW = dy^T x
+    {"layer_norm",      1, 3, 2,      0b01,    0b110},  // reads x, mean, rstd
+    {"gelu",            1, 1, 0,      0b01,    0b000},  // reads x
+    {"relu",            1, 1, 0,      0b00,    0b001},  // reads y (y > 0 is the mask)
+    {"dropout",         1, 2, 0,      0b00,    0b010},  // reads mask
+    {"scores",          1, 1, 0,      0b01,    0b000},  // reads q, k (inside qkv)
+    {"softmax",         1, 1, 0,      0b00,    0b001},  // reads probs
+    {"attn_values",     2, 1, 0,      0b11,    0b000},  // reads probs, v (inside qkv)
+    {"add",             2, 1, 0,      0b00,    0b000},  // reads nothing
+};
+static_assert(std::size(kOpInfo) == static_cast<size_t>(OpKind::Count),
+              "kOpInfo needs one row per OpKind");
+
+struct Out {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype;
+  std::string doc;
+};
+
+class Builder {
+ public:
+  Builder(const ModelConfig& cfg, std::string kind) : cfg_(cfg) { spec_.kind = std::move(kind); }
+
+  int input(std::string name, std::string doc) {
+    spec_.tensors.push_back({std::move(name), btc(cfg_.dim), cfg_.dtype, -1, false, std::move(doc)});
+    spec_.input = static_cast<int>(spec_.tensors.size()) - 1;
+    return spec_.input;
+  }
+
+  std::vector<int> op(OpKind kind, std::string name, std::vector<int> in, std::vector<Out> outs,
+                      std::vector<ParamSpec> params = {}) {
+    OpNode node;
+    node.kind = kind;
+    node.name = std::move(name);
+    node.in = std::move(in);
+    const int id = static_cast<int>(spec_.ops.size());
+    for (Out& o : outs) {
+      spec_.tensors.push_back({std::move(o.name), std::move(o.shape), o.dtype, id, false, std::move(o.doc)});
+      node.out.push_back(static_cast<int>(spec_.tensors.size()) - 1);
+    }
+    for (ParamSpec& p : params) {
+      spec_.params.push_back(std::move(p));
+      node.params.push_back(static_cast<int>(spec_.params.size()) - 1);
+    }
+    spec_.ops.push_back(std::move(node));
+    return spec_.ops.back().out;
+  }
+
+  int linear(const std::string& name, int x, int64_t out_features, std::string doc) {
+    const int64_t in_features = spec_.tensors[x].shape.back();
+    return op(OpKind::Linear, name, {x}, {{name, btc(out_features), cfg_.dtype, std::move(doc)}},
+              {{name + ".weight", {out_features, in_features}}, {name + ".bias", {out_features}}})[0];
+  }
+
+  int layer_norm(const std::string& name, int x, std::string doc) {
+    const std::vector<int64_t> stat = {cfg_.batch, cfg_.seq, 1};
+    return op(OpKind::LayerNorm, name, {x},
+              {{name, btc(cfg_.dim), cfg_.dtype, std::move(doc)},
+               {name + "_mean", stat, DType::F32, "LayerNorm mean per token"},
+               {name + "_rstd", stat, DType::F32, "LayerNorm 1/std per token"}},
+              {{name + ".weight", {cfg_.dim}}, {name + ".bias", {cfg_.dim}}})[0];
+  }
+
+  int unary(OpKind kind, const std::string& name, int x, std::string doc) {
+    return op(kind, name, {x}, {{name, spec_.tensors[x].shape, cfg_.dtype, std::move(doc)}})[0];
+  }
+
+  // Returns x unchanged when dropout is off, else the dropped tensor "<name>_drop".
+  int dropout(const std::string& name, int x, const std::string& what) {
+    if (cfg_.dropout <= 0.0) return x;
+    const auto& shape = spec_.tensors[x].shape;
+    const int y = op(OpKind::Dropout, name + "_drop", {x},
+                     {{name + "_drop", shape, cfg_.dtype, what + " after dropout"},
+                      {name + "_mask", shape, DType::Bool, "dropout keep-mask of " + what}})[0];
+    spec_.ops.back().p = cfg_.dropout;
+    return y;
+  }
+
+  int add(const std::string& name, int a, int b, std::string doc) {
+    return op(OpKind::Add, name, {a, b}, {{name, btc(cfg_.dim), cfg_.dtype, std::move(doc)}})[0];
+  }
+
+  // Core attention: scores, softmax, optional dropout, probs x V. Returns atty (B, T, C).
+  int attention(int qkv, bool causal) {
+    const std::vector<int64_t> btt = {cfg_.batch, cfg_.heads, cfg_.seq, cfg_.seq};
+    const int scores = op(OpKind::Scores, "scores", {qkv},
+                          {{"scores", btt, cfg_.dtype, "attention scores q k^T / sqrt(D)"}})[0];
+    spec_.ops.back().causal = causal;
+    spec_.ops.back().heads = cfg_.heads;
+    int probs = unary(OpKind::Softmax, "probs", scores, "attention probabilities");
+    probs = dropout("probs", probs, "attention probabilities");
+    const int atty = op(OpKind::AttnValues, "atty", {probs, qkv},
+                        {{"atty", btc(cfg_.dim), cfg_.dtype, "attention output, heads merged"}})[0];
+    spec_.ops.back().heads = cfg_.heads;
+    return atty;
+  }
+
+  BlockSpec finish(int output) {
+    spec_.output = output;
+    for (size_t i = 0; i < spec_.ops.size(); ++i)
+      for (int t : spec_.bwd_reads(static_cast<int>(i))) spec_.tensors[t].read_by_backward = true;
+    return std::move(spec_);
+  }
+
+ private:
+  std::vector<int64_t> btc(int64_t c) const { return {cfg_.batch, cfg_.seq, c}; }
+
+  const ModelConfig& cfg_;
+  BlockSpec spec_;
+};
+
+// The seed note's block: x + attn(x), then + ffn(.); ReLU FFN; no norm, no mask, no dropout.
+BlockSpec seed_block(const ModelConfig& cfg) {
+  Builder b(cfg, "seed");
+  const int x = b.input("x", "block input (residual stream)");
+  const int qkv = b.linear("qkv", x, 3 * cfg.dim, "q, k, v projections");
+  const int atty = b.attention(qkv, /*causal=*/false);
+  const int proj = b.linear("proj", atty, cfg.dim, "attention output projection");
+  const int x2 = b.add("x2", x, proj, "residual stream after attention");
+  const int fc = b.linear("fc", x2, cfg.hidden(), "FFN first linear");
+  const int act = b.unary(OpKind::Relu, "act", fc, "FFN activation (ReLU)");
+  const int mlp = b.linear("mlp", act, cfg.dim, "FFN second linear");
+  return b.finish(b.add("y", x2, mlp, "block output"));
+}
+
+// GPT-2: x + drop(proj(attn(ln1(x)))), then + drop(mlp(gelu(fc(ln2(.))))). Causal.
+BlockSpec gpt2_block(const ModelConfig& cfg) {
+  Builder b(cfg, "gpt2");
+  const int x = b.input("x", "block input (residual stream)");
+  const int ln1 = b.layer_norm("ln1", x, "LayerNorm 1 output");
+  const int qkv = b.linear("qkv", ln1, 3 * cfg.dim, "q, k, v projections");
+  const int atty = b.attention(qkv, /*causal=*/true);
+  int proj = b.linear("proj", atty, cfg.dim, "attention output projection");
+  proj = b.dropout("proj", proj, "attention projection");
+  const int x2 = b.add("x2", x, proj, "residual stream after attention");
+  const int ln2 = b.layer_norm("ln2", x2, "LayerNorm 2 output");
+  const int fc = b.linear("fc", ln2, cfg.hidden(), "MLP first linear (GELU input)");
+  const int act = b.unary(OpKind::Gelu, "act", fc, "MLP activation (GELU output)");
+  int mlp = b.linear("mlp", act, cfg.dim, "MLP second linear");
+  mlp = b.dropout("mlp", mlp, "MLP output");
+  return b.finish(b.add("y", x2, mlp, "block output"));
+}
+
+}  // namespace
+
+const OpInfo& op_info(OpKind kind) { return kOpInfo[static_cast<size_t>(kind)]; }
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t TensorSpec::bytes() const { return numel() * dtype_size(dtype); }
+
+int BlockSpec::find(std::string_view name) const {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+std::vector<int> BlockSpec::choosable() const {
+  std::vector<int> ids;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].read_by_backward && static_cast<int>(i) != input) ids.push_back(static_cast<int>(i));
+  return ids;
+}
+
+std::string BlockSpec::choosable_names() const {
+  std::string s;
+  for (int t : choosable()) s += (s.empty() ? "" : ", ") + tensors[t].name;
+  return s;
+}
+
+std::vector<int> BlockSpec::bwd_reads(int op) const {
+  const OpNode& node = ops[op];
+  const OpInfo& info = op_info(node.kind);
+  std::vector<int> ids;
+  for (size_t i = 0; i < node.in.size(); ++i)
+    if (info.bwd_reads_in & (1u << i)) ids.push_back(node.in[i]);
+  for (size_t i = 0; i < node.out.size(); ++i)
+    if (info.bwd_reads_out & (1u << i)) ids.push_back(node.out[i]);
+  return ids;
+}
+
+OpFlops BlockSpec::flops(int op) const {
+  const OpNode& node = ops[op];
+  switch (node.kind) {
+    case OpKind::Linear: {
+      const TensorSpec& x = tensors[node.in[0]];
+      const int64_t k = x.shape.back();
+      const int64_t m = x.numel() / k;
+      const int64_t n = tensors[node.out[0]].shape.back();
+      return {2 * m * n * k, 4 * m * n * k};  // backward: dx and dW
+    }
+    case OpKind::Scores:
+    case OpKind::AttnValues: {
+      // (B, H, T, T) x (B, H, T, D): 2 B H T T D forward; backward two such matmuls.
+      const TensorSpec& y = tensors[node.kind == OpKind::Scores ? node.out[0] : node.in[0]];
+      const int64_t head_dim = tensors[node.in.back()].shape.back() / 3 / node.heads;
+      const int64_t f = 2 * y.numel() * head_dim;
+      return {f, 2 * f};
+    }
+    default:
+      return {};
+  }
+}
+
+OpFlops BlockSpec::flops() const {
+  OpFlops total;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpFlops f = flops(static_cast<int>(i));
+    total.forward += f.forward;
+    total.backward += f.backward;
+  }
+  return total;
+}
+
+int64_t BlockSpec::param_numel() const {
+  int64_t n = 0;
+  for (const ParamSpec& p : params) {
+    int64_t k = 1;
+    for (int64_t d : p.shape) k *= d;
+    n += k;
+  }
+  return n;
+}
+
+BlockSpec make_block(const ModelConfig& cfg) {
+  switch (cfg.arch) {
+    case Arch::Seed: return seed_block(cfg);
+    case Arch::Gpt2: return gpt2_block(cfg);
+  }
+  fail("unknown arch");
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+std::string bytes_str(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  const double a = b < 0 ? -b : b;
+  if (a < 1024) return fmt::format("{} B", bytes);
+  if (a < 1024.0 * 1024) return fmt::format("{:.1f} KiB", b / 1024);
+  if (a < 1024.0 * 1024 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  if (a < 1024.0 * 1024 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  return fmt::format("{:.2f} TiB", b / (1024.0 * 1024 * 1024 * 1024));
+}
+
+}  // namespace remat

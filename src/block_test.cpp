@@ -1,0 +1,78 @@
+#include "remat/block.h"
+
+#include <gtest/gtest.h>
+
+namespace remat {
+namespace {
+
+ModelConfig cfg(Arch arch, double dropout = 0.0) {
+  ModelConfig c;
+  c.arch = arch;
+  c.layers = 2; c.dim = 16; c.heads = 4; c.batch = 2; c.seq = 8; c.dropout = dropout;
+  return c;
+}
+
+std::vector<std::string> names(const BlockSpec& b, const std::vector<int>& ids) {
+  std::vector<std::string> out;
+  for (int t : ids) out.push_back(b.tensors[t].name);
+  return out;
+}
+
+TEST(Block, SeedKeepsWhatItsBackwardsRead) {
+  const BlockSpec b = make_block(cfg(Arch::Seed));
+  EXPECT_EQ(b.kind, "seed");
+  // scores (softmax backward reads its output), fc (ReLU backward reads its output), proj and mlp
+  // (nobody reads them) are transient.
+  EXPECT_EQ(names(b, b.choosable()), (std::vector<std::string>{"qkv", "probs", "atty", "x2", "act"}));
+  EXPECT_EQ(b.tensors[b.output].name, "y");
+  EXPECT_EQ(b.tensors[b.input].name, "x");
+}
+
+TEST(Block, Gpt2WithDropoutHasMasks) {
+  const BlockSpec b = make_block(cfg(Arch::Gpt2, 0.1));
+  EXPECT_EQ(names(b, b.choosable()),
+            (std::vector<std::string>{"ln1", "ln1_mean", "ln1_rstd", "qkv", "probs", "probs_drop", "probs_mask",
+                                      "atty", "proj_mask", "x2", "ln2", "ln2_mean", "ln2_rstd", "fc", "act",
+                                      "mlp_mask"}));
+  EXPECT_EQ(b.tensors[b.find("probs_mask")].dtype, DType::Bool);
+  EXPECT_EQ(b.tensors[b.find("ln1_mean")].dtype, DType::F32);
+}
+
+TEST(Block, ShapesAndBytesFollowTheConfig) {
+  const BlockSpec b = make_block(cfg(Arch::Gpt2, 0.1));
+  const TensorSpec& probs = b.tensors[b.find("probs")];
+  EXPECT_EQ(probs.shape, (std::vector<int64_t>{2, 4, 8, 8}));
+  EXPECT_EQ(probs.bytes(), 2 * 4 * 8 * 8 * 4);
+  EXPECT_EQ(b.tensors[b.find("probs_mask")].bytes(), 2 * 4 * 8 * 8);
+  EXPECT_EQ(b.tensors[b.find("fc")].shape, (std::vector<int64_t>{2, 8, 64}));
+  EXPECT_EQ(b.tensors[b.find("qkv")].shape, (std::vector<int64_t>{2, 8, 48}));
+}
+
+TEST(Block, MatmulFlopsOfTheSeedBlock) {
+  const ModelConfig c = cfg(Arch::Seed);
+  const BlockSpec b = make_block(c);
+  const int64_t m = c.batch * c.seq, C = c.dim, F = c.hidden();
+  // Linears: qkv, proj, fc, mlp; attention: two (B,H,T,T)x(B,H,T,D) products.
+  const int64_t linear = 2 * m * (3 * C * C + C * C + 2 * C * F);
+  const int64_t attention = 2 * 2 * c.batch * c.heads * c.seq * c.seq * c.head_dim();
+  EXPECT_EQ(b.flops().forward, linear + attention);
+  EXPECT_EQ(b.flops().backward, 2 * (linear + attention));
+}
+
+TEST(Block, ParamsInModuleOrder) {
+  const BlockSpec b = make_block(cfg(Arch::Seed));
+  std::vector<std::string> p;
+  for (const ParamSpec& s : b.params) p.push_back(s.name);
+  EXPECT_EQ(p, (std::vector<std::string>{"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "fc.weight",
+                                         "fc.bias", "mlp.weight", "mlp.bias"}));
+  EXPECT_EQ(b.param_numel(), 12 * 16 * 16 + 3 * 16 + 16 + 64 + 16);
+}
+
+TEST(Block, FormatsBytesAndShapes) {
+  EXPECT_EQ(bytes_str(512), "512 B");
+  EXPECT_EQ(bytes_str(3 << 20), "3.0 MiB");
+  EXPECT_EQ(shape_str({8, 128, 512}), "(8, 128, 512)");
+}
+
+}  // namespace
+}  // namespace remat

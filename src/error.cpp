@@ -1,0 +1,1 @@
+#include "remat/error.h"

@@ -1,0 +1,82 @@
+#include "remat/memory.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+namespace remat {
+namespace {
+
+TEST(Memory, InstalledByTheTestMain) { EXPECT_TRUE(MemoryTracker::installed()); }
+
+TEST(Memory, CountsExactBytesOfKnownAllocations) {
+  const int64_t before = MemoryTracker::live();
+  {
+    at::Tensor a = at::empty({1000}, at::kFloat);
+    EXPECT_EQ(MemoryTracker::live() - before, 4000);
+    at::Tensor b = at::empty({3, 7}, at::kDouble);
+    EXPECT_EQ(MemoryTracker::live() - before, 4000 + 21 * 8);
+    at::Tensor c = at::empty({5}, at::kBool);
+    EXPECT_EQ(MemoryTracker::live() - before, 4000 + 168 + 5);
+  }
+  EXPECT_EQ(MemoryTracker::live(), before);
+}
+
+TEST(Memory, ViewsShareTheirStorage) {
+  at::Tensor a = at::zeros({64, 64});
+  const int64_t before = MemoryTracker::live();
+  at::Tensor v = a.transpose(0, 1).narrow(0, 0, 8);
+  EXPECT_EQ(MemoryTracker::live(), before);
+  at::Tensor c = v.contiguous();  // a copy
+  EXPECT_EQ(MemoryTracker::live() - before, 8 * 64 * 4);
+}
+
+TEST(Memory, OpOutputsAreCounted) {
+  const at::Tensor a = at::randn({32, 16});
+  const at::Tensor b = at::randn({16, 8});
+  const int64_t before = MemoryTracker::live();
+  at::Tensor c = at::mm(a, b);
+  EXPECT_EQ(MemoryTracker::live() - before, 32 * 8 * 4);
+}
+
+TEST(Memory, ScopePeakSeesATransientAllocation) {
+  MemoryScope scope;
+  {
+    at::Tensor t = at::empty({1 << 18}, at::kFloat);  // 1 MiB
+  }
+  EXPECT_EQ(scope.delta(), 0);
+  EXPECT_EQ(scope.peak(), 1 << 20);
+}
+
+TEST(Memory, ScopesNest) {
+  MemoryScope outer;
+  at::Tensor a = at::empty({1024}, at::kFloat);
+  {
+    MemoryScope inner;
+    at::Tensor b = at::empty({2048}, at::kFloat);
+    EXPECT_EQ(inner.peak(), 8192);
+  }
+  EXPECT_EQ(outer.peak(), 4096 + 8192);
+  EXPECT_EQ(outer.delta(), 4096);
+}
+
+TEST(Memory, CacheServesTheSameSizeAgain) {
+  { at::Tensor warm = at::empty({12345}, at::kFloat); }
+  const int64_t reserved = MemoryTracker::reserved();
+  { at::Tensor again = at::empty({12345}, at::kFloat); }
+  EXPECT_EQ(MemoryTracker::reserved(), reserved);  // no new block
+  MemoryTracker::release_cache();
+  EXPECT_EQ(MemoryTracker::reserved(), MemoryTracker::live());
+}
+
+TEST(Memory, CountsAllocationsIncludingEmptyTensors) {
+  const int64_t n = MemoryTracker::allocations();
+  const int64_t before = MemoryTracker::live();
+  at::Tensor e = at::empty({0}, at::kFloat);
+  at::Tensor f = at::empty({4}, at::kFloat);
+  EXPECT_GE(MemoryTracker::allocations() - n, 1);
+  EXPECT_EQ(MemoryTracker::live() - before, 16);
+}
+
+}  // namespace
+}  // namespace remat

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# End-to-end checks of the remat CLI: bad input gets one line on stderr and exit code 2; a tiny
+# bench writes its files. Usage: cli_test.sh path/to/remat
+set -u
+remat=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+tiny=(--layers 2 --dim 16 --heads 4 --batch 2 --seq 8 --steps 1 --warmup 0)
+
+# expect_error CODE TEXT ARGS...: exit code CODE, stderr one line containing TEXT.
+expect_error() {
+  local code=$1 text=$2
+  shift 2
+  "$remat" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  local lines
+  lines=$(grep -c . "$tmp/err")
+  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$text" "$tmp/err" || [ "$lines" -ne 1 ]; then
+    echo "FAIL: remat $* -> exit $rc (want $code), stderr:"; cat "$tmp/err"
+    failures=$((failures + 1))
+  fi
+}
+
+expect_error 2 "unknown policy term 'atn'" bench "${tiny[@]}" --policies none,atn
+expect_error 2 "every:K needs a positive integer, got '0'" bench "${tiny[@]}" --policies every:0
+expect_error 2 "--dim 16 is not divisible by --heads 3" bench "${tiny[@]}" --heads 3
+expect_error 2 "--layers must be a positive integer, got 0" bench "${tiny[@]}" --layers 0
+expect_error 2 "--batch must be a positive integer, got -1" bench "${tiny[@]}" --batch -1
+expect_error 2 "cannot write '/nonexistent-dir/r.json'" bench "${tiny[@]}" --json /nonexistent-dir/r.json
+expect_error 2 "unknown format '.jpg'" bench "${tiny[@]}" --chart "$tmp/c.jpg"
+expect_error 2 "unknown --arch 'llama'" bench "${tiny[@]}" --arch llama
+expect_error 2 "--threads 'x'" bench "${tiny[@]}" --threads x
+expect_error 2 "recomputes only some tensors" bench "${tiny[@]}" --policies attn --engine module
+expect_error 2 "The following argument was not expected: --bogus" bench --bogus
+
+"$remat" bench "${tiny[@]}" --policies none,full --json "$tmp/r.json" --csv "$tmp/r.csv" \
+  --chart "$tmp/r.svg" --markdown "$tmp/r.md" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 0 ]; then echo "FAIL: tiny bench exit $rc"; cat "$tmp/err"; failures=$((failures + 1)); fi
+for f in r.json r.csv r.svg r.md; do
+  [ -s "$tmp/$f" ] || { echo "FAIL: $f not written"; failures=$((failures + 1)); }
+done
+grep -q '"grad_max_abs_diff": 0' "$tmp/r.json" || { echo "FAIL: gradients differ"; cat "$tmp/r.json"; failures=$((failures + 1)); }
+grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((failures + 1)); }
+
+if [ $failures -ne 0 ]; then echo "$failures CLI check(s) failed"; exit 1; fi
+echo "CLI checks passed"

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
@@ -52,7 +53,9 @@ class ModuleSubject final : public Subject {
     x_ = at::randn({cfg.seq, cfg.batch, cfg.dim});
     target_ = at::randn({cfg.seq, cfg.batch, cfg.dim});
   }
-  at::Tensor loss() override { return at::mse_loss(model_->forward(x_), target_); }
+  // Reduction::None then mean(): LibTorch 1.13's Mean reduction returns a view that keeps the whole
+  // unreduced (T, B, C) buffer alive until backward (see ops::mse_forward).
+  at::Tensor loss() override { return at::mse_loss(model_->forward(x_), target_, at::Reduction::None).mean(); }
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
 
  private:

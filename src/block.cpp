@@ -1,5 +1,6 @@
 #include "remat/block.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include <fmt/format.h>
@@ -17,11 +18,15 @@ constexpr OpInfo kOpInfo[] = {
     {"layer_norm",      1, 3, 2,      0b01,    0b110},  // reads x, mean, rstd
     {"gelu",            1, 1, 0,      0b01,    0b000},  // reads x
     {"relu",            1, 1, 0,      0b00,    0b001},  // reads y (y > 0 is the mask)
-    {"dropout",         1, 2, 0,      0b00,    0b010},  // reads mask
+    {"dropout_mask",    0, 1, 0,      0b00,    0b000},  // no inputs: a pure function of its seed
+    {"dropout",         2, 1, 0,      0b10,    0b000},  // reads mask
     {"scores",          1, 1, 0,      0b01,    0b000},  // reads q, k (inside qkv)
     {"softmax",         1, 1, 0,      0b00,    0b001},  // reads probs
     {"attn_values",     2, 1, 0,      0b11,    0b000},  // reads probs, v (inside qkv)
     {"add",             2, 1, 0,      0b00,    0b000},  // reads nothing
+    {"embedding",       1, 1, 2,      0b01,    0b000},  // reads tokens
+    {"cross_entropy",   2, 2, 0,      0b10,    0b010},  // reads targets, logp
+    {"mse_loss",        2, 1, 0,      0b11,    0b000},  // reads y, target
 };
 static_assert(std::size(kOpInfo) == static_cast<size_t>(OpKind::Count),
               "kOpInfo needs one row per OpKind");
@@ -38,9 +43,13 @@ class Builder {
   Builder(const ModelConfig& cfg, std::string kind) : cfg_(cfg) { spec_.kind = std::move(kind); }
 
   int input(std::string name, std::string doc) {
-    spec_.tensors.push_back({std::move(name), btc(cfg_.dim), cfg_.dtype, -1, false, std::move(doc)});
-    spec_.input = static_cast<int>(spec_.tensors.size()) - 1;
-    return spec_.input;
+    return input(std::move(name), btc(cfg_.dim), cfg_.dtype, std::move(doc));
+  }
+
+  int input(std::string name, std::vector<int64_t> shape, DType dtype, std::string doc) {
+    spec_.tensors.push_back({std::move(name), std::move(shape), dtype, -1, false, std::move(doc)});
+    spec_.inputs.push_back(static_cast<int>(spec_.tensors.size()) - 1);
+    return spec_.inputs.back();
   }
 
   std::vector<int> op(OpKind kind, std::string name, std::vector<int> in, std::vector<Out> outs,
@@ -62,10 +71,20 @@ class Builder {
     return spec_.ops.back().out;
   }
 
-  int linear(const std::string& name, int x, int64_t out_features, std::string doc) {
+  int linear(const std::string& name, int x, int64_t out_features, std::string doc, bool bias = true) {
+    const int64_t in_features = spec_.tensors[x].shape.back();
+    std::vector<ParamSpec> params = {{name + ".weight", {out_features, in_features}}};
+    if (bias) params.push_back({name + ".bias", {out_features}});
+    return op(OpKind::Linear, name, {x}, {{name, btc(out_features), cfg_.dtype, std::move(doc)}},
+              std::move(params))[0];
+  }
+
+  // A linear whose weight is another stage's parameter (the LM head tied to wte).
+  int tied_linear(const std::string& name, int x, const std::string& weight, int64_t out_features,
+                  std::string doc) {
     const int64_t in_features = spec_.tensors[x].shape.back();
     return op(OpKind::Linear, name, {x}, {{name, btc(out_features), cfg_.dtype, std::move(doc)}},
-              {{name + ".weight", {out_features, in_features}}, {name + ".bias", {out_features}}})[0];
+              {{weight, {out_features, in_features}}})[0];
   }
 
   int layer_norm(const std::string& name, int x, std::string doc) {
@@ -84,10 +103,12 @@ class Builder {
   // Returns x unchanged when dropout is off, else the dropped tensor "<name>_drop".
   int dropout(const std::string& name, int x, const std::string& what) {
     if (cfg_.dropout <= 0.0) return x;
-    const auto& shape = spec_.tensors[x].shape;
-    const int y = op(OpKind::Dropout, name + "_drop", {x},
-                     {{name + "_drop", shape, cfg_.dtype, what + " after dropout"},
-                      {name + "_mask", shape, DType::Bool, "dropout keep-mask of " + what}})[0];
+    const std::vector<int64_t> shape = spec_.tensors[x].shape;
+    const int mask = op(OpKind::DropoutMask, name + "_mask", {},
+                        {{name + "_mask", shape, DType::Bool, "dropout keep-mask of " + what}})[0];
+    spec_.ops.back().p = cfg_.dropout;
+    const int y = op(OpKind::Dropout, name + "_drop", {x, mask},
+                     {{name + "_drop", shape, cfg_.dtype, what + " after dropout"}})[0];
     spec_.ops.back().p = cfg_.dropout;
     return y;
   }
@@ -124,6 +145,38 @@ class Builder {
   const ModelConfig& cfg_;
   BlockSpec spec_;
 };
+
+// gpt2 stem: x = drop(wte[tokens] + wpe[0:T]).
+BlockSpec gpt2_stem(const ModelConfig& cfg) {
+  Builder b(cfg, "gpt2.stem");
+  const int tokens = b.input("tokens", {cfg.batch, cfg.seq}, DType::I64, "token ids");
+  const int x = b.op(OpKind::Embedding, "emb", {tokens},
+                     {{"emb", {cfg.batch, cfg.seq, cfg.dim}, cfg.dtype, "token + position embedding"}},
+                     {{"wte", {cfg.vocab, cfg.dim}}, {"wpe", {cfg.seq, cfg.dim}}})[0];
+  return b.finish(b.dropout("emb", x, "embedding"));
+}
+
+// gpt2 head: loss = cross_entropy(lnf(x) wte^T, targets).
+BlockSpec gpt2_head(const ModelConfig& cfg) {
+  Builder b(cfg, "gpt2.head");
+  const int x = b.input("x", "last block output");
+  const int targets = b.input("targets", {cfg.batch, cfg.seq}, DType::I64, "next-token ids");
+  const int lnf = b.layer_norm("lnf", x, "final LayerNorm output");
+  const int logits = b.tied_linear("logits", lnf, "wte", cfg.vocab, "LM head output");
+  const std::vector<int64_t> btv = {cfg.batch, cfg.seq, cfg.vocab};
+  const int loss = b.op(OpKind::CrossEntropy, "loss", {logits, targets},
+                        {{"loss", {}, DType::F32, "mean cross-entropy"},
+                         {"logp", btv, cfg.dtype, "log-probabilities"}})[0];
+  return b.finish(loss);
+}
+
+// seed head: loss = mse(y, target), as the seed note's training function.
+BlockSpec seed_head(const ModelConfig& cfg) {
+  Builder b(cfg, "seed.head");
+  const int y = b.input("y", "last block output");
+  const int target = b.input("target", "regression target");
+  return b.finish(b.op(OpKind::MseLoss, "loss", {y, target}, {{"loss", {}, DType::F32, "mean squared error"}})[0]);
+}
 
 // The seed note's block: x + attn(x), then + ffn(.); ReLU FFN; no norm, no mask, no dropout.
 BlockSpec seed_block(const ModelConfig& cfg) {
@@ -169,6 +222,10 @@ int64_t TensorSpec::numel() const {
 
 int64_t TensorSpec::bytes() const { return numel() * dtype_size(dtype); }
 
+bool BlockSpec::is_input(int tensor) const {
+  return std::find(inputs.begin(), inputs.end(), tensor) != inputs.end();
+}
+
 int BlockSpec::find(std::string_view name) const {
   for (size_t i = 0; i < tensors.size(); ++i)
     if (tensors[i].name == name) return static_cast<int>(i);
@@ -178,7 +235,7 @@ int BlockSpec::find(std::string_view name) const {
 std::vector<int> BlockSpec::choosable() const {
   std::vector<int> ids;
   for (size_t i = 0; i < tensors.size(); ++i)
-    if (tensors[i].read_by_backward && static_cast<int>(i) != input) ids.push_back(static_cast<int>(i));
+    if (tensors[i].read_by_backward && !is_input(static_cast<int>(i))) ids.push_back(static_cast<int>(i));
   return ids;
 }
 
@@ -240,6 +297,25 @@ int64_t BlockSpec::param_numel() const {
     n += k;
   }
   return n;
+}
+
+ModelSpec make_model(const ModelConfig& cfg) {
+  ModelSpec m;
+  m.layers = cfg.layers;
+  m.block = make_block(cfg);
+  if (cfg.arch == Arch::Gpt2) {
+    m.has_stem = true;
+    m.stem = gpt2_stem(cfg);
+    m.head = gpt2_head(cfg);
+  } else {
+    m.head = seed_head(cfg);
+  }
+  return m;
+}
+
+int64_t ModelSpec::step_flops() const {
+  const OpFlops b = block.flops(), h = head.flops();
+  return layers * (b.forward + b.backward) + h.forward + h.backward;
 }
 
 BlockSpec make_block(const ModelConfig& cfg) {

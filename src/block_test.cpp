@@ -25,13 +25,14 @@ TEST(Block, SeedKeepsWhatItsBackwardsRead) {
   // (nobody reads them) are transient.
   EXPECT_EQ(names(b, b.choosable()), (std::vector<std::string>{"qkv", "probs", "atty", "x2", "act"}));
   EXPECT_EQ(b.tensors[b.output].name, "y");
-  EXPECT_EQ(b.tensors[b.input].name, "x");
+  ASSERT_EQ(b.inputs.size(), 1u);
+  EXPECT_EQ(b.tensors[b.inputs[0]].name, "x");
 }
 
 TEST(Block, Gpt2WithDropoutHasMasks) {
   const BlockSpec b = make_block(cfg(Arch::Gpt2, 0.1));
   EXPECT_EQ(names(b, b.choosable()),
-            (std::vector<std::string>{"ln1", "ln1_mean", "ln1_rstd", "qkv", "probs", "probs_drop", "probs_mask",
+            (std::vector<std::string>{"ln1", "ln1_mean", "ln1_rstd", "qkv", "probs", "probs_mask", "probs_drop",
                                       "atty", "proj_mask", "x2", "ln2", "ln2_mean", "ln2_rstd", "fc", "act",
                                       "mlp_mask"}));
   EXPECT_EQ(b.tensors[b.find("probs_mask")].dtype, DType::Bool);

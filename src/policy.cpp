@@ -219,12 +219,12 @@ Policy Policy::parse(std::string_view text) {
 LayerPolicy Policy::apply(const BlockSpec& spec, const std::vector<Term>& terms, std::string_view token) {
   LayerPolicy lp;
   lp.tensors.resize(spec.tensors.size());
-  lp.tensors[spec.input] = {Choice::Save, Strength::Must};
+  for (int in : spec.inputs) lp.tensors[in] = {Choice::Save, Strength::Must};
   const std::vector<int> choosable = spec.choosable();
 
   auto lookup = [&](const std::string& name, std::string_view term) {
     const int t = spec.find(name);
-    if (t == spec.input)
+    if (t >= 0 && spec.is_input(t))
       fail("'{}' in '{}' is the block input; it is always kept", name, term);
     if (t >= 0 && !spec.tensors[t].read_by_backward)
       fail("'{}' in '{}' is never read by a backward, so it is never kept; a {} block can keep: {}",

@@ -58,7 +58,7 @@ TEST(Policy, FullDropsEveryChoosableTensor) {
 }
 
 TEST(Policy, AttnDropsTheTxTTensorsOnly) {
-  EXPECT_EQ(dropped("attn"), (Names{"probs", "probs_drop", "probs_mask"}));
+  EXPECT_EQ(dropped("attn"), (Names{"probs", "probs_mask", "probs_drop"}));
   EXPECT_EQ(dropped("attn", gpt2(0.0)), (Names{"probs"}));
 }
 
@@ -69,7 +69,7 @@ TEST(Policy, PresetsMatchTheirDescriptions) {
 }
 
 TEST(Policy, PlusIsTheUnionOfDrops) {
-  EXPECT_EQ(dropped("attn+mlp-act"), (Names{"probs", "probs_drop", "probs_mask", "act"}));
+  EXPECT_EQ(dropped("attn+mlp-act"), (Names{"probs", "probs_mask", "probs_drop", "act"}));
 }
 
 TEST(Policy, SaveKeepsOnlyTheNamedTensors) {
@@ -104,7 +104,7 @@ TEST(Policy, EveryKKeepsLayersDivisibleByK) {
 
 TEST(Policy, EveryKTakesAPreset) {
   EXPECT_EQ(dropped("every:2=attn", gpt2(), 0), Names{});
-  EXPECT_EQ(dropped("every:2=attn", gpt2(), 1), (Names{"probs", "probs_drop", "probs_mask"}));
+  EXPECT_EQ(dropped("every:2=attn", gpt2(), 1), (Names{"probs", "probs_mask", "probs_drop"}));
 }
 
 TEST(Policy, BlockNRecomputesTheFirstNLayers) {
@@ -122,7 +122,7 @@ TEST(Policy, UniformNChunksLayers) {
 TEST(Policy, LayerRangesAssignPresets) {
   const BlockSpec b = gpt2();
   const ResolvedPolicy r = Policy::parse("layers:0-1=attn,3=save:ln1,qkv,4-5=full").resolve(b, 6);
-  EXPECT_EQ(dropped("layers:0-1=attn,3=save:ln1,qkv,4-5=full", b, 1), (Names{"probs", "probs_drop", "probs_mask"}));
+  EXPECT_EQ(dropped("layers:0-1=attn,3=save:ln1,qkv,4-5=full", b, 1), (Names{"probs", "probs_mask", "probs_drop"}));
   EXPECT_TRUE(r.layers[2].keeps_all(b));
   EXPECT_TRUE(r.layers[3].saves(b.find("qkv")));
   EXPECT_FALSE(r.layers[3].saves(b.find("fc")));

@@ -111,7 +111,7 @@ void render_chart(const Chart& chart, const std::string& path) {
   script += "set output " + gp_string(tmp) + "\n";
   script += "set title " + gp_string(chart.title) + "\n";
   script += "set xlabel " + gp_string(chart.xlabel) + "\nset ylabel " + gp_string(chart.ylabel) + "\n";
-  script += "set grid\nset key top right\nset offsets graph 0.08, graph 0.18, graph 0.08, graph 0.08\n";
+  script += "set grid\nset key bottom left box opaque\nset yrange [0:*]\nset offsets graph 0.05, graph 0.22, graph 0.12, 0\n";
   std::string plot;
   for (size_t s = 0; s < chart.series.size(); ++s) {
     const ChartSeries& series = chart.series[s];

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -56,8 +57,12 @@ void apply_threads(const ThreadConfig& t) {
 std::string to_string(const ThreadConfig& t) { return std::to_string(t.aten) + "/" + std::to_string(t.blas); }
 
 std::string blas_name() {
-  if (auto config = openblas_symbol<char* (*)()>("openblas_get_config")) return config();
-  return "unknown (not OpenBLAS)";
+  auto config = openblas_symbol<char* (*)()>("openblas_get_config");
+  if (config == nullptr) return "unknown (not OpenBLAS)";
+  std::string name = config();
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
+    name += std::string(" (kernels forced by OPENBLAS_CORETYPE=") + forced + ")";
+  return name;
 }
 
 double matmul_gflops(int n, int reps) {

@@ -9,8 +9,13 @@
 //   for (const TensorSpec& t : b.tensors)        // "ln1 (8, 1024, 512) fp32 2.0 MiB"
 //     fmt::print("{} {} {}\n", t.name, t.shape, t.bytes());
 //
-// Adding a kind (say llama: RMSNorm, RoPE, SwiGLU) means adding its ops to OpKind and a builder
-// function in block.cpp; the executor and planner read only this table.
+// Adding a kind (say llama: RMSNorm, RoPE, SwiGLU) means adding its ops to OpKind (with their
+// forward/backward pair in src/ops/) and a builder function in block.cpp; the executor and planner
+// read only this table.
+//
+// A whole model is stages of the same form (ModelSpec): an optional stem (token + position
+// embedding), `layers` copies of the block, and a head (final norm, LM head, cross-entropy; or MSE
+// for the seed model). The executor runs all three the same way.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +32,15 @@ enum class OpKind : uint8_t {
   LayerNorm,   // y = (x - mean) * rstd * w + b      in: x         out: y, mean, rstd
   Gelu,        // y = gelu_tanh(x)                   in: x         out: y
   Relu,        // y = max(x, 0)                      in: x         out: y
-  Dropout,     // y = x * mask / (1 - p)             in: x         out: y, mask
+  DropoutMask, // keep-mask from a seed               in: (none)    out: mask
+  Dropout,     // y = x * mask / (1 - p)             in: x, mask   out: y
   Scores,      // s = q k^T / sqrt(D) (+ causal)     in: qkv       out: scores   (B, H, T, T)
   Softmax,     // p = softmax(s, -1)                 in: scores    out: probs
   AttnValues,  // a = p v, heads merged              in: probs, qkv  out: atty   (B, T, C)
   Add,         // y = a + b                          in: a, b      out: y
+  Embedding,   // x = wte[tokens] + wpe[0:T]         in: tokens    out: x
+  CrossEntropy,// loss = mean -log softmax(z)[t]     in: logits, targets  out: loss, logp
+  MseLoss,     // loss = mean (y - t)^2              in: y, target out: loss
   Count,
 };
 
@@ -50,7 +59,7 @@ struct TensorSpec {
   std::string name;             // unique in the block: "x", "ln1", "probs", ...
   std::vector<int64_t> shape;   // elements per dimension
   DType dtype = DType::F32;
-  int producer = -1;            // index of the op that produces it; -1 for the block input
+  int producer = -1;            // index of the op that produces it; -1 for a block input
   bool read_by_backward = false;  // false: transient, freed after its last forward use
   std::string doc;              // one line for reports: "attention probabilities"
 
@@ -68,7 +77,7 @@ struct OpNode {
   std::string name;             // "qkv", "attn.drop", ...
   std::vector<int> in;          // tensor ids, as OpInfo orders them
   std::vector<int> out;         // tensor ids
-  std::vector<int> params;      // parameter ids (Linear: weight, bias; LayerNorm: weight, bias)
+  std::vector<int> params;      // parameter ids (Linear: weight[, bias]; LayerNorm: weight, bias)
   double p = 0.0;               // Dropout: drop probability
   bool causal = false;          // Scores: mask j > i
   int64_t heads = 0;            // Scores, AttnValues: number of heads
@@ -81,16 +90,17 @@ struct OpFlops {
 };
 
 struct BlockSpec {
-  std::string kind;                  // "seed" or "gpt2"
+  std::string kind;                  // "seed", "gpt2", "gpt2.stem", "gpt2.head", "seed.head"
   std::vector<TensorSpec> tensors;   // the table; index = tensor id
   std::vector<OpNode> ops;           // forward order
   std::vector<ParamSpec> params;
-  int input = 0;                     // tensor id of the block input x (always kept)
-  int output = -1;                   // tensor id of the block output y
+  std::vector<int> inputs;           // tensor ids of the inputs (always kept): x; or x, targets
+  int output = -1;                   // tensor id of the output: y, or the loss
 
   // Tensor id by name, or -1.
   int find(std::string_view name) const;
-  // Tensor ids a policy may save or recompute: read by some backward, not the block input.
+  bool is_input(int tensor) const;
+  // Tensor ids a policy may save or recompute: read by some backward, not an input.
   std::vector<int> choosable() const;
   // Tensor ids that the backward of op `op` reads, from op_info().
   std::vector<int> bwd_reads(int op) const;
@@ -106,6 +116,19 @@ struct BlockSpec {
 
 // The block of cfg.arch at cfg's sizes. REQUIRES: validate(cfg) passes.
 BlockSpec make_block(const ModelConfig& cfg);
+
+// A whole model as stages.
+struct ModelSpec {
+  bool has_stem = false;  // gpt2: tokens -> embedding (-> dropout); seed: the data is the input
+  BlockSpec stem;
+  BlockSpec block;        // repeated cfg.layers times
+  BlockSpec head;         // gpt2: final LayerNorm, LM head tied to wte, cross-entropy; seed: MSE
+  int64_t layers = 0;
+
+  // Matmul FLOPs of one forward + backward of the whole model (recompute not counted).
+  int64_t step_flops() const;
+};
+ModelSpec make_model(const ModelConfig& cfg);
 
 // "(8, 128, 512)".
 std::string shape_str(const std::vector<int64_t>& shape);

@@ -25,7 +25,8 @@ void apply_threads(const ThreadConfig& t);
 // "1/2".
 std::string to_string(const ThreadConfig& t);
 
-// The loaded BLAS, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell", or "unknown (not OpenBLAS)".
+// The loaded BLAS, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Cooperlake", or "unknown (not OpenBLAS)";
+// notes when OPENBLAS_CORETYPE in the environment forced the kernel choice.
 std::string blas_name();
 
 // Float32 matmul rate in GFLOP/s: the median of `reps` n x n x n at::mm calls after one warm-up.

@@ -1,0 +1,102 @@
+// Op pairs on ATen: every forward sits beside its backward, and each backward reads exactly the
+// tensors named in its signature (the same ones OpInfo lists in block.h). They work on CPU and
+// CUDA tensors of any floating dtype; gradients match LibTorch autograd on the same math (tested
+// in float64 to 1e-12).
+//
+// Layout: activations are (B, T, C) row-major. Attention works on a packed qkv (B, T, 3C) holding
+// q, k, v side by side, each split into H heads of D = C / H columns, with no permuted copies.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace remat::ops {
+
+// --- linear: y = x W^T + b ------------------------------------------------------------------
+// x (..., K), w (N, K), b (N) or undefined -> y (..., N).
+at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+struct LinearGrads {
+  at::Tensor dx, dw, db;  // dx undefined unless need_dx; db undefined without a bias
+};
+// Reads x and w.
+LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, bool has_bias,
+                            bool need_dx);
+
+// --- layer_norm over the last dimension -----------------------------------------------------
+struct LayerNormOut {
+  at::Tensor y;
+  at::Tensor mean, rstd;  // (..., 1) float32 statistics, the only thing backward needs besides x
+};
+LayerNormOut layer_norm_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps = 1e-5);
+struct LayerNormGrads {
+  at::Tensor dx, dw, db;  // dx undefined unless need_dx
+};
+// Reads x, mean, rstd (and the weights).
+LayerNormGrads layer_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean,
+                                   const at::Tensor& rstd, const at::Tensor& w, const at::Tensor& b, bool need_dx);
+
+// --- gelu, tanh approximation (GPT-2) -------------------------------------------------------
+at::Tensor gelu_forward(const at::Tensor& x);
+// Reads x.
+at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x);
+
+// --- relu ------------------------------------------------------------------------------------
+at::Tensor relu_forward(const at::Tensor& x);
+// Reads the output y (y > 0 is the mask), so the input need not be kept.
+at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y);
+
+// --- dropout: y = x * mask / (1 - p) --------------------------------------------------------
+// The keep-mask (bool, true = keep) is a pure function of (seed, element index): the same seed gives
+// the same mask, so a dropped mask is regenerated exactly without any input. CPU: a counter-based
+// hash; CUDA: bernoulli_ on a generator seeded with `seed`.
+at::Tensor dropout_mask(at::IntArrayRef shape, double p, uint64_t seed, at::Device device);
+at::Tensor dropout_forward(const at::Tensor& x, const at::Tensor& mask, double p);
+// Reads mask.
+at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p);
+
+// --- attention core --------------------------------------------------------------------------
+// scores = q k^T / sqrt(D), (B, H, T, T); with `causal`, entries j > i are -inf.
+at::Tensor scores_forward(const at::Tensor& qkv, int64_t heads, bool causal);
+// Reads qkv. Adds dq and dk into the q and k columns of dqkv (allocated zeroed when undefined).
+void scores_backward(const at::Tensor& dscores, const at::Tensor& qkv, int64_t heads, at::Tensor& dqkv);
+
+at::Tensor softmax_forward(const at::Tensor& scores);
+// Reads probs (the output).
+at::Tensor softmax_backward(const at::Tensor& dprobs, const at::Tensor& probs);
+
+// atty = probs v with heads merged back: (B, T, C).
+at::Tensor attn_values_forward(const at::Tensor& probs, const at::Tensor& qkv, int64_t heads);
+// Reads probs and qkv. Returns dprobs; adds dv into the v columns of dqkv (zeroed when undefined).
+at::Tensor attn_values_backward(const at::Tensor& datty, const at::Tensor& probs, const at::Tensor& qkv,
+                                int64_t heads, at::Tensor& dqkv);
+
+// --- residual add ------------------------------------------------------------------------------
+// y = a + b; the backward passes dy to both inputs and reads nothing.
+at::Tensor add_forward(const at::Tensor& a, const at::Tensor& b);
+
+// --- embedding: x = wte[tokens] + wpe[0:T] ------------------------------------------------------
+// tokens (B, T) int64, wte (V, C), wpe (T_max, C) -> (B, T, C).
+at::Tensor embedding_forward(const at::Tensor& tokens, const at::Tensor& wte, const at::Tensor& wpe);
+struct EmbeddingGrads {
+  at::Tensor dwte, dwpe;
+};
+// Reads tokens.
+EmbeddingGrads embedding_backward(const at::Tensor& dx, const at::Tensor& tokens, const at::Tensor& wte,
+                                  const at::Tensor& wpe);
+
+// --- cross-entropy over the last dimension, mean over tokens ----------------------------------
+struct CrossEntropyOut {
+  at::Tensor loss;  // scalar float32
+  at::Tensor logp;  // log-probabilities, the logits' shape
+};
+CrossEntropyOut cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets);
+// Reads logp and targets. dloss: scalar.
+at::Tensor cross_entropy_backward(const at::Tensor& dloss, const at::Tensor& logp, const at::Tensor& targets);
+
+// --- mean squared error ------------------------------------------------------------------------
+at::Tensor mse_forward(const at::Tensor& y, const at::Tensor& target);
+// Reads y and target.
+at::Tensor mse_backward(const at::Tensor& dloss, const at::Tensor& y, const at::Tensor& target);
+
+}  // namespace remat::ops

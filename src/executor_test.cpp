@@ -1,0 +1,102 @@
+#include "remat/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace remat {
+namespace {
+
+ModelConfig tiny(Arch arch, double dropout = 0.0) {
+  ModelConfig c;
+  c.arch = arch;
+  c.layers = 4; c.dim = 16; c.heads = 4; c.batch = 2; c.seq = 8; c.dropout = dropout;
+  return c;
+}
+
+std::vector<std::string> recomputed(const BlockSpec& b, const std::string& policy) {
+  const Schedule s = compile_schedule(b, Policy::parse(policy).resolve(b, 1).layers[0]);
+  std::vector<std::string> names;
+  for (int op : s.recomputed) names.push_back(b.ops[op].name);
+  return names;
+}
+
+using Names = std::vector<std::string>;
+
+TEST(Schedule, NoneRecomputesNothing) {
+  EXPECT_EQ(recomputed(make_block(tiny(Arch::Gpt2, 0.1)), "none"), Names{});
+}
+
+TEST(Schedule, FullNeverRecomputesTheLastMatmul) {
+  // The seed block's backward never reads the FFN's second linear output or the block output.
+  EXPECT_EQ(recomputed(make_block(tiny(Arch::Seed)), "full"),
+            (Names{"qkv", "scores", "probs", "atty", "proj", "x2", "fc", "act"}));
+  const Names gpt2 = recomputed(make_block(tiny(Arch::Gpt2, 0.1)), "full");
+  EXPECT_EQ(std::count(gpt2.begin(), gpt2.end(), "mlp"), 0);
+  EXPECT_EQ(std::count(gpt2.begin(), gpt2.end(), "mlp_drop"), 0);
+  EXPECT_EQ(std::count(gpt2.begin(), gpt2.end(), "mlp_mask"), 1);  // from its seed alone
+}
+
+TEST(Schedule, EachOpRecomputedAtMostOnce) {
+  const BlockSpec b = make_block(tiny(Arch::Gpt2, 0.1));
+  for (const char* p : {"full", "attn", "norm+mlp", "save:ln2"}) {
+    Names r = recomputed(b, p);
+    std::sort(r.begin(), r.end());
+    EXPECT_EQ(std::adjacent_find(r.begin(), r.end()), r.end()) << p;
+  }
+}
+
+TEST(Schedule, AttnRecomputesOnlyTheCoreAttention) {
+  EXPECT_EQ(recomputed(make_block(tiny(Arch::Gpt2, 0.1)), "attn"), (Names{"scores", "probs", "probs_mask", "probs_drop"}));
+}
+
+TEST(Schedule, MlpActRecomputesOnlyTheActivation) {
+  EXPECT_EQ(recomputed(make_block(tiny(Arch::Gpt2)), "mlp-act"), (Names{"act"}));
+}
+
+TEST(Schedule, KeptMaskMakesDropoutRecomputeCheap) {
+  // probs_drop is rebuilt from probs and the kept mask: the mask op does not rerun.
+  EXPECT_EQ(recomputed(make_block(tiny(Arch::Gpt2, 0.1)), "drop:probs_drop"), (Names{"probs_drop"}));
+}
+
+// Replays a schedule on "held" flags: no step may read a tensor that is not held, a free must drop
+// a held tensor, the forward must end holding exactly the saved set, the backward nothing.
+TEST(Schedule, NeverReadsAFreedTensorAndEndsHoldingNothing) {
+  const BlockSpec b = make_block(tiny(Arch::Gpt2, 0.1));
+  for (const char* p : {"none", "full", "attn+mlp-act", "norm", "save:x2", "drop:probs_drop"}) {
+    const Schedule s = compile_schedule(b, Policy::parse(p).resolve(b, 1).layers[0]);
+    std::vector<bool> held(b.tensors.size(), false);
+    for (int in : b.inputs) held[in] = true;
+    auto run = [&](const std::vector<Step>& steps) {
+      for (const Step& st : steps) {
+        if (st.kind == Step::Kind::Free) {
+          EXPECT_TRUE(held[st.index]) << p << ": frees '" << b.tensors[st.index].name << "' twice";
+          held[st.index] = false;
+        } else if (st.kind == Step::Kind::Forward || st.kind == Step::Kind::Recompute) {
+          for (int t : b.ops[st.index].in) EXPECT_TRUE(held[t]) << p << ": op '" << b.ops[st.index].name << "' reads freed '" << b.tensors[t].name << "'";
+          for (int t : b.ops[st.index].out) held[t] = true;
+        } else if (st.kind == Step::Kind::Backward) {
+          for (int t : b.bwd_reads(st.index)) EXPECT_TRUE(held[t]) << p << ": backward of '" << b.ops[st.index].name << "' reads freed '" << b.tensors[t].name << "'";
+        }
+      }
+    };
+    run(s.forward);
+    held[b.output] = false;  // returned to the caller
+    for (size_t t = 0; t < held.size(); ++t) EXPECT_EQ(held[t], s.saved[t]) << p << ": after forward, " << b.tensors[t].name;
+    run(s.backward);
+    for (size_t t = 0; t < held.size(); ++t) EXPECT_FALSE(held[t]) << p << ": after backward, " << b.tensors[t].name;
+  }
+}
+
+TEST(Schedule, SavedBytesFollowTheTable) {
+  const BlockSpec b = make_block(tiny(Arch::Gpt2));
+  const Schedule none = compile_schedule(b, Policy::parse("none").resolve(b, 1).layers[0]);
+  int64_t want = 0;
+  for (int t : b.choosable()) want += b.tensors[t].bytes();
+  EXPECT_EQ(none.saved_bytes(b), want);
+  const Schedule full = compile_schedule(b, Policy::parse("full").resolve(b, 1).layers[0]);
+  EXPECT_EQ(full.saved_bytes(b), 0);  // only the input, which is not counted
+}
+
+}  // namespace
+}  // namespace remat

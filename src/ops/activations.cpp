@@ -1,0 +1,44 @@
+// Pointwise activations and the residual add.
+//   gelu (tanh): backward reads x.      relu: backward reads y.      add: backward reads nothing.
+#include <ATen/ATen.h>
+
+#include "ops/op_env.h"
+#include "remat/ops.h"
+
+namespace remat::ops {
+
+at::Tensor gelu_forward(const at::Tensor& x) { return at::gelu(x, "tanh"); }
+at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x) { return at::gelu_backward(dy, x, "tanh"); }
+
+at::Tensor relu_forward(const at::Tensor& x) { return at::relu(x); }
+at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y) { return at::threshold_backward(dy, y, 0); }
+
+at::Tensor add_forward(const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }
+
+}  // namespace remat::ops
+
+namespace remat::detail {
+namespace {
+
+void gelu_fwd(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::gelu_forward(e.in(op, 0))); }
+void gelu_bwd(OpEnv& e, const OpNode& op) {
+  e.add_grad(op, 0, ops::gelu_backward(e.grad_out(op, 0), e.saved_in(op, 0)));
+}
+
+void relu_fwd(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::relu_forward(e.in(op, 0))); }
+void relu_bwd(OpEnv& e, const OpNode& op) {
+  e.add_grad(op, 0, ops::relu_backward(e.grad_out(op, 0), e.saved_out(op, 0)));
+}
+
+void add_fwd(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::add_forward(e.in(op, 0), e.in(op, 1))); }
+void add_bwd(OpEnv& e, const OpNode& op) {
+  const at::Tensor& dy = e.grad_out(op, 0);
+  if (e.needs_grad(op, 0)) e.add_grad(op, 0, dy, /*owned=*/false);
+  if (e.needs_grad(op, 1)) e.add_grad(op, 1, dy, /*owned=*/false);
+}
+
+}  // namespace
+extern const OpImpl kGeluImpl{gelu_fwd, gelu_bwd};
+extern const OpImpl kReluImpl{relu_fwd, relu_bwd};
+extern const OpImpl kAddImpl{add_fwd, add_bwd};
+}  // namespace remat::detail

@@ -1,0 +1,20 @@
+// Strided batched matrix products for the attention ops (internal).
+//
+// LibTorch 1.13's CPU bmm loops over the batch with a dispatched select + mm per slice; at the
+// attention shapes of the seed model that costs more than the arithmetic. Here each (batch, head)
+// product is one CBLAS call on a strided view of the packed tensors, with leading dimensions
+// instead of permuted copies. CPU float32/float64 use the loaded BLAS's cblas_?gemm; anything else
+// (CUDA, half types, or no CBLAS symbol) falls back to at::matmul on the same views.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace remat::ops::detail {
+
+// c = alpha * op(a) @ op(b) + beta * c, batched over all leading dimensions.
+// a, b, c: tensors of equal rank >= 3 whose last dimension has stride 1 (any other strides);
+// op(x) = x^T (of the last two dimensions) when the matching flag is set.
+void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
+                  double alpha, double beta);
+
+}  // namespace remat::ops::detail

@@ -14,6 +14,7 @@
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "remat/model.h"
 #include "remat/module_model.h"
 #include "remat/optim.h"
 #include "remat/policy.h"
@@ -63,12 +64,46 @@ class ModuleSubject final : public Subject {
   at::Tensor x_, target_;
 };
 
-std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, const Policy& policy,
-                                      uint64_t seed) {
+class OpsSubject final : public Subject {
+ public:
+  OpsSubject(const ModelConfig& cfg, const Policy& policy, uint64_t seed, ExecOptions options) {
+    at::manual_seed(seed);
+    model_ = GPT(cfg, policy, std::move(options));
+    at::manual_seed(seed + 1);
+    if (cfg.arch == Arch::Gpt2) {
+      input_ = at::randint(0, cfg.vocab, {cfg.batch, cfg.seq}, at::kLong);
+      target_ = at::randint(0, cfg.vocab, {cfg.batch, cfg.seq}, at::kLong);
+    } else {
+      input_ = at::randn({cfg.batch, cfg.seq, cfg.dim});
+      target_ = at::randn({cfg.batch, cfg.seq, cfg.dim});
+    }
+  }
+  at::Tensor loss() override { return model_->forward(input_, target_); }
+  std::vector<at::Tensor> parameters() override { return model_->parameters(); }
+  GPT& model() { return model_; }
+
+ private:
+  GPT model_{nullptr};
+  at::Tensor input_, target_;
+};
+
+std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, const Policy& policy, uint64_t seed,
+                                      ExecOptions options = {}) {
   switch (engine) {
     case Engine::Module: return std::make_unique<ModuleSubject>(cfg, policy, seed);
+    case Engine::Ops: return std::make_unique<OpsSubject>(cfg, policy, seed, std::move(options));
   }
   fail("unknown engine");
+}
+
+// Whether the module path can run `policy` (whole layers only).
+bool module_runs(const ModelConfig& cfg, const Policy& policy) {
+  try {
+    ModuleModel::check(cfg, policy);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 // The gradients of one forward/backward at the initial weights, cloned.
@@ -108,13 +143,20 @@ const BenchRow* find_none(const std::vector<BenchRow>& rows, Engine engine) {
 std::string_view to_string(Engine e) {
   switch (e) {
     case Engine::Module: return "module";
+    case Engine::Ops: return "ops";
   }
   return "?";
 }
 
 Engine parse_engine(std::string_view s) {
   if (s == "module") return Engine::Module;
-  fail("unknown --engine '{}'; allowed: module", s);
+  if (s == "ops") return Engine::Ops;
+  fail("unknown --engine '{}'; allowed: module, ops", s);
+}
+
+std::vector<Engine> default_engines(Arch arch) {
+  if (arch == Arch::Seed) return {Engine::Module, Engine::Ops};
+  return {Engine::Ops};
 }
 
 BenchResult run_bench(const BenchOptions& o) {
@@ -122,13 +164,17 @@ BenchResult run_bench(const BenchOptions& o) {
   if (o.steps < 1) fail("--steps must be >= 1, got {}", o.steps);
   if (o.warmup < 0) fail("--warmup must be >= 0, got {}", o.warmup);
   if (o.policies.empty()) fail("--policies is empty; give at least one policy, e.g. none,full");
-  if (o.engines.empty()) fail("--engine is empty; allowed: module");
-  const BlockSpec spec = make_block(o.model);
+  if (o.engines.empty()) fail("--engine is empty; allowed: module, ops");
+  const ModelSpec spec = make_model(o.model);
+  const bool has_ops = std::find(o.engines.begin(), o.engines.end(), Engine::Ops) != o.engines.end();
   for (const std::string& text : o.policies) {
     const Policy policy = Policy::parse(text);
+    policy.resolve(spec.block, o.model.layers);
+    // The module path runs whole-layer policies; with the ops engine beside it, others run there only.
     for (Engine e : o.engines)
-      if (e == Engine::Module) ModuleModel::check(o.model, policy);
+      if (e == Engine::Module && !has_ops) ModuleModel::check(o.model, policy);
   }
+  if (has_ops) GPT(o.model, Policy::parse("none"));  // the engine's own checks (dtype, attention)
 
   MemoryTracker::install();
   apply_threads(o.threads);
@@ -141,12 +187,19 @@ BenchResult run_bench(const BenchOptions& o) {
   result.blas = blas_name();
   say("measuring the matmul rate (1024^3 float32)");
   result.matmul_gflops = matmul_gflops();
-  const OpFlops block = spec.flops();
-  result.flops_per_step = o.model.layers * (block.forward + block.backward);
+  result.flops_per_step = spec.step_flops();
   result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
 
-  const size_t total = o.policies.size() * o.engines.size();
-  size_t done = 0;
+  // Every (engine, policy) gets its own model and optimizer. Steps then go round-robin, one step of
+  // each in turn, so that drifting machine load touches all policies alike.
+  struct Entry {
+    BenchRow row;
+    std::unique_ptr<Subject> subject;
+    std::unique_ptr<Adam> adam;
+    ExecOptions exec;
+    std::vector<double> step_ms, fwd_ms, bwd_ms;
+  };
+  std::vector<Entry> entries;
   for (Engine engine : o.engines) {
     std::vector<at::Tensor> reference;
     {
@@ -155,81 +208,143 @@ BenchResult run_bench(const BenchOptions& o) {
       reference = first_grads(*subject);
     }
     for (const std::string& text : o.policies) {
-      ++done;
-      const std::string tag = fmt::format("[{}/{}] {} {}", done, total, to_string(engine), text);
-      auto subject = make_subject(engine, o.model, Policy::parse(text), o.seed);
-      Adam adam(subject->parameters(), AdamOptions{o.lr});
-
-      BenchRow row;
-      row.policy = text;
-      row.engine = engine;
-      row.flops_per_step = result.flops_per_step;
-      row.grad_max_abs_diff = max_abs_diff(first_grads(*subject), reference);
-
-      std::vector<double> step_ms, fwd_ms, bwd_ms;
-      for (int s = 0; s < o.warmup + o.steps; ++s) {
-        const bool timed = s >= o.warmup;
-        adam.zero_grad();
-        const int64_t before = MemoryTracker::live();
-        MemoryTracker::reset_peak();
-        const auto t0 = Clock::now();
-        double fwd, bwd;
-        {
-          at::Tensor loss = subject->loss();
-          fwd = ms_since(t0);
-          const int64_t saved = MemoryTracker::live() - before;
-          const auto t1 = Clock::now();
-          loss.backward();
-          bwd = ms_since(t1);
-          if (timed) row.saved_bytes = std::max(row.saved_bytes, saved);
-        }
-        adam.step();
-        const double step = ms_since(t0);
-        if (timed) {
-          row.peak_bytes = std::max(row.peak_bytes, MemoryTracker::peak() - before);
-          step_ms.push_back(step);
-          fwd_ms.push_back(fwd);
-          bwd_ms.push_back(bwd);
-        }
-        say(fmt::format("{}: {} {}/{} {:.0f} ms", tag, timed ? "step" : "warm-up",
-                        timed ? s - o.warmup + 1 : s + 1, timed ? o.steps : o.warmup, step));
+      const Policy policy = Policy::parse(text);
+      if (engine == Engine::Module && !module_runs(o.model, policy)) {
+        result.notes.push_back(fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
+        continue;
       }
-      row.step_ms_median = median(step_ms);
-      row.step_ms_min = *std::min_element(step_ms.begin(), step_ms.end());
-      row.fwd_ms_median = median(fwd_ms);
-      row.bwd_ms_median = median(bwd_ms);
-      row.floor_ratio = row.step_ms_median / result.floor_ms;
-      result.rows.push_back(row);
+      say(fmt::format("{} {}: gradient check", to_string(engine), text));
+      Entry e;
+      if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
+      e.subject = make_subject(engine, o.model, policy, o.seed, e.exec);
+      e.adam = std::make_unique<Adam>(e.subject->parameters(), AdamOptions{o.lr});
+      e.row.policy = text;
+      e.row.engine = engine;
+      e.row.flops_per_step = result.flops_per_step;
+      e.row.grad_max_abs_diff = max_abs_diff(first_grads(*e.subject), reference);
+      if (engine == Engine::Ops) {
+        e.row.predicted_saved_bytes = static_cast<OpsSubject&>(*e.subject).model()->predicted_saved_bytes();
+        if (o.verify) {
+          say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
+          ExecOptions v;
+          v.verify = true;
+          auto checked = make_subject(engine, o.model, policy, o.seed, v);
+          first_grads(*checked);  // throws, naming the tensor, on the first mismatch
+          e.row.verified = true;
+        }
+      }
+      entries.push_back(std::move(e));
     }
   }
+
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const bool timed = s >= o.warmup;
+    for (Entry& e : entries) {
+      if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
+      e.adam->zero_grad();
+      const int64_t before = MemoryTracker::live();
+      MemoryTracker::reset_peak();
+      const auto t0 = Clock::now();
+      double fwd, bwd;
+      {
+        at::Tensor loss = e.subject->loss();
+        fwd = ms_since(t0);
+        const int64_t saved = MemoryTracker::live() - before;
+        const auto t1 = Clock::now();
+        loss.backward();
+        bwd = ms_since(t1);
+        if (timed) e.row.saved_bytes = std::max(e.row.saved_bytes, saved);
+      }
+      e.adam->step();
+      const double step = ms_since(t0);
+      if (timed) {
+        e.row.peak_bytes = std::max(e.row.peak_bytes, MemoryTracker::peak() - before);
+        e.step_ms.push_back(step);
+        e.fwd_ms.push_back(fwd);
+        e.bwd_ms.push_back(bwd);
+      }
+      say(fmt::format("{} {}/{}: {} {} {:.0f} ms", timed ? "step" : "warm-up", timed ? s - o.warmup + 1 : s + 1,
+                      timed ? o.steps : o.warmup, to_string(e.row.engine), e.row.policy, step));
+    }
+  }
+
+  for (Entry& e : entries) {
+    BenchRow& row = e.row;
+    row.step_ms_median = median(e.step_ms);
+    row.step_ms_min = *std::min_element(e.step_ms.begin(), e.step_ms.end());
+    row.fwd_ms_median = median(e.fwd_ms);
+    row.bwd_ms_median = median(e.bwd_ms);
+    row.floor_ratio = row.step_ms_median / result.floor_ms;
+    if (e.exec.timer) {
+      OpProfile prof;
+      prof.policy = row.policy;
+      for (size_t op = 0; op < spec.block.ops.size(); ++op) {
+        prof.ops.push_back(spec.block.ops[op].name);
+        prof.forward_ms.push_back(e.exec.timer->forward_ms[op] / o.steps);
+        prof.recompute_ms.push_back(e.exec.timer->recompute_ms[op] / o.steps);
+        prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
+      }
+      result.profiles.push_back(std::move(prof));
+    }
+    result.rows.push_back(row);
+  }
+  const BenchRow* module_none = find_none(result.rows, Engine::Module);
+  const BenchRow* ops_none = find_none(result.rows, Engine::Ops);
+  if (module_none && ops_none)
+    result.notes.push_back(fmt::format("ops engine none / module path none step time: {:.3f}",
+                                       ops_none->step_ms_median / module_none->step_ms_median));
   return result;
 }
 
 std::string BenchResult::markdown() const {
   Table t;
-  t.header = {"policy", "engine", "step ms", "min ms", "fwd ms", "bwd ms", "time vs none",
-              "saved MiB", "peak MiB", "peak vs none", "step / floor", "grad diff"};
-  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true};
+  t.header = {"policy", "engine", "step ms", "min ms", "fwd ms", "bwd ms", "time vs none", "saved MiB",
+              "predicted MiB", "peak MiB", "peak vs none", "step / floor", "grad diff"};
+  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true};
   for (const BenchRow& r : rows) {
     const BenchRow* none = find_none(rows, r.engine);
     t.rows.push_back({r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median), fmt_ms(r.step_ms_min),
                       fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
                       none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-", fmt_mib(r.saved_bytes),
-                      fmt_mib(r.peak_bytes),
+                      r.predicted_saved_bytes >= 0 ? fmt_mib(r.predicted_saved_bytes) : "-", fmt_mib(r.peak_bytes),
                       none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
                       fmt_ratio(r.floor_ratio), fmt::format("{:g}", r.grad_max_abs_diff)});
   }
-  return t.markdown();
+  std::string out = t.markdown();
+  for (const std::string& n : notes) out += "\n" + n;
+  if (!notes.empty()) out += "\n";
+  return out;
+}
+
+std::string BenchResult::profile_markdown() const {
+  std::string out;
+  for (const OpProfile& p : profiles) {
+    Table t;
+    t.header = {"op", "forward ms", "recompute ms", "backward ms"};
+    t.numeric = {false, true, true, true};
+    double f = 0, r = 0, b = 0;
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      t.rows.push_back({p.ops[i], fmt::format("{:.2f}", p.forward_ms[i]), fmt::format("{:.2f}", p.recompute_ms[i]),
+                        fmt::format("{:.2f}", p.backward_ms[i])});
+      f += p.forward_ms[i];
+      r += p.recompute_ms[i];
+      b += p.backward_ms[i];
+    }
+    t.rows.push_back({"all blocks", fmt::format("{:.2f}", f), fmt::format("{:.2f}", r), fmt::format("{:.2f}", b)});
+    out += fmt::format("\nper-op time of the blocks, ms per step (ops engine, {}):\n\n", p.policy) + t.markdown();
+  }
+  return out;
 }
 
 std::string BenchResult::csv() const {
   std::string s =
-      "policy,engine,step_ms_median,step_ms_min,fwd_ms_median,bwd_ms_median,saved_bytes,peak_bytes,"
-      "grad_max_abs_diff,flops_per_step,floor_ratio\n";
+      "policy,engine,step_ms_median,step_ms_min,fwd_ms_median,bwd_ms_median,saved_bytes,predicted_saved_bytes,"
+      "peak_bytes,grad_max_abs_diff,flops_per_step,floor_ratio\n";
   for (const BenchRow& r : rows)
-    s += fmt::format("{},{},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{:g},{},{:.4f}\n", r.policy, to_string(r.engine),
+    s += fmt::format("\"{}\",{},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f}\n", r.policy, to_string(r.engine),
                      r.step_ms_median, r.step_ms_min, r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
-                     r.peak_bytes, r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio);
+                     r.predicted_saved_bytes >= 0 ? std::to_string(r.predicted_saved_bytes) : "", r.peak_bytes,
+                     r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio);
   return s;
 }
 
@@ -240,6 +355,7 @@ std::string BenchResult::json() const {
       {"dim", m.dim},                {"heads", m.heads},
       {"batch", m.batch},            {"seq", m.seq},
       {"hidden", m.hidden()},        {"dtype", to_string(m.dtype)},
+      {"vocab", m.vocab},            {"dropout", m.dropout},
       {"steps", options.steps},      {"warmup", options.warmup},
       {"seed", options.seed},        {"lr", options.lr},
       {"threads", to_string(options.threads)},
@@ -247,7 +363,10 @@ std::string BenchResult::json() const {
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
       {"libtorch", TORCH_VERSION},
   };
-  nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}};
+  nlohmann::json engines = nlohmann::json::array();
+  for (Engine e : options.engines) engines.push_back(to_string(e));
+  config["engines"] = engines;
+  nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}, {"notes", notes}};
   for (const BenchRow& r : rows) {
     out["rows"].push_back({{"policy", r.policy},
                            {"engine", to_string(r.engine)},
@@ -256,10 +375,14 @@ std::string BenchResult::json() const {
                            {"fwd_ms_median", r.fwd_ms_median},
                            {"bwd_ms_median", r.bwd_ms_median},
                            {"saved_bytes", r.saved_bytes},
+                           {"predicted_saved_bytes", r.predicted_saved_bytes >= 0
+                                                         ? nlohmann::json(r.predicted_saved_bytes)
+                                                         : nlohmann::json(nullptr)},
                            {"peak_bytes", r.peak_bytes},
                            {"grad_max_abs_diff", r.grad_max_abs_diff},
                            {"flops_per_step", r.flops_per_step},
-                           {"floor_ratio", r.floor_ratio}});
+                           {"floor_ratio", r.floor_ratio},
+                           {"verified", r.verified}});
   }
   return out.dump(2) + "\n";
 }
@@ -271,7 +394,7 @@ void BenchResult::write_chart(const std::string& path) const {
   chart.ylabel = "peak memory above weights and optimizer state (MiB)";
   for (Engine e : options.engines) {
     ChartSeries series;
-    series.title = std::string(to_string(e)) + " path";
+    series.title = e == Engine::Module ? "module path (torch::nn + remat::checkpoint)" : "ops engine (remat::GPT)";
     for (const BenchRow& r : rows)
       if (r.engine == e)
         series.points.push_back({r.policy, r.step_ms_median, static_cast<double>(r.peak_bytes) / (1 << 20)});

@@ -119,16 +119,16 @@ class Builder {
 
   // Core attention: scores, softmax, optional dropout, probs x V. Returns atty (B, T, C).
   int attention(int qkv, bool causal) {
-    const std::vector<int64_t> btt = {cfg_.batch, cfg_.heads, cfg_.seq, cfg_.seq};
+    const AttentionLayout layout = attention_layout(cfg_, causal);
     const int scores = op(OpKind::Scores, "scores", {qkv},
-                          {{"scores", btt, cfg_.dtype, "attention scores q k^T / sqrt(D)"}})[0];
-    spec_.ops.back().causal = causal;
-    spec_.ops.back().heads = cfg_.heads;
+                          {{"scores", layout.shape(), cfg_.dtype, "attention scores q k^T / sqrt(D)"}})[0];
+    spec_.ops.back().attn = layout;
     int probs = unary(OpKind::Softmax, "probs", scores, "attention probabilities");
+    spec_.ops.back().attn = layout;
     probs = dropout("probs", probs, "attention probabilities");
     const int atty = op(OpKind::AttnValues, "atty", {probs, qkv},
                         {{"atty", btc(cfg_.dim), cfg_.dtype, "attention output, heads merged"}})[0];
-    spec_.ops.back().heads = cfg_.heads;
+    spec_.ops.back().attn = layout;
     return atty;
   }
 
@@ -214,6 +214,27 @@ BlockSpec gpt2_block(const ModelConfig& cfg) {
 
 const OpInfo& op_info(OpKind kind) { return kOpInfo[static_cast<size_t>(kind)]; }
 
+int64_t AttentionLayout::offset(int64_t r) const {
+  int64_t n = 0;
+  for (int64_t q = 0; q < r; ++q) n += rows(q) * cols(q);
+  return batch * heads * n;
+}
+
+std::vector<int64_t> AttentionLayout::shape() const {
+  if (blocks() == 1) return {batch, heads, seq, seq};
+  return {numel()};
+}
+
+AttentionLayout attention_layout(const ModelConfig& cfg, bool causal) {
+  AttentionLayout l;
+  l.batch = cfg.batch;
+  l.heads = cfg.heads;
+  l.seq = cfg.seq;
+  l.causal = causal;
+  l.block = causal ? std::min(cfg.attn_block, cfg.seq) : cfg.seq;
+  return l;
+}
+
 int64_t TensorSpec::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -268,10 +289,10 @@ OpFlops BlockSpec::flops(int op) const {
     }
     case OpKind::Scores:
     case OpKind::AttnValues: {
-      // (B, H, T, T) x (B, H, T, D): 2 B H T T D forward; backward two such matmuls.
-      const TensorSpec& y = tensors[node.kind == OpKind::Scores ? node.out[0] : node.in[0]];
-      const int64_t head_dim = tensors[node.in.back()].shape.back() / 3 / node.heads;
-      const int64_t f = 2 * y.numel() * head_dim;
+      // One multiply-add per stored score per head dimension: 2 B H T T D for a full layout,
+      // about half for a causal one; backward two such matmuls.
+      const int64_t head_dim = tensors[node.in.back()].shape.back() / 3 / node.attn.heads;
+      const int64_t f = 2 * node.attn.numel() * head_dim;
       return {f, 2 * f};
     }
     default:

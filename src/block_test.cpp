@@ -42,11 +42,18 @@ TEST(Block, Gpt2WithDropoutHasMasks) {
 TEST(Block, ShapesAndBytesFollowTheConfig) {
   const BlockSpec b = make_block(cfg(Arch::Gpt2, 0.1));
   const TensorSpec& probs = b.tensors[b.find("probs")];
-  EXPECT_EQ(probs.shape, (std::vector<int64_t>{2, 4, 8, 8}));
+  EXPECT_EQ(probs.shape, (std::vector<int64_t>{2, 4, 8, 8}));  // T <= attn_block: one block
   EXPECT_EQ(probs.bytes(), 2 * 4 * 8 * 8 * 4);
   EXPECT_EQ(b.tensors[b.find("probs_mask")].bytes(), 2 * 4 * 8 * 8);
   EXPECT_EQ(b.tensors[b.find("fc")].shape, (std::vector<int64_t>{2, 8, 64}));
   EXPECT_EQ(b.tensors[b.find("qkv")].shape, (std::vector<int64_t>{2, 8, 48}));
+}
+
+TEST(Block, CausalProbsArePackedInRowBlocks) {
+  ModelConfig c = cfg(Arch::Gpt2);
+  c.attn_block = 4;  // T = 8: blocks of 4 rows keep 4 and 8 columns
+  const BlockSpec b = make_block(c);
+  EXPECT_EQ(b.tensors[b.find("probs")].shape, (std::vector<int64_t>{2 * 4 * (4 * 4 + 4 * 8)}));
 }
 
 TEST(Block, MatmulFlopsOfTheSeedBlock) {

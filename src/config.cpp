@@ -14,6 +14,7 @@ void validate(const ModelConfig& c) {
   positive("batch", c.batch);
   positive("seq", c.seq);
   positive("vocab", c.vocab);
+  positive("attn-block", c.attn_block);
   if (c.ffn < 0) fail("--ffn must be >= 0 (0 means 4 * dim), got {}", c.ffn);
   if (c.dim % c.heads != 0)
     fail("--dim {} is not divisible by --heads {}; pick heads that divide dim (e.g. {})", c.dim,
@@ -79,6 +80,7 @@ std::string describe(const ModelConfig& c) {
   if (c.arch == Arch::Gpt2) s += fmt::format(" V={}", c.vocab);
   if (c.dropout > 0) s += fmt::format(" dropout={}", c.dropout);
   if (c.attention != AttentionImpl::Math) s += fmt::format(" attention={}", to_string(c.attention));
+  if (c.attn_block != 128 && c.arch == Arch::Gpt2) s += fmt::format(" attn-block={}", c.attn_block);
   return s;
 }
 

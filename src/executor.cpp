@@ -224,6 +224,13 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy) {
 // ---------------------------------------------------------------------------------------------
 // BlockExecutor
 
+void OpTimes::zero() {
+  std::fill(forward_ms.begin(), forward_ms.end(), 0.0);
+  std::fill(recompute_ms.begin(), recompute_ms.end(), 0.0);
+  std::fill(backward_ms.begin(), backward_ms.end(), 0.0);
+  std::fill(calls.begin(), calls.end(), 0);
+}
+
 BlockExecutor::BlockExecutor(BlockSpec spec, LayerPolicy policy, ExecOptions options)
     : spec_(std::move(spec)), policy_(std::move(policy)), options_(std::move(options)) {
   schedule_ = compile_schedule(spec_, policy_);

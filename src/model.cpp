@@ -65,8 +65,10 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, const Policy& policy, ExecOptions optio
 }
 
 void GPTImpl::build_executors() {
-  if (spec_.has_stem) stem_exec_ = std::make_shared<BlockExecutor>(spec_.stem, keep_all(spec_.stem), options_);
-  head_exec_ = std::make_shared<BlockExecutor>(spec_.head, keep_all(spec_.head), options_);
+  ExecOptions untimed = options_;  // the timer is sized for the block's ops
+  untimed.timer = nullptr;
+  if (spec_.has_stem) stem_exec_ = std::make_shared<BlockExecutor>(spec_.stem, keep_all(spec_.stem), untimed);
+  head_exec_ = std::make_shared<BlockExecutor>(spec_.head, keep_all(spec_.head), untimed);
   block_exec_.clear();
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     // Layers with the same policy share one executor (and one schedule).

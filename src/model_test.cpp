@@ -18,6 +18,7 @@ ModelConfig tiny(Arch arch, double dropout = 0.0) {
   ModelConfig c;
   c.arch = arch;
   c.layers = 4; c.dim = 16; c.heads = 4; c.batch = 2; c.seq = 8; c.vocab = 11; c.dropout = dropout;
+  c.attn_block = 4;  // two causal row blocks: the packed layout end to end
   return c;
 }
 

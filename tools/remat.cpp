@@ -57,14 +57,30 @@ void end_progress() {
   if (isatty(fileno(stderr))) fmt::print(stderr, "\r\033[K");
 }
 
-int run_bench(ShapeFlags& shape, const std::string& policies, const std::vector<std::string>& engines,
-              int steps, int warmup, const std::string& threads, uint64_t seed, const std::string& json,
-              const std::string& csv, const std::vector<std::string>& charts, const std::string& markdown) {
+struct BenchFlags {
+  std::string policies = "none,full,every:2,every:3";
+  std::vector<std::string> engines;  // empty: remat::default_engines(arch)
+  int steps = 5, warmup = 2;
+  std::string threads, json, csv, markdown;
+  std::vector<std::string> charts;
+  uint64_t seed = 1234;
+  bool verify = false, profile = false;
+};
+
+int run_bench(ShapeFlags& shape, const BenchFlags& f) {
+  const std::string &policies = f.policies, &threads = f.threads, &json = f.json, &csv = f.csv,
+                    &markdown = f.markdown;
+  const std::vector<std::string>& charts = f.charts;
+  const int steps = f.steps, warmup = f.warmup;
+  const uint64_t seed = f.seed;
   remat::BenchOptions o;
   o.model = shape.resolve();
   o.policies = remat::split_policy_list(policies);
-  o.engines.clear();
-  for (const std::string& e : engines) o.engines.push_back(remat::parse_engine(e));
+  o.engines = remat::default_engines(o.model.arch);
+  if (!f.engines.empty()) o.engines.clear();
+  for (const std::string& e : f.engines) o.engines.push_back(remat::parse_engine(e));
+  o.verify = f.verify;
+  o.profile = f.profile;
   o.steps = steps;
   o.warmup = warmup;
   o.seed = seed;
@@ -90,6 +106,7 @@ int run_bench(ShapeFlags& shape, const std::string& policies, const std::vector<
              r.matmul_gflops, static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
   const std::string table = r.markdown();
   fmt::print("{}", table);
+  if (o.profile) fmt::print("{}", r.profile_markdown());
   if (!json.empty()) remat::write_file_atomic(json, r.json());
   if (!csv.empty()) remat::write_file_atomic(csv, r.csv());
   if (!markdown.empty()) remat::write_file_atomic(markdown, table);
@@ -115,24 +132,23 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "measure step time and memory of recompute policies");
   ShapeFlags bench_shape;
   bench_shape.add(bench);
-  std::string policies = "none,full,every:2,every:3";
-  std::vector<std::string> engines = {"module"};
-  int steps = 5, warmup = 2;
-  std::string threads, json, csv, markdown;
-  std::vector<std::string> charts;
-  uint64_t seed = 1234;
-  bench->add_option("--policies", policies, "policies to compare, comma-separated (see README, Policies)")
+  BenchFlags bf;
+  bench->add_option("--policies", bf.policies, "policies to compare, comma-separated (see README, Policies)")
       ->capture_default_str();
-  bench->add_option("--engine", engines, "module (torch::nn + remat::checkpoint)")->delimiter(',')
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->capture_default_str();
-  bench->add_option("--steps", steps, "timed steps per policy")->capture_default_str();
-  bench->add_option("--warmup", warmup, "untimed steps before them")->capture_default_str();
-  bench->add_option("--threads", threads, "ATen/BLAS threads, e.g. 1/2 (default: 1/cores, measured fastest)");
-  bench->add_option("--seed", seed, "weights and data")->capture_default_str();
-  bench->add_option("--json", json, "write results as JSON");
-  bench->add_option("--csv", csv, "write results as CSV");
-  bench->add_option("--markdown", markdown, "write the table as Markdown");
-  bench->add_option("--chart", charts, "write the trade-off chart (.png or .svg; repeatable)")
+  bench->add_option("--engine", bf.engines,
+                    "module (torch::nn + remat::checkpoint) and/or ops (remat::GPT); default: both for seed, ops for gpt2")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  bench->add_option("--steps", bf.steps, "timed steps per policy")->capture_default_str();
+  bench->add_option("--warmup", bf.warmup, "untimed steps before them")->capture_default_str();
+  bench->add_option("--threads", bf.threads, "ATen/BLAS threads, e.g. 1/2 (default: 1/cores, measured fastest)");
+  bench->add_option("--seed", bf.seed, "weights and data")->capture_default_str();
+  bench->add_flag("--verify", bf.verify, "ops engine: check every recomputed tensor bitwise against the forward's");
+  bench->add_flag("--profile", bf.profile, "ops engine: print per-op forward, recompute and backward times");
+  bench->add_option("--json", bf.json, "write results as JSON");
+  bench->add_option("--csv", bf.csv, "write results as CSV");
+  bench->add_option("--markdown", bf.markdown, "write the table as Markdown");
+  bench->add_option("--chart", bf.charts, "write the trade-off chart (.png or .svg; repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 
   try {
@@ -142,7 +158,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*bench) return run_bench(bench_shape, policies, engines, steps, warmup, threads, seed, json, csv, charts, markdown);
+    if (*bench) return run_bench(bench_shape, bf);
   } catch (const remat::Error& e) {
     end_progress();
     fmt::print(stderr, "remat: error: {}\n", e.what());

@@ -18,6 +18,7 @@
 // for the seed model). The executor runs all three the same way.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -55,6 +56,31 @@ struct OpInfo {
 };
 const OpInfo& op_info(OpKind kind);
 
+// How attention scores and probabilities are stored.
+//
+// Not causal: one (B, H, T, T) tensor. Causal: the T query rows are cut into blocks of `block` rows;
+// block r keeps only the key columns [0, end of block r) that the causal mask can leave non-zero, as
+// a contiguous (B, H, rows(r), cols(r)) tensor, and the blocks follow one another in one 1-D
+// tensor. At T = 1024 and block = 128 that is 56% of T x T, for memory and for every op that
+// touches it. Entries above the diagonal inside a block are masked (-inf scores, 0 probabilities).
+// With a single block (T <= block) the causal layout is the plain (B, H, T, T) one.
+struct AttentionLayout {
+  int64_t batch = 0, heads = 0, seq = 0;
+  int64_t block = 0;       // query rows per block; == seq when not causal
+  bool causal = false;
+
+  int64_t blocks() const { return (seq + block - 1) / block; }
+  int64_t first_row(int64_t r) const { return r * block; }
+  int64_t rows(int64_t r) const { return std::min(block, seq - r * block); }
+  int64_t cols(int64_t r) const { return causal ? first_row(r) + rows(r) : seq; }
+  // Elements before block r, and in all blocks.
+  int64_t offset(int64_t r) const;
+  int64_t numel() const { return offset(blocks()); }
+  // (B, H, T, T) for one block, (numel) for several.
+  std::vector<int64_t> shape() const;
+};
+AttentionLayout attention_layout(const ModelConfig& cfg, bool causal);
+
 struct TensorSpec {
   std::string name;             // unique in the block: "x", "ln1", "probs", ...
   std::vector<int64_t> shape;   // elements per dimension
@@ -78,9 +104,8 @@ struct OpNode {
   std::vector<int> in;          // tensor ids, as OpInfo orders them
   std::vector<int> out;         // tensor ids
   std::vector<int> params;      // parameter ids (Linear: weight[, bias]; LayerNorm: weight, bias)
-  double p = 0.0;               // Dropout: drop probability
-  bool causal = false;          // Scores: mask j > i
-  int64_t heads = 0;            // Scores, AttnValues: number of heads
+  double p = 0.0;               // DropoutMask, Dropout: drop probability
+  AttentionLayout attn;         // Scores, Softmax, AttnValues: heads, causal mask, storage
 };
 
 // Matmul FLOPs of one op (2 per multiply-add); other ops count 0.

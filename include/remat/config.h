@@ -31,6 +31,7 @@ struct ModelConfig {
   double dropout = 0.0;       // gpt2: drop probability on attention probs and both residual branches
   DType dtype = DType::F32;   // activations and weights
   AttentionImpl attention = AttentionImpl::Math;
+  int64_t attn_block = 128;   // causal attention: query rows per block (block.h, AttentionLayout)
 
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
   int64_t head_dim() const { return dim / heads; }

@@ -51,6 +51,8 @@ struct OpTimes {
   std::vector<double> recompute_ms;
   std::vector<double> backward_ms;
   std::vector<int64_t> calls;        // forward calls
+
+  void zero();                       // keeps the sizes
 };
 
 struct ExecOptions {

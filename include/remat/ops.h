@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "remat/block.h"
+
 namespace remat::ops {
 
 // --- linear: y = x W^T + b ------------------------------------------------------------------
@@ -56,20 +58,27 @@ at::Tensor dropout_forward(const at::Tensor& x, const at::Tensor& mask, double p
 at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p);
 
 // --- attention core --------------------------------------------------------------------------
-// scores = q k^T / sqrt(D), (B, H, T, T); with `causal`, entries j > i are -inf.
-at::Tensor scores_forward(const at::Tensor& qkv, int64_t heads, bool causal);
+// Scores and probs are stored as `layout` says (block.h, AttentionLayout): (B, H, T, T), or causal
+// row blocks packed in one 1-D tensor.
+// scores = q k^T / sqrt(D); with a causal layout, entries above the diagonal are -inf.
+at::Tensor scores_forward(const at::Tensor& qkv, const AttentionLayout& layout);
 // Reads qkv. Adds dq and dk into the q and k columns of dqkv (allocated zeroed when undefined).
-void scores_backward(const at::Tensor& dscores, const at::Tensor& qkv, int64_t heads, at::Tensor& dqkv);
+void scores_backward(const at::Tensor& dscores, const at::Tensor& qkv, const AttentionLayout& layout,
+                     at::Tensor& dqkv);
 
-at::Tensor softmax_forward(const at::Tensor& scores);
+// Softmax over each stored row.
+at::Tensor softmax_forward(const at::Tensor& scores, const AttentionLayout& layout);
 // Reads probs (the output).
-at::Tensor softmax_backward(const at::Tensor& dprobs, const at::Tensor& probs);
+at::Tensor softmax_backward(const at::Tensor& dprobs, const at::Tensor& probs, const AttentionLayout& layout);
 
 // atty = probs v with heads merged back: (B, T, C).
-at::Tensor attn_values_forward(const at::Tensor& probs, const at::Tensor& qkv, int64_t heads);
+at::Tensor attn_values_forward(const at::Tensor& probs, const at::Tensor& qkv, const AttentionLayout& layout);
 // Reads probs and qkv. Returns dprobs; adds dv into the v columns of dqkv (zeroed when undefined).
 at::Tensor attn_values_backward(const at::Tensor& datty, const at::Tensor& probs, const at::Tensor& qkv,
-                                int64_t heads, at::Tensor& dqkv);
+                                const AttentionLayout& layout, at::Tensor& dqkv);
+
+// A scores or probs tensor expanded to (B, H, T, T); positions the layout does not store get `fill`.
+at::Tensor unpack_attention(const at::Tensor& packed, const AttentionLayout& layout, double fill);
 
 // --- residual add ------------------------------------------------------------------------------
 // y = a + b; the backward passes dy to both inputs and reads nothing.

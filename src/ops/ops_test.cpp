@@ -95,8 +95,9 @@ TEST_P(OpsTest, Dropout) {
 }
 
 // Attention: scores -> softmax -> probs x V against the same math on permuted copies.
-void attention_case(at::ScalarType t, bool causal) {
+void attention_case(at::ScalarType t, bool causal, int64_t block) {
   const int64_t B = 2, T = 5, H = 3, D = 4, C = H * D;
+  const AttentionLayout l{B, H, T, causal ? block : T, causal};
   at::Tensor qkv = leaf({B, T, 3 * C}, t);
   at::Tensor datty = at::randn({B, T, C}, at::kDouble).to(t);
   auto split = [&](int i) { return qkv.narrow(2, i * C, C).reshape({B, T, H, D}).permute({0, 2, 1, 3}); };
@@ -106,18 +107,20 @@ void attention_case(at::ScalarType t, bool causal) {
   at::Tensor ref = at::matmul(p, split(2)).permute({0, 2, 1, 3}).reshape({B, T, C});
   auto g = grads(ref, datty, {qkv});
   at::NoGradGuard off;
-  const at::Tensor scores = scores_forward(qkv, H, causal);
-  const at::Tensor probs = softmax_forward(scores);
-  expect_close(probs, p, "probs");
-  expect_close(attn_values_forward(probs, qkv, H), ref, "atty");
+  const at::Tensor scores = scores_forward(qkv, l);
+  EXPECT_EQ(scores.numel(), l.numel());
+  const at::Tensor probs = softmax_forward(scores, l);
+  expect_close(unpack_attention(probs, l, 0.0), p, "probs");
+  expect_close(attn_values_forward(probs, qkv, l), ref, "atty");
   at::Tensor dqkv;
-  const at::Tensor dprobs = attn_values_backward(datty, probs, qkv, H, dqkv);
-  scores_backward(softmax_backward(dprobs, probs), qkv, H, dqkv);
+  const at::Tensor dprobs = attn_values_backward(datty, probs, qkv, l, dqkv);
+  scores_backward(softmax_backward(dprobs, probs, l), qkv, l, dqkv);
   expect_close(dqkv, g[0], "dqkv");
 }
 
-TEST_P(OpsTest, Attention) { attention_case(t(), /*causal=*/false); }
-TEST_P(OpsTest, CausalAttention) { attention_case(t(), /*causal=*/true); }
+TEST_P(OpsTest, Attention) { attention_case(t(), /*causal=*/false, 5); }
+TEST_P(OpsTest, CausalAttentionOneBlock) { attention_case(t(), /*causal=*/true, 5); }
+TEST_P(OpsTest, CausalAttentionRowBlocks) { attention_case(t(), /*causal=*/true, 2); }  // blocks of 2, 2, 1 rows
 
 TEST_P(OpsTest, Embedding) {
   const at::Tensor tokens = at::randint(0, 7, {3, 4}, at::kLong);
@@ -157,6 +160,17 @@ TEST_P(OpsTest, Mse) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OpsTest, ::testing::Values(at::kDouble, at::kFloat),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(AttentionLayout, CausalBlocksStoreOnlyTheVisibleColumns) {
+  const AttentionLayout l{8, 8, 1024, 128, true};
+  EXPECT_EQ(l.blocks(), 8);
+  EXPECT_EQ(l.cols(0), 128);
+  EXPECT_EQ(l.cols(7), 1024);
+  EXPECT_EQ(l.numel(), 8 * 8 * 128 * 128 * 36);  // 128 * 128 * (1 + 2 + ... + 8) per head
+  EXPECT_EQ(l.shape(), (std::vector<int64_t>{l.numel()}));
+  const AttentionLayout full{8, 8, 128, 128, false};
+  EXPECT_EQ(full.shape(), (std::vector<int64_t>{8, 8, 128, 128}));
+}
 
 TEST(DropoutMask, SameSeedSameMask) {
   EXPECT_TRUE(at::equal(dropout_mask({1000}, 0.3, 5, at::kCPU), dropout_mask({1000}, 0.3, 5, at::kCPU)));

@@ -185,10 +185,7 @@ BenchResult run_bench(const BenchOptions& o) {
   BenchResult result;
   result.options = o;
   result.blas = blas_name();
-  say("measuring the matmul rate (1024^3 float32)");
-  result.matmul_gflops = matmul_gflops();
   result.flops_per_step = spec.step_flops();
-  result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
 
   // Every (engine, policy) gets its own model and optimizer. Steps then go round-robin, one step of
   // each in turn, so that drifting machine load touches all policies alike.
@@ -237,8 +234,12 @@ BenchResult run_bench(const BenchOptions& o) {
     }
   }
 
+  // The matmul rate drifts with the machine's load as much as step times do: it is measured in every
+  // round, beside the steps it is compared with, and the median is the floor's rate.
+  std::vector<double> rates;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const bool timed = s >= o.warmup;
+    if (timed) rates.push_back(matmul_gflops(1024, 5));
     for (Entry& e : entries) {
       if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
       e.adam->zero_grad();
@@ -268,6 +269,8 @@ BenchResult run_bench(const BenchOptions& o) {
     }
   }
 
+  result.matmul_gflops = median(rates);
+  result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
   for (Entry& e : entries) {
     BenchRow& row = e.row;
     row.step_ms_median = median(e.step_ms);

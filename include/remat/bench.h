@@ -64,7 +64,7 @@ struct OpProfile {
 struct BenchResult {
   BenchOptions options;
   std::string blas;
-  double matmul_gflops = 0;         // measured 1024^3 float32 at::mm rate
+  double matmul_gflops = 0;         // 1024^3 float32 at::mm rate: median over the timed rounds
   int64_t flops_per_step = 0;
   double floor_ms = 0;              // flops_per_step at the matmul rate
   std::vector<BenchRow> rows;

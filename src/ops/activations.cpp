@@ -2,13 +2,30 @@
 //   gelu (tanh): backward reads x.      relu: backward reads y.      add: backward reads nothing.
 #include <ATen/ATen.h>
 
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "remat/ops.h"
 
 namespace remat::ops {
 
-at::Tensor gelu_forward(const at::Tensor& x) { return at::gelu(x, "tanh"); }
-at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x) { return at::gelu_backward(dy, x, "tanh"); }
+namespace {
+bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
+}  // namespace
+
+// Float32 CPU runs remat's own loop (ops/kernels.h: LibTorch 1.13's tanh GELU is ~7x slower).
+at::Tensor gelu_forward(const at::Tensor& x) {
+  if (!cpu_float(x)) return at::gelu(x, "tanh");
+  at::Tensor y = at::empty_like(x);
+  kernels::gelu_forward(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+  return y;
+}
+
+at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x) {
+  if (!cpu_float(x) || !cpu_float(dy)) return at::gelu_backward(dy, x, "tanh");
+  at::Tensor dx = at::empty_like(x);
+  kernels::gelu_backward(dy.data_ptr<float>(), x.data_ptr<float>(), dx.data_ptr<float>(), x.numel());
+  return dx;
+}
 
 at::Tensor relu_forward(const at::Tensor& x) { return at::relu(x); }
 at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y) { return at::threshold_backward(dy, y, 0); }

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include "ops/gemm.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "remat/ops.h"
 
@@ -96,11 +97,17 @@ void scores_backward(const at::Tensor& dscores, const at::Tensor& qkv, const Att
 }
 
 at::Tensor softmax_forward(const at::Tensor& scores, const AttentionLayout& l) {
-  if (l.blocks() == 1) return at::_softmax(scores, -1, false);
+  const bool fast = scores.device().is_cpu() && scores.scalar_type() == at::kFloat && scores.is_contiguous();
+  if (l.blocks() == 1 && !fast) return at::_softmax(scores, -1, false);
   at::Tensor probs = at::empty_like(scores);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor p = block_of(probs, l, r);
-    at::_softmax_out(p, block_of(scores, l, r), -1, false);
+    const at::Tensor s = block_of(scores, l, r);
+    if (fast)  // remat's loop: skips masked entries (ops/kernels.h)
+      kernels::softmax_rows(s.data_ptr<float>(), p.data_ptr<float>(), l.batch * l.heads, l.rows(r), l.cols(r),
+                            l.first_row(r), l.causal);
+    else
+      at::_softmax_out(p, s, -1, false);
   }
   return probs;
 }

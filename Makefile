@@ -3,10 +3,21 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test setup build clean
+.PHONY: run test setup build clean gpt2
 
+# The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
+# the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
 run: build
-	$(BUILD)/remat bench --json results/seed.json --csv results/seed.csv --chart results/seed.png --chart results/seed.svg --markdown results/seed.md
+	$(BUILD)/remat bench --json results/seed.json --csv results/seed.csv --markdown results/seed.md \
+	  --chart results/seed.png --chart results/seed.svg
+
+# GPT-2 blocks at seq 1024 with dropout 0.1 (GPT-2's own setting), per-tensor policies on the engine.
+# About 8 minutes on 2 cores.
+gpt2: build
+	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 \
+	  --policies none,attn,mlp-act,attn+mlp-act,norm,full,every:2 --steps 5 --warmup 1 \
+	  --json results/gpt2.json --csv results/gpt2.csv --markdown results/gpt2.md \
+	  --chart results/gpt2.png --chart results/gpt2.svg
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

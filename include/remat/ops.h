@@ -60,7 +60,8 @@ at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double
 // --- attention core --------------------------------------------------------------------------
 // Scores and probs are stored as `layout` says (block.h, AttentionLayout): (B, H, T, T), or causal
 // row blocks packed in one 1-D tensor.
-// scores = q k^T / sqrt(D); with a causal layout, entries above the diagonal are -inf.
+// scores = q k^T / sqrt(D); with a causal layout, entries above the diagonal are masked: the
+// lowest finite value on CPU, -inf elsewhere (both give probability exactly 0).
 at::Tensor scores_forward(const at::Tensor& qkv, const AttentionLayout& layout);
 // Reads qkv. Adds dq and dk into the q and k columns of dqkv (allocated zeroed when undefined).
 void scores_backward(const at::Tensor& dscores, const at::Tensor& qkv, const AttentionLayout& layout,

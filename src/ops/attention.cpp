@@ -47,10 +47,11 @@ at::Tensor& zeros_if_undefined(at::Tensor& t, const at::Tensor& like) {
   return t;
 }
 
-// Sets entries above the causal diagonal of block r (rows from `first`) to -inf.
+// Sets entries above the causal diagonal of block r (rows from `first`) to the lowest finite value:
+// its exp underflows to exactly 0 like -inf's, and the fast softmax never meets an infinity.
 template <typename T>
 void mask_rows(T* p, int64_t matrices, int64_t rows, int64_t cols, int64_t first) {
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T neg_inf = std::numeric_limits<T>::lowest();
   for (int64_t m = 0; m < matrices; ++m)
     for (int64_t i = 0; i < rows; ++i) {
       T* row = p + (m * rows + i) * cols;
@@ -103,9 +104,8 @@ at::Tensor softmax_forward(const at::Tensor& scores, const AttentionLayout& l) {
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor p = block_of(probs, l, r);
     const at::Tensor s = block_of(scores, l, r);
-    if (fast)  // remat's loop: skips masked entries (ops/kernels.h)
-      kernels::softmax_rows(s.data_ptr<float>(), p.data_ptr<float>(), l.batch * l.heads, l.rows(r), l.cols(r),
-                            l.first_row(r), l.causal);
+    if (fast)  // remat's vectorised loop (ops/kernels.h)
+      kernels::softmax_rows(s.data_ptr<float>(), p.data_ptr<float>(), l.batch * l.heads * l.rows(r), l.cols(r));
     else
       at::_softmax_out(p, s, -1, false);
   }

@@ -1,6 +1,6 @@
 // Compiled with -O3 -ffast-math -fopenmp-simd (CMakeLists.txt): vector exp from glibc's libmvec.
-// Under -ffast-math no code here may meet an infinity or a NaN: GELU clamps the tanh argument,
-// and softmax reads only the columns a causal row can see.
+// Under -ffast-math no code here may meet an infinity or a NaN: GELU clamps the tanh argument, and
+// masked attention scores are the lowest finite float rather than -inf (ops/attention.cpp).
 #include "ops/kernels.h"
 
 #include <algorithm>
@@ -39,28 +39,23 @@ void gelu_backward(const float* __restrict dy, const float* __restrict x, float*
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void softmax_rows(const float* __restrict s, float* __restrict p, int64_t matrices, int64_t rows, int64_t cols,
-                  int64_t first_row, bool causal) {
-  for (int64_t m = 0; m < matrices; ++m) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* in = s + (m * rows + i) * cols;
-      float* out = p + (m * rows + i) * cols;
-      const int64_t n = causal ? std::min(cols, first_row + i + 1) : cols;
-      float mx = in[0];
+void softmax_rows(const float* __restrict s, float* __restrict p, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* in = s + i * cols;
+    float* out = p + i * cols;
+    float mx = in[0];
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, in[j]);
-      float sum = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, in[j]);
+    float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        const float e = std::exp(in[j] - mx);
-        out[j] = e;
-        sum += e;
-      }
-      const float inv = 1.0f / sum;
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) out[j] *= inv;
-      std::fill(out + n, out + cols, 0.0f);
+    for (int64_t j = 0; j < cols; ++j) {
+      const float e = std::exp(in[j] - mx);
+      out[j] = e;
+      sum += e;
     }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] *= inv;
   }
 }
 

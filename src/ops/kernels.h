@@ -15,10 +15,8 @@ void gelu_forward(const float* x, float* y, int64_t n);
 // dx = dy * d gelu(x) / dx.
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
 
-// Row softmax of `matrices` row-major (rows x cols) blocks. Causal: row i of a block is global row
-// first_row + i and sees columns [0, first_row + i]; the rest of the row is set to 0 and never
-// read, so masked entries may hold anything.
-void softmax_rows(const float* s, float* p, int64_t matrices, int64_t rows, int64_t cols, int64_t first_row,
-                  bool causal);
+// Softmax of each of `rows` contiguous rows of `cols` floats. REQUIRES: every entry finite; masked
+// scores hold the lowest finite float (their exp underflows to exactly 0), never -inf.
+void softmax_rows(const float* s, float* p, int64_t rows, int64_t cols);
 
 }  // namespace remat::ops::kernels

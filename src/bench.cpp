@@ -17,7 +17,9 @@
 #include "remat/model.h"
 #include "remat/module_model.h"
 #include "remat/optim.h"
+#include "remat/planner.h"
 #include "remat/policy.h"
+#include "remat/profile.h"
 #include "remat/report.h"
 
 namespace remat {
@@ -66,7 +68,7 @@ class ModuleSubject final : public Subject {
 
 class OpsSubject final : public Subject {
  public:
-  OpsSubject(const ModelConfig& cfg, const Policy& policy, uint64_t seed, ExecOptions options) {
+  OpsSubject(const ModelConfig& cfg, const ResolvedPolicy& policy, uint64_t seed, ExecOptions options) {
     at::manual_seed(seed);
     model_ = GPT(cfg, policy, std::move(options));
     at::manual_seed(seed + 1);
@@ -87,17 +89,18 @@ class OpsSubject final : public Subject {
   at::Tensor input_, target_;
 };
 
-std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, const Policy& policy, uint64_t seed,
-                                      ExecOptions options = {}) {
+std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, const Policy& policy,
+                                      const ResolvedPolicy& resolved, uint64_t seed, ExecOptions options = {}) {
   switch (engine) {
     case Engine::Module: return std::make_unique<ModuleSubject>(cfg, policy, seed);
-    case Engine::Ops: return std::make_unique<OpsSubject>(cfg, policy, seed, std::move(options));
+    case Engine::Ops: return std::make_unique<OpsSubject>(cfg, resolved, seed, std::move(options));
   }
   fail("unknown engine");
 }
 
 // Whether the module path can run `policy` (whole layers only).
 bool module_runs(const ModelConfig& cfg, const Policy& policy) {
+  if (!policy.budget().empty()) return false;
   try {
     ModuleModel::check(cfg, policy);
     return true;
@@ -167,8 +170,16 @@ BenchResult run_bench(const BenchOptions& o) {
   if (o.engines.empty()) fail("--engine is empty; allowed: module, ops");
   const ModelSpec spec = make_model(o.model);
   const bool has_ops = std::find(o.engines.begin(), o.engines.end(), Engine::Ops) != o.engines.end();
+  bool any_budget = false;
   for (const std::string& text : o.policies) {
     const Policy policy = Policy::parse(text);
+    if (!policy.budget().empty()) {
+      any_budget = true;
+      parse_budget(policy.budget());
+      policy.pins(spec.block);
+      if (!has_ops) fail("policy '{}' is planned per tensor; it runs on the ops engine (--engine ops)", text);
+      continue;
+    }
     policy.resolve(spec.block, o.model.layers);
     // The module path runs whole-layer policies; with the ops engine beside it, others run there only.
     for (Engine e : o.engines)
@@ -185,6 +196,15 @@ BenchResult run_bench(const BenchOptions& o) {
   BenchResult result;
   result.options = o;
   result.blas = blas_name();
+
+  // The planner needs op times: measured on one layer of this very config (cached per config).
+  CostModel costs;
+  const bool predict_time = has_ops && (any_budget || o.frontier);
+  if (predict_time) {
+    say("measuring op costs on one layer (for the planner)");
+    costs = measure_costs(o.model, o.threads);
+    result.costs = costs.source;
+  }
   result.flops_per_step = spec.step_flops();
 
   // Every (engine, policy) gets its own model and optimizer. Steps then go round-robin, one step of
@@ -197,11 +217,13 @@ BenchResult run_bench(const BenchOptions& o) {
     std::vector<double> step_ms, fwd_ms, bwd_ms;
   };
   std::vector<Entry> entries;
+  const Policy none_policy = Policy::parse("none");
+  const ResolvedPolicy none_resolved = none_policy.resolve(spec.block, o.model.layers);
   for (Engine engine : o.engines) {
     std::vector<at::Tensor> reference;
     {
       say(fmt::format("{}: reference gradients (none)", to_string(engine)));
-      auto subject = make_subject(engine, o.model, Policy::parse("none"), o.seed);
+      auto subject = make_subject(engine, o.model, none_policy, none_resolved, o.seed);
       reference = first_grads(*subject);
     }
     for (const std::string& text : o.policies) {
@@ -212,8 +234,11 @@ BenchResult run_bench(const BenchOptions& o) {
       }
       say(fmt::format("{} {}: gradient check", to_string(engine), text));
       Entry e;
+      Plan plan;
+      const ResolvedPolicy resolved =
+          engine == Engine::Ops ? resolve_policy(o.model, policy, costs, &plan) : ResolvedPolicy();
       if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
-      e.subject = make_subject(engine, o.model, policy, o.seed, e.exec);
+      e.subject = make_subject(engine, o.model, policy, resolved, o.seed, e.exec);
       e.adam = std::make_unique<Adam>(e.subject->parameters(), AdamOptions{o.lr});
       e.row.policy = text;
       e.row.engine = engine;
@@ -221,11 +246,14 @@ BenchResult run_bench(const BenchOptions& o) {
       e.row.grad_max_abs_diff = max_abs_diff(first_grads(*e.subject), reference);
       if (engine == Engine::Ops) {
         e.row.predicted_saved_bytes = static_cast<OpsSubject&>(*e.subject).model()->predicted_saved_bytes();
+        if (resolved.chunk == 0) e.row.predicted_peak_bytes = simulate_memory(o.model, spec, resolved, o.threads.aten).peak;
+        if (predict_time) e.row.predicted_step_ms = costs.step_ms(spec, resolved);
+        if (!policy.budget().empty()) e.row.plan = plan.policy_text;
         if (o.verify) {
           say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
           ExecOptions v;
           v.verify = true;
-          auto checked = make_subject(engine, o.model, policy, o.seed, v);
+          auto checked = make_subject(engine, o.model, policy, resolved, o.seed, v);
           first_grads(*checked);  // throws, naming the tensor, on the first mismatch
           e.row.verified = true;
         }
@@ -291,6 +319,17 @@ BenchResult run_bench(const BenchOptions& o) {
     }
     result.rows.push_back(row);
   }
+  if (o.frontier && predict_time) {
+    // The planner's curve: plans at budgets from the least memory to none's peak.
+    const LayerPolicy no_pins = none_policy.resolve(spec.block, 1).layers[0];
+    const Plan none_plan = make_plan(o.model, Budget{0, 100.0}, costs, no_pins);
+    const Plan least = make_plan(o.model, Budget{none_plan.none_memory.base() + 1, 0}, costs, no_pins);
+    const int64_t lo = least.min_budget, hi = none_plan.none_memory.total_peak();
+    for (int i = 0; i <= 24; ++i) {
+      const Plan p = make_plan(o.model, Budget{lo + (hi - lo) * i / 24, 0}, costs, no_pins);
+      if (p.fits) result.frontier.push_back({p.step_ms, p.memory.peak});
+    }
+  }
   const BenchRow* module_none = find_none(result.rows, Engine::Module);
   const BenchRow* ops_none = find_none(result.rows, Engine::Ops);
   if (module_none && ops_none)
@@ -301,19 +340,33 @@ BenchResult run_bench(const BenchOptions& o) {
 
 std::string BenchResult::markdown() const {
   Table t;
+  bool timed_predictions = false;
+  for (const BenchRow& r : rows) timed_predictions = timed_predictions || r.predicted_step_ms >= 0;
   t.header = {"policy", "engine", "step ms", "min ms", "fwd ms", "bwd ms", "time vs none", "saved MiB",
-              "predicted MiB", "peak MiB", "peak vs none", "step / floor", "grad diff"};
-  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true};
+              "predicted", "peak MiB", "predicted", "peak vs none", "step / floor", "grad diff"};
+  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true, true};
+  if (timed_predictions) {
+    t.header.insert(t.header.begin() + 3, "predicted");
+    t.numeric.insert(t.numeric.begin() + 3, true);
+  }
+  auto or_dash = [](bool ok, const std::string& s) { return ok ? s : std::string("-"); };
   for (const BenchRow& r : rows) {
     const BenchRow* none = find_none(rows, r.engine);
-    t.rows.push_back({r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median), fmt_ms(r.step_ms_min),
-                      fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
-                      none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-", fmt_mib(r.saved_bytes),
-                      r.predicted_saved_bytes >= 0 ? fmt_mib(r.predicted_saved_bytes) : "-", fmt_mib(r.peak_bytes),
-                      none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
-                      fmt_ratio(r.floor_ratio), fmt::format("{:g}", r.grad_max_abs_diff)});
+    std::vector<std::string> row = {
+        r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median), fmt_ms(r.step_ms_min),
+        fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
+        none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-", fmt_mib(r.saved_bytes),
+        or_dash(r.predicted_saved_bytes >= 0, fmt_mib(r.predicted_saved_bytes)), fmt_mib(r.peak_bytes),
+        or_dash(r.predicted_peak_bytes >= 0, fmt_mib(r.predicted_peak_bytes)),
+        none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
+        fmt_ratio(r.floor_ratio), fmt::format("{:g}", r.grad_max_abs_diff)};
+    if (timed_predictions) row.insert(row.begin() + 3, or_dash(r.predicted_step_ms >= 0, fmt_ms(r.predicted_step_ms)));
+    t.rows.push_back(std::move(row));
   }
   std::string out = t.markdown();
+  for (const BenchRow& r : rows)
+    if (!r.plan.empty()) out += fmt::format("\n{}: the planner chose {}", r.policy, r.plan);
+  if (!costs.empty()) out += "\nop costs for predictions: " + costs + "\n";
   for (const std::string& n : notes) out += "\n" + n;
   if (!notes.empty()) out += "\n";
   return out;
@@ -385,13 +438,26 @@ std::string BenchResult::json() const {
                            {"grad_max_abs_diff", r.grad_max_abs_diff},
                            {"flops_per_step", r.flops_per_step},
                            {"floor_ratio", r.floor_ratio},
-                           {"verified", r.verified}});
+                           {"verified", r.verified},
+                           {"predicted_peak_bytes", r.predicted_peak_bytes >= 0 ? nlohmann::json(r.predicted_peak_bytes)
+                                                                                : nlohmann::json(nullptr)},
+                           {"predicted_step_ms", r.predicted_step_ms >= 0 ? nlohmann::json(r.predicted_step_ms)
+                                                                          : nlohmann::json(nullptr)},
+                           {"plan", r.plan}});
   }
   return out.dump(2) + "\n";
 }
 
 void BenchResult::write_chart(const std::string& path) const {
   Chart chart;
+  if (!frontier.empty()) {
+    ChartSeries line;
+    line.title = "planner frontier (predicted: fastest plan at each peak)";
+    line.line = true;
+    for (const FrontierPoint& f : frontier)
+      line.points.push_back({"", f.step_ms, static_cast<double>(f.peak_bytes) / (1 << 20)});
+    chart.series.push_back(std::move(line));
+  }
   chart.title = "remat bench: " + describe(options.model);
   chart.xlabel = "step time, median (ms)";
   chart.ylabel = "peak memory above weights and optimizer state (MiB)";

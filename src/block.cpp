@@ -12,21 +12,22 @@ namespace remat {
 namespace {
 
 // One row per OpKind, in enum order. Bits: which inputs / outputs the backward reads.
+constexpr GradKind F = GradKind::Fresh, A = GradKind::Alias, S = GradKind::Slot, N = GradKind::None;
 constexpr OpInfo kOpInfo[] = {
-    //  name           in out params  reads_in reads_out
-    {"linear",          1, 1, 2,      0b01,    0b000},  // dx = dy W, dW = dy^T x
-    {"layer_norm",      1, 3, 2,      0b01,    0b110},  // reads x, mean, rstd
-    {"gelu",            1, 1, 0,      0b01,    0b000},  // reads x
-    {"relu",            1, 1, 0,      0b00,    0b001},  // reads y (y > 0 is the mask)
-    {"dropout_mask",    0, 1, 0,      0b00,    0b000},  // no inputs: a pure function of its seed
-    {"dropout",         2, 1, 0,      0b10,    0b000},  // reads mask
-    {"scores",          1, 1, 0,      0b01,    0b000},  // reads q, k (inside qkv)
-    {"softmax",         1, 1, 0,      0b00,    0b001},  // reads probs
-    {"attn_values",     2, 1, 0,      0b11,    0b000},  // reads probs, v (inside qkv)
-    {"add",             2, 1, 0,      0b00,    0b000},  // reads nothing
-    {"embedding",       1, 1, 2,      0b01,    0b000},  // reads tokens
-    {"cross_entropy",   2, 2, 0,      0b10,    0b010},  // reads targets, logp
-    {"mse_loss",        2, 1, 0,      0b11,    0b000},  // reads y, target
+    //  name           in out params  reads_in reads_out  gradients of the inputs
+    {"linear",          1, 1, 2,      0b01,    0b000,     {F, N}},  // dx = dy W, dW = dy^T x
+    {"layer_norm",      1, 3, 2,      0b01,    0b110,     {F, N}},  // reads x, mean, rstd
+    {"gelu",            1, 1, 0,      0b01,    0b000,     {F, N}},  // reads x
+    {"relu",            1, 1, 0,      0b00,    0b001,     {F, N}},  // reads y (y > 0 is the mask)
+    {"dropout_mask",    0, 1, 0,      0b00,    0b000,     {N, N}},  // no inputs: a pure function of its seed
+    {"dropout",         2, 1, 0,      0b10,    0b000,     {F, N}},  // reads mask
+    {"scores",          1, 1, 0,      0b01,    0b000,     {S, N}},  // reads q, k (inside qkv)
+    {"softmax",         1, 1, 0,      0b00,    0b001,     {F, N}},  // reads probs
+    {"attn_values",     2, 1, 0,      0b11,    0b000,     {F, S}},  // reads probs, v (inside qkv)
+    {"add",             2, 1, 0,      0b00,    0b000,     {A, A}},  // reads nothing
+    {"embedding",       1, 1, 2,      0b01,    0b000,     {N, N}},  // reads tokens
+    {"cross_entropy",   2, 2, 0,      0b10,    0b010,     {F, N}},  // reads targets, logp
+    {"mse_loss",        2, 1, 0,      0b11,    0b000,     {F, N}},  // reads y, target
 };
 static_assert(std::size(kOpInfo) == static_cast<size_t>(OpKind::Count),
               "kOpInfo needs one row per OpKind");
@@ -40,7 +41,10 @@ struct Out {
 
 class Builder {
  public:
-  Builder(const ModelConfig& cfg, std::string kind) : cfg_(cfg) { spec_.kind = std::move(kind); }
+  Builder(const ModelConfig& cfg, std::string kind) : cfg_(cfg) {
+    spec_.kind = std::move(kind);
+    spec_.dtype = cfg.dtype;
+  }
 
   int input(std::string name, std::string doc) {
     return input(std::move(name), btc(cfg_.dim), cfg_.dtype, std::move(doc));
@@ -308,6 +312,38 @@ OpFlops BlockSpec::flops() const {
     total.backward += f.backward;
   }
   return total;
+}
+
+int64_t BlockSpec::forward_scratch(int op) const {
+  const OpNode& node = ops[op];
+  switch (node.kind) {
+    case OpKind::MseLoss: return tensors[node.in[0]].numel() * 4;  // the unreduced loss
+    case OpKind::CrossEntropy: return 4;                           // nll_loss's total_weight
+    default: return 0;
+  }
+}
+
+int64_t BlockSpec::backward_scratch(int op, int aten_threads) const {
+  const OpNode& node = ops[op];
+  switch (node.kind) {
+    case OpKind::LayerNorm:  // partial dgamma and dbeta per thread
+      return 2 * static_cast<int64_t>(aten_threads) * tensors[node.in[0]].shape.back() * dtype_size(dtype);
+    case OpKind::CrossEntropy: {  // a (tokens, 1) column of -1 and the scaled scalar
+      const TensorSpec& logp = tensors[node.out[1]];
+      return logp.numel() / logp.shape.back() * 4 + 4;
+    }
+    case OpKind::Embedding: {  // the batch sum of dx for the position embedding
+      const TensorSpec& x = tensors[node.out[0]];
+      return x.numel() / x.shape[0] * dtype_size(x.dtype);
+    }
+    default: return 0;
+  }
+}
+
+int64_t BlockSpec::param_bytes(int param) const {
+  int64_t n = 1;
+  for (int64_t d : params[param].shape) n *= d;
+  return n * dtype_size(dtype);
 }
 
 int64_t BlockSpec::param_numel() const {

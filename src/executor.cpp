@@ -129,8 +129,12 @@ void OpEnv::add_grad(const OpNode& op, int i, at::Tensor g, bool owned) {
     grad_owned[t] = owned;
   } else if (grad_owned[t]) {
     slot.add_(g);
+  } else if (owned) {
+    g.add_(slot);  // never write into a shared gradient; reuse the fresh one instead (a + b == b + a)
+    slot = std::move(g);
+    grad_owned[t] = true;
   } else {
-    slot = slot + g;  // never write into a gradient another tensor shares
+    slot = slot + g;  // two shared gradients: a new tensor
     grad_owned[t] = true;
   }
 }

@@ -37,6 +37,9 @@ LayerPolicy keep_all(const BlockSpec& spec) { return Policy::parse("none").resol
 }  // namespace
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, const Policy& policy, ExecOptions options)
+    : GPTImpl(cfg, policy.resolve(make_block((validate(cfg), cfg)), cfg.layers), std::move(options)) {}
+
+GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options)
     : cfg_(cfg), options_(std::move(options)) {
   validate(cfg_);
   if (cfg_.dtype != DType::F32)
@@ -46,7 +49,9 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, const Policy& policy, ExecOptions optio
     fail("--attention {} needs LibTorch 2.x on CUDA; the engine runs --attention math here",
          to_string(cfg_.attention));
   spec_ = make_model(cfg_);
-  policy_ = policy.resolve(spec_.block, cfg_.layers);
+  if (static_cast<int64_t>(policy.layers.size()) != cfg_.layers)
+    fail("the policy has {} layers; the model has {}", policy.layers.size(), cfg_.layers);
+  policy_ = policy;
 
   auto make = [&](const BlockSpec& stage, const std::string& prefix, std::vector<at::Tensor>& out) {
     for (const ParamSpec& p : stage.params) {
@@ -83,8 +88,12 @@ void GPTImpl::build_executors() {
   }
 }
 
-void GPTImpl::set_policy(const Policy& policy) {
-  policy_ = policy.resolve(spec_.block, cfg_.layers);
+void GPTImpl::set_policy(const Policy& policy) { set_policy(policy.resolve(spec_.block, cfg_.layers)); }
+
+void GPTImpl::set_policy(const ResolvedPolicy& policy) {
+  if (static_cast<int64_t>(policy.layers.size()) != cfg_.layers)
+    fail("the policy has {} layers; the model has {}", policy.layers.size(), cfg_.layers);
+  policy_ = policy;
   build_executors();
 }
 

@@ -34,7 +34,7 @@ const std::vector<PresetDef>& presets() {
 
 constexpr const char* kAllowed =
     "none, full, attn, mlp-act, norm, mlp, save:NAMES, keep:NAMES, drop:NAMES, every:K[=PRESET], "
-    "block:N[=PRESET], uniform:N, layers:I-J=PRESET[,...]";
+    "block:N[=PRESET], uniform:N, layers:I-J=PRESET[,...], budget:SIZE";
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> parts;
@@ -121,7 +121,7 @@ std::vector<Policy::Term> Policy::parse_preset(std::string_view text, std::strin
       if (head == "save") term.kind = TermKind::Save;
       else if (head == "keep") term.kind = TermKind::Keep;
       else if (head == "drop") term.kind = TermKind::Drop;
-      else if (head == "every" || head == "block" || head == "uniform" || head == "layers")
+      else if (head == "every" || head == "block" || head == "uniform" || head == "layers" || head == "budget")
         fail("'{}' cannot appear inside a preset in '{}'; per-layer forms do not nest", piece, context);
       else
         fail("unknown policy term '{}' in '{}'; allowed: {}", piece, context, kAllowed);
@@ -167,6 +167,21 @@ Policy Policy::parse(std::string_view text) {
   if (starts_with(text, "uniform:")) {
     p.form_ = Form::Uniform;
     p.n_ = positive(text.substr(8), "uniform:N", text);
+    return p;
+  }
+  if (starts_with(text, "budget:")) {
+    p.form_ = Form::Budget;
+    const std::string_view rest = text.substr(7);
+    const size_t plus = rest.find('+');
+    p.budget_ = std::string(rest.substr(0, plus));
+    if (p.budget_.empty()) fail("budget: needs a size in policy '{}', e.g. budget:300MiB or budget:60%", text);
+    Rule rule;
+    rule.token = std::string(text);
+    if (plus != std::string_view::npos) rule.terms = parse_preset(rest.substr(plus + 1), text);
+    for (const Term& t : rule.terms)
+      if (t.kind != TermKind::Keep && t.kind != TermKind::Drop)
+        fail("'{}' cannot follow a budget in '{}'; a budget takes only keep: and drop: pins", t.token, text);
+    p.rules_.push_back(std::move(rule));
     return p;
   }
   if (starts_with(text, "layers:")) {
@@ -277,7 +292,14 @@ LayerPolicy Policy::apply(const BlockSpec& spec, const std::vector<Term>& terms,
   return lp;
 }
 
+LayerPolicy Policy::pins(const BlockSpec& spec) const {
+  if (form_ != Form::Budget) return apply(spec, {}, text_);
+  return apply(spec, rules_[0].terms, text_);
+}
+
 ResolvedPolicy Policy::resolve(const BlockSpec& spec, int64_t layers) const {
+  if (form_ == Form::Budget)
+    fail("policy '{}' needs the planner to resolve (remat::resolve_policy in planner.h)", text_);
   ResolvedPolicy r;
   const LayerPolicy none = apply(spec, parse_preset("none", "none"), "none");
   r.layers.assign(static_cast<size_t>(layers), none);
@@ -303,6 +325,8 @@ ResolvedPolicy Policy::resolve(const BlockSpec& spec, int64_t layers) const {
       if (n_ > layers) fail("uniform:{} exceeds the model's {} layers in policy '{}'", n_, layers, text_);
       r.chunk = n_;
       break;
+    case Form::Budget:
+      break;  // refused above
     case Form::Layers:
       for (const Rule& rule : rules_) {
         if (rule.last >= layers)

@@ -8,25 +8,54 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "remat/bench.h"
 #include "remat/block.h"
 #include "remat/config.h"
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "remat/planner.h"
+#include "remat/profile.h"
 #include "remat/policy.h"
 #include "remat/report.h"
 #include "remat/runtime.h"
 
 namespace {
 
+// Named shapes for `remat plan --model`. LLaMA shapes are planned on the gpt2 block kind: remat has
+// no llama block yet (RMSNorm, SwiGLU's third matrix, grouped-query attention); see README.
+struct NamedShape {
+  const char* name;
+  int64_t layers, dim, heads, ffn, seq, vocab;
+  const char* dtype;
+  double dropout;
+};
+constexpr NamedShape kShapes[] = {
+    {"gpt2-small", 12, 768, 12, 0, 1024, 50257, "fp32", 0.1},
+    {"gpt3-175b", 96, 12288, 96, 0, 2048, 50257, "fp16", 0.1},
+    {"llama-7b", 32, 4096, 32, 11008, 4096, 32000, "bf16", 0.0},
+    {"llama-70b", 80, 8192, 64, 28672, 4096, 32000, "bf16", 0.0},
+};
+
 // Flags shared by every subcommand that builds a model.
 struct ShapeFlags {
   std::string arch = "seed";
   std::string dtype = "fp32";
+  std::string attention = "math";
+  std::string model;
   remat::ModelConfig cfg;
+  CLI::App* app = nullptr;
 
-  void add(CLI::App* app) {
+  void add_planning(CLI::App* a) {
+    a->add_option("--model", model, "a named shape: gpt2-small, gpt3-175b, llama-7b, llama-70b (flags override it)");
+    a->add_option("--vocab", cfg.vocab, "gpt2: vocabulary size")->capture_default_str();
+    a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
+    a->add_option("--attention", attention, "math (T x T scores) or flash (fused; planning only)")->capture_default_str();
+  }
+
+  void add(CLI::App* a) {
+    app = a;
     app->add_option("--arch", arch, "block kind: seed (the seed note's block) or gpt2")->capture_default_str();
     app->add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
     app->add_option("--dim", cfg.dim, "model width")->capture_default_str();
@@ -35,11 +64,31 @@ struct ShapeFlags {
     app->add_option("--seq", cfg.seq, "tokens per sequence")->capture_default_str();
     app->add_option("--ffn", cfg.ffn, "MLP hidden width; 0 = 4 * dim")->capture_default_str();
     app->add_option("--dropout", cfg.dropout, "gpt2: dropout probability")->capture_default_str();
+    app->add_option("--attn-block", cfg.attn_block, "causal attention: query rows per stored block")->capture_default_str();
   }
 
   remat::ModelConfig resolve() {
+    if (!model.empty()) {
+      const NamedShape* shape = nullptr;
+      for (const NamedShape& s : kShapes)
+        if (model == s.name) shape = &s;
+      if (shape == nullptr)
+        remat::fail("unknown --model '{}'; allowed: gpt2-small, gpt3-175b, llama-7b, llama-70b", model);
+      auto unset = [&](const char* flag) { return app->count(flag) == 0; };
+      if (unset("--arch")) arch = "gpt2";
+      if (unset("--layers")) cfg.layers = shape->layers;
+      if (unset("--dim")) cfg.dim = shape->dim;
+      if (unset("--heads")) cfg.heads = shape->heads;
+      if (unset("--ffn")) cfg.ffn = shape->ffn;
+      if (unset("--seq")) cfg.seq = shape->seq;
+      if (unset("--vocab")) cfg.vocab = shape->vocab;
+      if (unset("--dtype")) dtype = shape->dtype;
+      if (unset("--dropout")) cfg.dropout = shape->dropout;
+      if (unset("--batch")) cfg.batch = 1;
+    }
     cfg.arch = remat::parse_arch(arch);
     cfg.dtype = remat::parse_dtype(dtype);
+    cfg.attention = remat::parse_attention(attention);
     remat::validate(cfg);
     return cfg;
   }
@@ -64,7 +113,7 @@ struct BenchFlags {
   std::string threads, json, csv, markdown;
   std::vector<std::string> charts;
   uint64_t seed = 1234;
-  bool verify = false, profile = false;
+  bool verify = false, profile = false, frontier = false;
 };
 
 int run_bench(ShapeFlags& shape, const BenchFlags& f) {
@@ -81,6 +130,7 @@ int run_bench(ShapeFlags& shape, const BenchFlags& f) {
   for (const std::string& e : f.engines) o.engines.push_back(remat::parse_engine(e));
   o.verify = f.verify;
   o.profile = f.profile;
+  o.frontier = f.frontier;
   o.steps = steps;
   o.warmup = warmup;
   o.seed = seed;
@@ -117,6 +167,99 @@ int run_bench(ShapeFlags& shape, const BenchFlags& f) {
   return 0;
 }
 
+struct PlanFlags {
+  std::string budget, pins, costs = "auto", threads, json;
+};
+
+std::string mib(int64_t b) { return remat::bytes_str(b); }
+
+int run_plan(ShapeFlags& shape, const PlanFlags& f) {
+  const remat::ModelConfig cfg = shape.resolve();
+  if (f.budget.empty()) remat::fail("--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%");
+  const remat::Budget budget = remat::parse_budget(f.budget);
+  if (!f.json.empty()) remat::check_writable(f.json);
+  const remat::ModelSpec spec = remat::make_model(cfg);
+  const std::string policy_text = "budget:" + f.budget + (f.pins.empty() ? "" : "+" + f.pins);
+  const remat::Policy policy = remat::Policy::parse(policy_text);
+  const remat::LayerPolicy pins = policy.pins(spec.block);
+  const remat::ThreadConfig threads = f.threads.empty() ? remat::default_threads() : remat::parse_threads(f.threads);
+
+  // Costs: measured where a layer runs here in seconds (fp32, math attention), estimated otherwise.
+  const bool runnable = cfg.dtype == remat::DType::F32 && cfg.attention == remat::AttentionImpl::Math;
+  if (f.costs != "auto" && f.costs != "measured" && f.costs != "estimated")
+    remat::fail("unknown --costs '{}'; allowed: auto, measured, estimated", f.costs);
+  if (f.costs == "measured" && !runnable)
+    remat::fail("--costs measured needs --dtype fp32 and --attention math (what the engine runs here)");
+  remat::apply_threads(threads);
+  const remat::MachineRates rates = remat::measure_rates();
+  remat::CostModel costs = remat::estimate_costs(spec, rates);
+  const double layer_ms = costs.none_step_ms(1) - costs.other_ms;
+  if (f.costs == "measured" || (f.costs == "auto" && runnable && layer_ms < 5000)) {
+    fmt::print(stderr, "profiling one layer ({})...\n", remat::describe(cfg));
+    costs = remat::measure_costs(cfg, threads);
+  }
+
+  const remat::Plan p = remat::make_plan(cfg, budget, costs, pins);
+  fmt::print("remat plan: {} | budget {}\n", remat::describe(cfg), remat::to_string(budget));
+  fmt::print("  costs: {}\n\n", costs.source);
+  if (!p.fits)
+    remat::fail("budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients "
+                "and activations {}, optimizer {}, data {})",
+                f.budget, mib(p.budget), mib(p.min_budget), mib(p.memory.params), mib(p.memory.peak),
+                mib(p.memory.optimizer), mib(p.memory.data));
+
+  remat::Table mem;
+  mem.header = {"predicted", "none", "plan"};
+  mem.numeric = {false, true, true};
+  const remat::StepMemory &n = p.none_memory, &m = p.memory;
+  mem.rows = {{"weights", mib(n.params), mib(m.params)},
+              {"optimizer state", mib(n.optimizer), mib(m.optimizer)},
+              {"data", mib(n.data), mib(m.data)},
+              {"saved after forward", mib(n.saved), mib(m.saved)},
+              {"peak above that (activations, gradients)", mib(n.peak), mib(m.peak)},
+              {"total peak", mib(n.total_peak()), mib(m.total_peak())},
+              {"budget", "", mib(p.budget)},
+              {"step time", fmt::format("{:.1f} ms", p.none_step_ms),
+               fmt::format("{:.1f} ms ({:+.1f}%)", p.step_ms, 100.0 * (p.step_ms / p.none_step_ms - 1.0))}};
+  fmt::print("{}\n  peak at: {}\n\n  policy: {}\n\n", mem.markdown(), m.peak_at, p.policy_text);
+
+  remat::Table front;
+  front.header = {"block option (one layer)", "saved", "recompute ms", "forward extra", "backward extra"};
+  front.numeric = {false, true, true, true, true};
+  for (const remat::BlockOption& o : p.frontier)
+    front.rows.push_back({o.text, mib(o.saved), fmt::format("{:.2f}", o.recompute_ms), mib(o.forward_extra),
+                          mib(o.backward_extra)});
+  fmt::print("block frontier (no option beats another on saved bytes, time and working sets):\n\n{}", front.markdown());
+
+  if (!f.json.empty()) {
+    nlohmann::json j;
+    auto memory = [](const remat::StepMemory& s) {
+      return nlohmann::json{{"params", s.params},       {"grads", s.grads},   {"optimizer", s.optimizer},
+                            {"data", s.data},           {"saved", s.saved},   {"peak", s.peak},
+                            {"total_peak", s.total_peak()}, {"peak_at", s.peak_at}};
+    };
+    j["config"] = {{"describe", remat::describe(cfg)}, {"arch", remat::to_string(cfg.arch)}, {"layers", cfg.layers},
+                   {"dim", cfg.dim}, {"heads", cfg.heads}, {"batch", cfg.batch}, {"seq", cfg.seq},
+                   {"ffn", cfg.hidden()}, {"vocab", cfg.vocab}, {"dtype", remat::to_string(cfg.dtype)},
+                   {"dropout", cfg.dropout}, {"attention", remat::to_string(cfg.attention)}};
+    j["budget"] = p.budget;
+    j["fits"] = p.fits;
+    j["policy"] = p.policy_text;
+    j["memory"] = memory(m);
+    j["none_memory"] = memory(n);
+    j["step_ms"] = p.step_ms;
+    j["none_step_ms"] = p.none_step_ms;
+    j["costs"] = costs.source;
+    j["frontier"] = nlohmann::json::array();
+    for (const remat::BlockOption& o : p.frontier)
+      j["frontier"].push_back({{"option", o.text}, {"saved_bytes", o.saved}, {"recompute_ms", o.recompute_ms},
+                               {"forward_extra", o.forward_extra}, {"backward_extra", o.backward_extra}});
+    remat::write_file_atomic(f.json, j.dump(2) + "\n");
+    fmt::print("\nwrote {}\n", f.json);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,11 +288,25 @@ int main(int argc, char** argv) {
   bench->add_option("--seed", bf.seed, "weights and data")->capture_default_str();
   bench->add_flag("--verify", bf.verify, "ops engine: check every recomputed tensor bitwise against the forward's");
   bench->add_flag("--profile", bf.profile, "ops engine: print per-op forward, recompute and backward times");
+  bench->add_flag("--frontier", bf.frontier, "ops engine: draw the planner's predicted frontier on the chart");
   bench->add_option("--json", bf.json, "write results as JSON");
   bench->add_option("--csv", bf.csv, "write results as CSV");
   bench->add_option("--markdown", bf.markdown, "write the table as Markdown");
   bench->add_option("--chart", bf.charts, "write the trade-off chart (.png or .svg; repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+
+  CLI::App* plan = app.add_subcommand("plan", "find the fastest policy whose true peak memory fits a budget");
+  ShapeFlags plan_shape;
+  plan_shape.arch = "gpt2";
+  plan_shape.add(plan);
+  plan_shape.add_planning(plan);
+  PlanFlags pf;
+  plan->add_option("--budget", pf.budget, "total peak memory: 300MiB, 2GB, 1.5GiB, or 60% (of none's peak)");
+  plan->add_option("--pins", pf.pins, "choices the plan must keep, e.g. keep:qkv+drop:fc");
+  plan->add_option("--costs", pf.costs, "auto (measure when a layer runs here quickly), measured, estimated")
+      ->capture_default_str();
+  plan->add_option("--threads", pf.threads, "ATen/BLAS threads for measuring, e.g. 1/2");
+  plan->add_option("--json", pf.json, "write the plan as JSON");
 
   try {
     app.parse(argc, argv);
@@ -159,6 +316,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*bench) return run_bench(bench_shape, bf);
+    if (*plan) return run_plan(plan_shape, pf);
   } catch (const remat::Error& e) {
     end_progress();
     fmt::print(stderr, "remat: error: {}\n", e.what());

@@ -36,6 +36,7 @@ struct BenchOptions {
   ThreadConfig threads = default_threads();
   bool verify = false;        // ops engine: one extra step checking every recompute bitwise
   bool profile = false;       // ops engine: per-op forward / recompute / backward times
+  bool frontier = false;      // ops engine: measure op costs and draw the planner's frontier
   std::function<void(const std::string&)> progress;  // one line per event; may be empty
 };
 
@@ -46,6 +47,9 @@ struct BenchRow {
   double fwd_ms_median = 0, bwd_ms_median = 0;
   int64_t saved_bytes = 0;          // measured: live after forward - live before
   int64_t predicted_saved_bytes = -1;  // ops engine: from the tensor table; -1 when not predicted
+  int64_t predicted_peak_bytes = -1;   // ops engine: the planner's memory model; -1 when not predicted
+  double predicted_step_ms = -1;       // ops engine with measured costs; -1 when not predicted
+  std::string plan;                    // budget policies: the plan the planner chose
   int64_t peak_bytes = 0;           // measured: peak in the step - live before
   double grad_max_abs_diff = 0;     // against `none` on the same engine, first step
   int64_t flops_per_step = 0;       // model matmul FLOPs, recompute not counted
@@ -69,6 +73,12 @@ struct BenchResult {
   double floor_ms = 0;              // flops_per_step at the matmul rate
   std::vector<BenchRow> rows;
   std::vector<OpProfile> profiles;  // --profile
+  std::string costs;                // the cost model's source, when one was measured
+  struct FrontierPoint {
+    double step_ms;
+    int64_t peak_bytes;  // above the step's start, as peak_bytes
+  };
+  std::vector<FrontierPoint> frontier;  // the planner's predicted (time, peak) curve
   std::vector<std::string> notes;   // lines printed under the table
 
   std::string markdown() const;     // the table `remat bench` prints

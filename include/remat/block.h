@@ -45,6 +45,14 @@ enum class OpKind : uint8_t {
   Count,
 };
 
+// How an op's backward produces the gradient of one input (the memory model replays this).
+enum class GradKind : uint8_t {
+  None,   // no gradient: masks, token ids, targets
+  Fresh,  // a new tensor the size of the input
+  Alias,  // the output's gradient itself, passed through (residual add): no new memory
+  Slot,   // written in place into the input's gradient; the first writer allocates it zeroed
+};
+
 // What one kind of op consumes, produces, and keeps for its backward. One row per OpKind.
 struct OpInfo {
   const char* name;
@@ -53,6 +61,7 @@ struct OpInfo {
   int n_params;
   unsigned bwd_reads_in;   // bit i set: the backward reads input i
   unsigned bwd_reads_out;  // bit i set: the backward reads output i
+  GradKind grad_in[2];     // per input
 };
 const OpInfo& op_info(OpKind kind);
 
@@ -116,6 +125,7 @@ struct OpFlops {
 
 struct BlockSpec {
   std::string kind;                  // "seed", "gpt2", "gpt2.stem", "gpt2.head", "seed.head"
+  DType dtype = DType::F32;          // activations and parameters
   std::vector<TensorSpec> tensors;   // the table; index = tensor id
   std::vector<OpNode> ops;           // forward order
   std::vector<ParamSpec> params;
@@ -131,6 +141,14 @@ struct BlockSpec {
   std::vector<int> bwd_reads(int op) const;
   // Matmul FLOPs of op `op`.
   OpFlops flops(int op) const;
+  // Bytes op `op` allocates and frees inside one call, beyond its outputs (forward) or beyond the
+  // gradients of its inputs and parameters (backward): LibTorch temporaries such as an unreduced
+  // loss. Checked against the tracker by the memory-model tests.
+  // `aten_threads`: LibTorch's CPU LayerNorm backward keeps a (2, threads, C) buffer.
+  int64_t forward_scratch(int op) const;
+  int64_t backward_scratch(int op, int aten_threads) const;
+  // Bytes of parameter `param`'s gradient.
+  int64_t param_bytes(int param) const;
   // Sum over all ops.
   OpFlops flops() const;
   // Elements in all parameters.

@@ -29,12 +29,15 @@ class GPTImpl : public torch::nn::Module {
   // biases, unit norms), drawn from the default generator. Throws remat::Error for a bad config or
   // a policy that does not resolve for this block kind.
   GPTImpl(const ModelConfig& cfg, const Policy& policy, ExecOptions options = {});
+  // With per-layer choices already made (a plan from planner.h).
+  GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options = {});
 
   // The mean loss of one batch. gpt2: input and target (B, T) int64; seed: both (B, T, C) float.
   at::Tensor forward(const at::Tensor& input, const at::Tensor& target);
 
   // Switches the recompute policy (weights are kept).
   void set_policy(const Policy& policy);
+  void set_policy(const ResolvedPolicy& policy);
 
   const ModelConfig& config() const { return cfg_; }
   const ModelSpec& spec() const { return spec_; }

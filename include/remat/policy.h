@@ -11,6 +11,8 @@
 //            | uniform:N             chunks of N layers keep only the chunk input and recompute
 //                                    the whole chunk (Megatron's recompute_method=uniform)
 //            | layers:R=preset[,R=preset...]   R is I or I-J (0-based, inclusive); others none
+//            | budget:SIZE[+keep:..][+drop:..]  the planner's choice (planner.h): the fastest policy
+//                                    whose true peak fits SIZE ("300MiB", "2GB", "60%" of none's)
 //   preset  := term[+term...]        union of what the terms drop
 //   term    := none                  keep every activation
 //            | full                  recompute everything from the block input
@@ -81,6 +83,11 @@ class Policy {
 
   const std::string& text() const { return text_; }
 
+  // "300MiB" for budget:300MiB+keep:qkv; empty when this is not a budget policy.
+  const std::string& budget() const { return budget_; }
+  // The keep:/drop: pins of a budget policy as one layer's choices (Must strength).
+  LayerPolicy pins(const BlockSpec& spec) const;
+
   // The preset names with a one-line description each, for --help and errors.
   static std::string preset_help();
 
@@ -97,7 +104,7 @@ class Policy {
     std::vector<Term> terms;         // the preset, parsed
     std::string token;
   };
-  enum class Form : uint8_t { All, Every, Block, Uniform, Layers };
+  enum class Form : uint8_t { All, Every, Block, Uniform, Layers, Budget };
 
   static std::vector<Term> parse_preset(std::string_view text, std::string_view context);
   static LayerPolicy apply(const BlockSpec& spec, const std::vector<Term>& terms,
@@ -106,7 +113,8 @@ class Policy {
   std::string text_;
   Form form_ = Form::All;
   int64_t n_ = 0;                    // K for every, N for block and uniform
-  std::vector<Rule> rules_;          // All/Every/Block: one rule; Layers: one per range
+  std::vector<Rule> rules_;          // All/Every/Block/Budget: one rule; Layers: one per range
+  std::string budget_;               // Budget: the size as written
 };
 
 // Splits a list of policies as --policies takes it. Separators are ';', or ',' when the next piece

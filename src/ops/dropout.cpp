@@ -10,6 +10,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "remat/error.h"
 #include "remat/ops.h"
@@ -68,13 +69,22 @@ at::Tensor dropout_mask(at::IntArrayRef shape, double p, uint64_t seed, at::Devi
   return mask;
 }
 
-at::Tensor dropout_forward(const at::Tensor& x, const at::Tensor& mask, double p) {
-  return at::mul(x, mask).mul_(1.0 / (1.0 - p));
+// y = x * mask / (1 - p). CPU float32 runs one loop; elsewhere at::mul, which first converts the
+// mask to x's dtype (a temporary the size of x; block.cpp's scratch bytes assume the CPU path).
+at::Tensor apply_mask(const at::Tensor& x, const at::Tensor& mask, double p) {
+  const double scale = 1.0 / (1.0 - p);
+  if (x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && mask.is_contiguous()) {
+    at::Tensor y = at::empty_like(x);
+    kernels::dropout_apply(x.data_ptr<float>(), mask.data_ptr<bool>(), static_cast<float>(scale), y.data_ptr<float>(),
+                           x.numel());
+    return y;
+  }
+  return at::mul(x, mask).mul_(scale);
 }
 
-at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p) {
-  return at::mul(dy, mask).mul_(1.0 / (1.0 - p));
-}
+at::Tensor dropout_forward(const at::Tensor& x, const at::Tensor& mask, double p) { return apply_mask(x, mask, p); }
+
+at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p) { return apply_mask(dy, mask, p); }
 
 }  // namespace remat::ops
 

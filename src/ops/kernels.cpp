@@ -39,6 +39,13 @@ void gelu_backward(const float* __restrict dy, const float* __restrict x, float*
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
+void dropout_apply(const float* __restrict x, const bool* __restrict mask, float scale, float* __restrict y,
+                   int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = mask[i] ? x[i] * scale : 0.0f;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
 void softmax_rows(const float* __restrict s, float* __restrict p, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* in = s + i * cols;

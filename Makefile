@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test setup build clean gpt2
+.PHONY: run test setup build clean gpt2 planner
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
@@ -18,6 +18,15 @@ gpt2: build
 	  --policies none,attn,mlp-act,attn+mlp-act,norm,full,every:2 --steps 5 --warmup 1 \
 	  --json results/gpt2.json --csv results/gpt2.csv --markdown results/gpt2.md \
 	  --chart results/gpt2.png --chart results/gpt2.svg
+
+# The planner against the presets: plans at 22/40/60/80% of none's activation memory (20% is refused
+# here: no policy peaks that low; `remat plan --budget 20%` names the minimum), measured in
+# the same round-robin run as every preset; predicted and measured peak side by side. About 12 min.
+planner: build
+	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --frontier \
+	  --policies "budget:22%,budget:40%,budget:60%,budget:80%,none,attn,mlp-act,attn+mlp-act,norm,full,every:2" \
+	  --steps 3 --warmup 1 --json results/planner.json --csv results/planner.csv --markdown results/planner.md \
+	  --chart results/planner.png --chart results/planner.svg
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

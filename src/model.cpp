@@ -7,6 +7,7 @@
 
 #include "remat/checkpoint.h"
 #include "remat/error.h"
+#include "remat/ops.h"
 
 namespace remat {
 
@@ -86,6 +87,14 @@ void GPTImpl::build_executors() {
     }
     block_exec_.push_back(same ? same : std::make_shared<BlockExecutor>(spec_.block, policy_.layers[l], options_));
   }
+  if (cfg_.dropout > 0) {
+    ModelConfig no_dropout = cfg_;
+    no_dropout.dropout = 0;
+    const ModelSpec eval = make_model(no_dropout);
+    if (eval.has_stem) eval_stem_exec_ = std::make_shared<BlockExecutor>(eval.stem, keep_all(eval.stem), untimed);
+    eval_block_exec_ = std::make_shared<BlockExecutor>(eval.block, keep_all(eval.block), untimed);
+    eval_head_exec_ = std::make_shared<BlockExecutor>(eval.head, keep_all(eval.head), untimed);
+  }
 }
 
 void GPTImpl::set_policy(const Policy& policy) { set_policy(policy.resolve(spec_.block, cfg_.layers)); }
@@ -100,6 +109,12 @@ void GPTImpl::set_policy(const ResolvedPolicy& policy) {
 std::vector<at::Tensor> GPTImpl::block_params(int64_t layer) const { return block_params_.at(layer); }
 
 at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
+  if (!is_training() && eval_block_exec_) {  // dropout off: the dropout-free stages, no recompute
+    at::Tensor x = input;
+    if (spec_.has_stem) x = run_stage(eval_stem_exec_, {input}, stem_params_, -1);
+    for (int64_t l = 0; l < cfg_.layers; ++l) x = run_stage(eval_block_exec_, {x}, block_params_[l], l);
+    return run_stage(eval_head_exec_, {x, target}, head_params_, cfg_.layers);
+  }
   at::Tensor x = input;
   if (spec_.has_stem) x = run_stage(stem_exec_, {input}, stem_params_, -1);
   const int64_t chunk = policy_.chunk;
@@ -124,6 +139,18 @@ at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
     first = last;
   }
   return run_stage(head_exec_, {x, target}, head_params_, cfg_.layers);
+}
+
+at::Tensor GPTImpl::logits(const at::Tensor& tokens) {
+  if (!spec_.has_stem) fail("logits() needs a gpt2 model (token input); this one is {}", to_string(cfg_.arch));
+  at::NoGradGuard no_grad;
+  const auto& stem = eval_stem_exec_ ? eval_stem_exec_ : stem_exec_;
+  const bool eval_blocks = static_cast<bool>(eval_block_exec_);
+  at::Tensor x = run_stage(stem, {tokens}, stem_params_, -1);
+  for (int64_t l = 0; l < cfg_.layers; ++l) x = run_stage(eval_blocks ? eval_block_exec_ : block_exec_[l], {x}, block_params_[l], l);
+  // The head without its loss: final LayerNorm, then the LM head tied to wte.
+  const ops::LayerNormOut lnf = ops::layer_norm_forward(x, head_params_[0], head_params_[1]);
+  return ops::linear_forward(lnf.y, head_params_[2], at::Tensor());
 }
 
 int64_t GPTImpl::predicted_saved_bytes() const {

@@ -731,6 +731,11 @@ Plan Planner::plan(const Budget& budget) const {
   p.none_step_ms = costs_.none_step_ms(spec_.layers);
   p.budget = bytes_of(budget);
   std::vector<const BlockOption*> choice = solve(p.budget, 4096);
+  if (choice.empty()) {
+    // Rounding can miss a budget right at the minimum: try the least-memory plan exactly.
+    std::vector<const BlockOption*> least = least_memory();
+    if (!least.empty() && memory_of(least).total_peak() <= p.budget) choice = std::move(least);
+  }
   if (!choice.empty()) {
     choice = improve(std::move(choice), p.budget);
     p.fits = true;
@@ -742,17 +747,22 @@ Plan Planner::plan(const Budget& budget) const {
       fail_runtime("internal: plan peaks at {} over the budget {}", p.memory.total_peak(), p.budget);
     return p;
   }
-  // Refused: find the smallest budget any plan meets, by bisection on the knapsack.
-  int64_t lo = none_memory_.base(), hi = std::max(p.budget, none_memory_.total_peak());
+  // Refused: name the smallest budget any plan meets.
+  p.memory = memory_of(least_memory());
+  p.min_budget = p.memory.total_peak();
+  return p;
+}
+
+// The plan with the smallest total peak the knapsack finds: bisection on the budget.
+std::vector<const BlockOption*> Planner::least_memory() const {
+  int64_t lo = none_memory_.base(), hi = none_memory_.total_peak();
   while (solve(hi, 1024).empty()) hi *= 2;
-  for (int it = 0; it < 40 && hi - lo > std::max<int64_t>(1, hi / 1000); ++it) {
+  for (int it = 0; it < 40 && hi - lo > std::max<int64_t>(1, hi / 2000); ++it) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (solve(mid, 1024).empty()) lo = mid;
     else hi = mid;
   }
-  p.memory = memory_of(solve(hi, 1024));
-  p.min_budget = p.memory.total_peak();
-  return p;
+  return solve(hi, 1024);
 }
 
 Plan make_plan(const ModelConfig& cfg, const Budget& budget, const CostModel& costs, const LayerPolicy& pins) {

@@ -2,6 +2,8 @@
 // errors to exit codes: 0 success, 1 a run that failed, 2 bad input.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "remat/policy.h"
 #include "remat/report.h"
 #include "remat/runtime.h"
+#include "remat/train.h"
 
 namespace {
 
@@ -260,6 +263,79 @@ int run_plan(ShapeFlags& shape, const PlanFlags& f) {
   return 0;
 }
 
+struct TrainFlags {
+  remat::TrainOptions o;
+  std::string resume, csv, threads;
+  std::vector<std::string> charts;
+};
+
+std::string duration(double s) {
+  const int64_t t = static_cast<int64_t>(s);
+  return t >= 60 ? fmt::format("{}m{:02d}s", t / 60, static_cast<int>(t % 60)) : fmt::format("{}s", t);
+}
+
+int run_train(ShapeFlags& shape, TrainFlags& f, CLI::App* app) {
+  if (app->count("--arch") && shape.arch != "gpt2")
+    remat::fail("remat train trains gpt2 blocks on bytes; --arch {} is for remat bench", shape.arch);
+  shape.arch = "gpt2";
+  shape.cfg.vocab = 256;
+  f.o.model = shape.resolve();
+  if (!f.threads.empty()) f.o.threads = remat::parse_threads(f.threads);
+  for (const std::string& p : {f.csv})
+    if (!p.empty()) remat::check_writable(p);
+  for (const std::string& c : f.charts) {
+    remat::check_chart_path(c);
+    remat::check_writable(c);
+  }
+  std::vector<std::string> given;
+  for (const CLI::Option* opt : app->get_options())
+    if (opt->count() > 0 && !opt->get_lnames().empty()) given.push_back(opt->get_lnames()[0]);
+
+  const bool tty = isatty(fileno(stderr));
+  int64_t last_line = 0;
+  f.o.progress = [&](const remat::TrainProgress& p) {
+    const std::string val = std::isnan(p.val_loss) ? "-" : fmt::format("{:.3f}", p.val_loss);
+    const int width = 24, done = static_cast<int>(width * p.step / p.steps);
+    const std::string line = fmt::format("step {}/{} [{}{}] loss {:.3f} | val {} | {:.1f}k tok/s | peak {} | ETA {}", p.step,
+                                         p.steps, std::string(done, '='), std::string(width - done, ' '), p.loss, val,
+                                         p.tokens_per_s / 1000, remat::bytes_str(p.peak_bytes), duration(p.eta_s));
+    if (tty) {
+      fmt::print(stderr, "\r\033[K{}", line);
+    } else if (p.step == p.steps || p.step - last_line >= std::max<int64_t>(1, p.steps / 20)) {
+      fmt::print(stderr, "{}\n", line);
+      last_line = p.step;
+    }
+  };
+  fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", remat::describe(f.o.model), f.o.policy,
+             f.o.steps, f.o.model.batch * f.o.model.seq * f.o.accum, f.o.seed);
+  if (!f.resume.empty()) fmt::print("  resuming the run saved in {}\n", f.resume);
+  std::fflush(stdout);
+  const remat::TrainResult r = remat::train(f.o, f.resume, given);
+  end_progress();
+  std::vector<double> speed;
+  int64_t peak = 0;
+  for (const remat::TrainRecord& rec : r.log) {
+    speed.push_back(rec.tokens_per_s);
+    peak = std::max(peak, rec.peak_bytes);
+  }
+  std::sort(speed.begin(), speed.end());
+  fmt::print("  policy as run: {}\n", r.policy_text);
+  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} (predicted {})\n",
+             r.final_val_loss, speed.empty() ? 0.0 : speed[speed.size() / 2] / 1000, remat::bytes_str(peak),
+             remat::bytes_str(r.predicted_peak));
+  fmt::print("  weights digest: {}\n", r.weights_digest);
+  if (!f.o.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", f.o.save_dir);
+  if (!f.csv.empty()) {
+    remat::write_file_atomic(f.csv, r.csv());
+    fmt::print("wrote {}\n", f.csv);
+  }
+  for (const std::string& c : f.charts) {
+    r.write_chart(c, "remat train: " + remat::describe(f.o.model) + ", policy " + f.o.policy);
+    fmt::print("wrote {}\n", c);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -308,6 +384,43 @@ int main(int argc, char** argv) {
   plan->add_option("--threads", pf.threads, "ATen/BLAS threads for measuring, e.g. 1/2");
   plan->add_option("--json", pf.json, "write the plan as JSON");
 
+  CLI::App* train = app.add_subcommand("train", "train a GPT on text with any recompute policy");
+  ShapeFlags train_shape;
+  train_shape.cfg = remat::default_train_model();
+  train_shape.arch = "gpt2";
+  train_shape.add(train);
+  TrainFlags tf;
+  remat::TrainOptions& to = tf.o;
+  train->add_option("--data", to.data, "a text file (default: Debian's English fortunes)");
+  train->add_option("--policy", to.policy, "recompute policy, e.g. attn+mlp-act or budget:300MiB")->capture_default_str();
+  train->add_option("--steps", to.steps, "optimizer steps")->capture_default_str();
+  train->add_option("--accum", to.accum, "micro-batches per step (gradient accumulation)")->capture_default_str();
+  train->add_option("--lr", to.lr, "peak learning rate")->capture_default_str();
+  train->add_option("--min-lr", to.min_lr, "cosine floor")->capture_default_str();
+  train->add_option("--warmup", to.warmup, "linear warm-up steps")->capture_default_str();
+  train->add_option("--weight-decay", to.weight_decay, "AdamW decay on weight matrices")->capture_default_str();
+  train->add_option("--clip", to.clip, "global gradient-norm clip; 0 = off")->capture_default_str();
+  train->add_option("--eval-every", to.eval_every, "validation every N steps; 0 = at the end")->capture_default_str();
+  train->add_option("--eval-batches", to.eval_batches, "batches per validation")->capture_default_str();
+  train->add_option("--seed", to.seed, "weights, batches, dropout")->capture_default_str();
+  train->add_option("--save", to.save_dir, "write the train state to this folder");
+  train->add_option("--save-every", to.save_every, "steps between saves; 0 = at the end")->capture_default_str();
+  train->add_option("--resume", tf.resume, "continue the run saved in this folder");
+  train->add_option("--threads", tf.threads, "ATen/BLAS threads, e.g. 1/2");
+  train->add_option("--csv", tf.csv, "write the metrics as CSV");
+  train->add_option("--chart", tf.charts, "write the loss chart (.png or .svg; repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+
+  CLI::App* sample = app.add_subcommand("sample", "generate text with a trained model");
+  std::string load;
+  remat::SampleOptions so;
+  sample->add_option("--load", load, "the folder remat train --save wrote")->required();
+  sample->add_option("--prompt", so.prompt, "text to continue");
+  sample->add_option("--tokens", so.tokens, "bytes to generate")->capture_default_str();
+  sample->add_option("--temperature", so.temperature, "> 0; lower is more conservative")->capture_default_str();
+  sample->add_option("--top-k", so.top_k, "sample from the k likeliest bytes; 0 = all")->capture_default_str();
+  sample->add_option("--seed", so.seed, "sampling seed")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -317,6 +430,11 @@ int main(int argc, char** argv) {
   try {
     if (*bench) return run_bench(bench_shape, bf);
     if (*plan) return run_plan(plan_shape, pf);
+    if (*train) return run_train(train_shape, tf, train);
+    if (*sample) {
+      fmt::print("{}\n", remat::sample(load, so));
+      return 0;
+    }
   } catch (const remat::Error& e) {
     end_progress();
     fmt::print(stderr, "remat: error: {}\n", e.what());

@@ -33,7 +33,11 @@ class GPTImpl : public torch::nn::Module {
   GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options = {});
 
   // The mean loss of one batch. gpt2: input and target (B, T) int64; seed: both (B, T, C) float.
+  // In eval mode (module.eval()) dropout is off.
   at::Tensor forward(const at::Tensor& input, const at::Tensor& target);
+
+  // gpt2: the LM head's output (B, T, V) for (B, T) tokens, without grad and without dropout.
+  at::Tensor logits(const at::Tensor& tokens);
 
   // Switches the recompute policy (weights are kept).
   void set_policy(const Policy& policy);
@@ -65,6 +69,8 @@ class GPTImpl : public torch::nn::Module {
   std::vector<std::vector<at::Tensor>> block_params_;
   std::shared_ptr<const BlockExecutor> stem_exec_, head_exec_;
   std::vector<std::shared_ptr<const BlockExecutor>> block_exec_;
+  // Eval mode, when the model has dropout: the same stages with it removed (no parameters change).
+  std::shared_ptr<const BlockExecutor> eval_stem_exec_, eval_block_exec_, eval_head_exec_;
 };
 TORCH_MODULE(GPT);
 

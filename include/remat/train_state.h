@@ -1,0 +1,38 @@
+// A training run on disk (`remat train --save DIR` / `--resume DIR`). "Train state" here, so as not
+// to be confused with remat::checkpoint, which is activation checkpointing.
+//
+// One file, DIR/state.bin: the magic "REMATTS1", a JSON header (model config, training options,
+// step, data identity, tensor directory), the raw tensor bytes (weights, Adam moments, the CPU RNG
+// state), and an FNV-1a 64-bit checksum of everything before it. Written through a temporary file,
+// fsync and rename: a crash mid-write leaves the previous state intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+namespace remat {
+
+struct TrainState {
+  nlohmann::json header;                                   // config, options, step, data, digest
+  std::vector<std::pair<std::string, at::Tensor>> tensors;  // name -> CPU tensor
+
+  // The tensor named `name`; throws remat::Error naming the file when missing.
+  const at::Tensor& tensor(const std::string& name) const;
+};
+
+// Writes DIR/state.bin atomically, creating DIR if needed. Throws remat::Error on I/O failure.
+void save_train_state(const std::string& dir, const TrainState& state);
+
+// Reads DIR/state.bin. Throws remat::Error (usage kind) for a missing, truncated or corrupt file,
+// or an unknown format version, naming the file and what is wrong.
+TrainState load_train_state(const std::string& dir);
+
+// FNV-1a 64 of the bytes of `tensors` in order, as 16 hex digits: equal iff the weights are.
+std::string digest(const std::vector<at::Tensor>& tensors);
+
+}  // namespace remat

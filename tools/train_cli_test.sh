@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# kill -9 in the middle of `remat train --save`, then --resume: the final weights must equal those
+# of an uninterrupted run (same digest). Usage: train_cli_test.sh path/to/remat
+set -u
+remat=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+for i in $(seq 1 3000); do echo "line $i: the fox and the dog met $((i * 7 % 13)) times by the river."; done > "$tmp/text.txt"
+args=(--layers 2 --dim 32 --heads 4 --batch 4 --seq 32 --dropout 0.1 --steps 600 --eval-every 0
+      --data "$tmp/text.txt" --threads 1/1)
+
+"$remat" train "${args[@]}" > "$tmp/straight.out" 2> "$tmp/straight.err" || fail "uninterrupted run: $(cat "$tmp/straight.err")"
+want=$(sed -n 's/.*weights digest: //p' "$tmp/straight.out")
+[ -n "$want" ] || fail "no weights digest in: $(cat "$tmp/straight.out")"
+
+"$remat" train "${args[@]}" --save "$tmp/run" --save-every 10 > /dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1 400); do [ -f "$tmp/run/state.bin" ] && break; sleep 0.02; done
+sleep 0.2
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+[ -f "$tmp/run/state.bin" ] || fail "no train state was written before the kill"
+step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
+[ -n "$step" ] && [ "$step" -lt 600 ] || fail "the run finished (step $step) before kill -9; the test needs a longer run"
+
+"$remat" train "${args[@]}" --save "$tmp/run" --save-every 10 --resume "$tmp/run" > "$tmp/resumed.out" 2> "$tmp/resumed.err" \
+  || fail "resume: $(cat "$tmp/resumed.err")"
+got=$(sed -n 's/.*weights digest: //p' "$tmp/resumed.out")
+[ "$got" = "$want" ] || fail "killed at step $step and resumed: weights digest $got, uninterrupted $want"
+
+# A damaged state is refused with one line and exit code 2.
+printf 'garbage' | dd of="$tmp/run/state.bin" bs=1 seek=200 conv=notrunc 2>/dev/null
+"$remat" train "${args[@]}" --resume "$tmp/run" > /dev/null 2> "$tmp/corrupt.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "is corrupt or truncated" "$tmp/corrupt.err" || fail "corrupt state: exit $rc, $(cat "$tmp/corrupt.err")"
+
+echo "killed at step $step, resumed: weights digest $got equals the uninterrupted run's"

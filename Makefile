@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test setup build clean gpt2 planner
+.PHONY: run test setup build clean gpt2 planner train
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
@@ -27,6 +27,13 @@ planner: build
 	  --policies "budget:22%,budget:40%,budget:60%,budget:80%,none,attn,mlp-act,attn+mlp-act,norm,full,every:2" \
 	  --steps 3 --warmup 1 --json results/planner.json --csv results/planner.csv --markdown results/planner.md \
 	  --chart results/planner.png --chart results/planner.svg
+
+# A byte-level GPT on Debian's English fortunes with the default settings (about 10 minutes), its
+# loss chart, and a sample from the trained model.
+train: build
+	$(BUILD)/remat train --save runs/fortunes --csv results/train.csv --chart results/train.png --chart results/train.svg \
+	  | tee results/train.txt
+	$(BUILD)/remat sample --load runs/fortunes --prompt "The meaning of life is" --tokens 400 --seed 7 | tee results/sample.txt
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

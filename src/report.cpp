@@ -111,7 +111,10 @@ void render_chart(const Chart& chart, const std::string& path) {
   script += "set output " + gp_string(tmp) + "\n";
   script += "set title " + gp_string(chart.title) + "\n";
   script += "set xlabel " + gp_string(chart.xlabel) + "\nset ylabel " + gp_string(chart.ylabel) + "\n";
-  script += "set grid\nset key bottom left box opaque\nset yrange [0:*]\nset offsets graph 0.05, graph 0.22, graph 0.12, 0\n";
+  bool labelled = false;
+  for (const ChartSeries& series : chart.series) labelled = labelled || !series.line;
+  script += "set grid\nset key bottom left box opaque\nset yrange [0:*]\n";
+  if (labelled) script += "set offsets graph 0.05, graph 0.22, graph 0.12, 0\n";  // room for the labels
   std::string plot;
   for (size_t s = 0; s < chart.series.size(); ++s) {
     const ChartSeries& series = chart.series[s];
@@ -120,7 +123,8 @@ void render_chart(const Chart& chart, const std::string& path) {
     script += "EOD\n";
     if (!plot.empty()) plot += ", \\\n  ";
     if (series.line) {
-      plot += fmt::format("$S{} using 1:2 with linespoints lw 2 pt 7 ps 0.6 title {}", s, gp_string(series.title));
+      const char* style = series.points.size() > 60 ? "lines lw 1.5" : "linespoints lw 2 pt 7 ps 0.6";
+      plot += fmt::format("$S{} using 1:2 with {} title {}", s, style, gp_string(series.title));
     } else {
       plot += fmt::format("$S{} using 1:2 with points pt 7 ps 1.6 title {}, ", s, gp_string(series.title));
       plot += fmt::format("$S{} using 1:2:3 with labels offset char 1,0.8 left notitle", s);

@@ -33,6 +33,18 @@ expect_error 2 "unknown --arch 'llama'" bench "${tiny[@]}" --arch llama
 expect_error 2 "--threads 'x'" bench "${tiny[@]}" --threads x
 expect_error 2 "recomputes only some tensors" bench "${tiny[@]}" --policies attn --engine module
 expect_error 2 "The following argument was not expected: --bogus" bench --bogus
+expect_error 2 "--budget is required" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2
+expect_error 2 "bad budget unit 'XB' in '12XB'" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 12XB
+expect_error 2 "unknown --model 'gpt5'" plan --model gpt5 --budget 1GB
+expect_error 2 "cannot be met: the smallest peak any policy reaches is" plan --model gpt3-175b --budget 80GB
+expect_error 2 "unknown tensor 'ln9'" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 1GB --pins keep:ln9
+expect_error 2 "--steps must be >= 1, got 0" train --steps 0
+expect_error 2 "cannot read --data '/nonexistent/t.txt'" train --data /nonexistent/t.txt
+expect_error 2 "unknown policy term 'atn'" train --policy atn
+expect_error 2 "remat train trains gpt2 blocks" train --arch seed
+expect_error 2 "cannot read train state '/nonexistent/state.bin'" train --resume /nonexistent
+expect_error 2 "cannot read train state '/nonexistent/state.bin'" sample --load /nonexistent
+expect_error 2 "--load is required" sample
 
 "$remat" bench "${tiny[@]}" --policies none,full --json "$tmp/r.json" --csv "$tmp/r.csv" \
   --chart "$tmp/r.svg" --markdown "$tmp/r.md" >"$tmp/out" 2>"$tmp/err"
@@ -43,6 +55,12 @@ for f in r.json r.csv r.svg r.md; do
 done
 grep -q '"grad_max_abs_diff": 0' "$tmp/r.json" || { echo "FAIL: gradients differ"; cat "$tmp/r.json"; failures=$((failures + 1)); }
 grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((failures + 1)); }
+
+# A plan answers, in text and JSON, and its peak fits the budget.
+"$remat" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 90% --costs estimated --json "$tmp/plan.json" \
+  >"$tmp/plan.out" 2>"$tmp/plan.err" || { echo "FAIL: plan exit $?"; cat "$tmp/plan.err"; failures=$((failures + 1)); }
+grep -q '"fits": true' "$tmp/plan.json" || { echo "FAIL: plan JSON"; cat "$tmp/plan.json"; failures=$((failures + 1)); }
+grep -q "policy: " "$tmp/plan.out" || { echo "FAIL: plan prints no policy"; failures=$((failures + 1)); }
 
 if [ $failures -ne 0 ]; then echo "$failures CLI check(s) failed"; exit 1; fi
 echo "CLI checks passed"

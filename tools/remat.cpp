@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -202,9 +203,11 @@ int run_plan(ShapeFlags& shape, const PlanFlags& f) {
     costs = remat::measure_costs(cfg, threads);
   }
 
+  const auto t0 = std::chrono::steady_clock::now();
   const remat::Plan p = remat::make_plan(cfg, budget, costs, pins);
+  const double planned_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("remat plan: {} | budget {}\n", remat::describe(cfg), remat::to_string(budget));
-  fmt::print("  costs: {}\n\n", costs.source);
+  fmt::print("  costs: {}\n  planned in {:.0f} ms\n\n", costs.source, planned_ms);
   if (!p.fits)
     remat::fail("budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients "
                 "and activations {}, optimizer {}, data {})",

@@ -17,8 +17,8 @@ want=$(sed -n 's/.*weights digest: //p' "$tmp/straight.out")
 
 "$remat" train "${args[@]}" --save "$tmp/run" --save-every 10 > /dev/null 2>&1 &
 pid=$!
-for _ in $(seq 1 400); do [ -f "$tmp/run/state.bin" ] && break; sleep 0.02; done
-sleep 0.2
+# The state file appears by rename, complete: kill as soon as there is one, mid-run.
+for _ in $(seq 1 1000); do [ -f "$tmp/run/state.bin" ] && break; sleep 0.01; done
 kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 [ -f "$tmp/run/state.bin" ] || fail "no train state was written before the kill"

@@ -33,7 +33,7 @@ struct TrainOptions {
   ModelConfig model;            // arch gpt2 and vocab 256 (bytes) are forced; see default_train_model()
   std::string policy = "none";  // any policy, budget: included
   std::string data;             // a text file; "" = Debian's English fortunes (/usr/share/games/fortunes)
-  int64_t steps = 1200;         // optimizer steps
+  int64_t steps = 1500;         // optimizer steps
   int64_t accum = 1;            // micro-batches per step, gradients accumulated
   double lr = 3e-3;             // peak learning rate
   double min_lr = 3e-4;         // the cosine schedule's floor

@@ -1,7 +1,7 @@
 // dropout: y = x * mask / (1 - p). Backward reads the mask only.
 //
-// The mask op has no inputs: the CPU mask is a counter-based hash of (seed, element index), so a
-// recompute regenerates it exactly, in any order, from an 8-byte seed.
+// The mask op has no inputs: the CPU mask is a counter-based hash of (seed, element index)
+// (ops/kernels.h), so a recompute regenerates it exactly, in any order, from an 8-byte seed.
 #include <algorithm>
 
 #include <ATen/ATen.h>
@@ -17,46 +17,10 @@
 
 namespace remat::ops {
 
-namespace {
-
-// A 32-bit integer hash with full avalanche (lowbias32, C. Wellons).
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
-// Two 32-bit keys from the whole 64-bit seed (splitmix64's finaliser), so that nearby seeds give
-// unrelated masks rather than permutations of one another.
-void keys(uint64_t seed, uint32_t& k0, uint32_t& k1) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  k0 = static_cast<uint32_t>(z);
-  k1 = static_cast<uint32_t>(z >> 32);
-}
-
-void hash_mask(bool* keep, int64_t n, double p, uint64_t seed) {
-  uint32_t k0, k1;
-  keys(seed, k0, k1);
-  const uint32_t threshold = static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0));
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t hi = static_cast<uint32_t>(static_cast<uint64_t>(i) >> 32);
-    const uint32_t h = mix32(mix32(static_cast<uint32_t>(i) ^ k0) ^ (k1 + hi * 0x9e3779b9U));
-    keep[i] = h >= threshold;
-  }
-}
-
-}  // namespace
-
 at::Tensor dropout_mask(at::IntArrayRef shape, double p, uint64_t seed, at::Device device) {
   at::Tensor mask = at::empty(shape, at::TensorOptions().dtype(at::kBool).device(device));
   if (device.is_cpu()) {
-    hash_mask(mask.data_ptr<bool>(), mask.numel(), p, seed);
+    kernels::dropout_mask(mask.data_ptr<bool>(), mask.numel(), p, seed);
   } else {
 #ifdef REMAT_CUDA
     at::Generator gen = at::make_generator<at::CUDAGeneratorImpl>(device.index());

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace remat::ops::kernels {
 
@@ -41,8 +42,43 @@ void gelu_backward(const float* __restrict dy, const float* __restrict x, float*
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void dropout_apply(const float* __restrict x, const bool* __restrict mask, float scale, float* __restrict y,
                    int64_t n) {
+  const auto* m = reinterpret_cast<const uint8_t*>(mask);  // bool is one byte, 0 or 1
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = mask[i] ? x[i] * scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * (scale * static_cast<float>(m[i]));
+}
+
+namespace {
+
+// A 32-bit integer hash with full avalanche (lowbias32, C. Wellons).
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+}  // namespace
+
+// Two 32-bit keys come from the whole 64-bit seed (splitmix64's finaliser), so nearby seeds give
+// unrelated masks rather than permutations of one another.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void dropout_mask(bool* __restrict keep, int64_t n, double p, uint64_t seed) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  const uint32_t k0 = static_cast<uint32_t>(z), k1 = static_cast<uint32_t>(z >> 32);
+  const uint32_t threshold = static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0));
+  auto* out = reinterpret_cast<uint8_t*>(keep);
+  for (int64_t base = 0; base < n; base += int64_t{1} << 32) {  // the high index bits re-key each 2^32 run
+    const uint32_t k = k1 + static_cast<uint32_t>(static_cast<uint64_t>(base) >> 32) * 0x9e3779b9U;
+    const int64_t len = std::min<int64_t>(n - base, int64_t{1} << 32);
+    uint8_t* o = out + base;
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) o[i] = mix32(mix32(static_cast<uint32_t>(i) ^ k0) ^ k) >= threshold;
+  }
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))

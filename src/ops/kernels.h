@@ -15,9 +15,12 @@ void gelu_forward(const float* x, float* y, int64_t n);
 // dx = dy * d gelu(x) / dx.
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
 
-// y = mask ? x * scale : 0, without converting the bool mask to a float tensor first (at::mul does,
+// y = x * mask * scale, without converting the bool mask to a float tensor first (at::mul does,
 // which allocates a copy the size of x).
 void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n);
+
+// keep[i] = hash(seed, i) >= p * 2^32: a dropout keep-mask that is a pure function of (seed, i).
+void dropout_mask(bool* keep, int64_t n, double p, uint64_t seed);
 
 // Softmax of each of `rows` contiguous rows of `cols` floats. REQUIRES: every entry finite; masked
 // scores hold the lowest finite float (their exp underflows to exactly 0), never -inf.

@@ -21,22 +21,15 @@
 #include "remat/policy.h"
 #include "remat/profile.h"
 #include "remat/report.h"
+#include "timing.h"
 
 namespace remat {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using detail::Clock;
+using detail::median;
+using detail::ms_since;
 
 // A model, its fixed batch and its loss, behind one interface so that every engine is measured by
 // the same loop.
@@ -72,13 +65,7 @@ class OpsSubject final : public Subject {
     at::manual_seed(seed);
     model_ = GPT(cfg, policy, std::move(options));
     at::manual_seed(seed + 1);
-    if (cfg.arch == Arch::Gpt2) {
-      input_ = at::randint(0, cfg.vocab, {cfg.batch, cfg.seq}, at::kLong);
-      target_ = at::randint(0, cfg.vocab, {cfg.batch, cfg.seq}, at::kLong);
-    } else {
-      input_ = at::randn({cfg.batch, cfg.seq, cfg.dim});
-      target_ = at::randn({cfg.batch, cfg.seq, cfg.dim});
-    }
+    std::tie(input_, target_) = random_batch(cfg);
   }
   at::Tensor loss() override { return model_->forward(input_, target_); }
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }

@@ -28,6 +28,7 @@ constexpr OpInfo kOpInfo[] = {
     {"embedding",       1, 1, 2,      0b01,    0b000,     {N, N}},  // reads tokens
     {"cross_entropy",   2, 2, 0,      0b10,    0b010,     {F, N}},  // reads targets, logp
     {"mse_loss",        2, 1, 0,      0b11,    0b000,     {F, N}},  // reads y, target
+    {"flash_attention", 1, 2, 0,      0b01,    0b011,     {F, N}},  // reads qkv, atty, lse
 };
 static_assert(std::size(kOpInfo) == static_cast<size_t>(OpKind::Count),
               "kOpInfo needs one row per OpKind");
@@ -123,6 +124,18 @@ class Builder {
 
   // Core attention: scores, softmax, optional dropout, probs x V. Returns atty (B, T, C).
   int attention(int qkv, bool causal) {
+    if (cfg_.attention == AttentionImpl::Flash) {
+      // One fused op: no T x T tensor is ever stored; the backward reruns the scores from q, k and
+      // the per-row log-sum-exp. Attention dropout happens inside, replayed from a seed: no mask.
+      AttentionLayout full = attention_layout(cfg_, causal);
+      full.block = cfg_.seq;  // flops: the causal half of T x T, unpacked
+      const int atty = op(OpKind::FlashAttention, "atty", {qkv},
+                          {{"atty", btc(cfg_.dim), cfg_.dtype, "attention output, heads merged"},
+                           {"lse", {cfg_.batch, cfg_.heads, cfg_.seq}, DType::F32, "softmax log-sum-exp per row"}})[0];
+      spec_.ops.back().attn = full;
+      spec_.ops.back().p = cfg_.dropout;
+      return atty;
+    }
     const AttentionLayout layout = attention_layout(cfg_, causal);
     const int scores = op(OpKind::Scores, "scores", {qkv},
                           {{"scores", layout.shape(), cfg_.dtype, "attention scores q k^T / sqrt(D)"}})[0];
@@ -290,6 +303,15 @@ OpFlops BlockSpec::flops(int op) const {
       const int64_t m = x.numel() / k;
       const int64_t n = tensors[node.out[0]].shape.back();
       return {2 * m * n * k, 4 * m * n * k};  // backward: dx and dW
+    }
+    case OpKind::FlashAttention: {
+      // Two matmuls forward (q k^T, p v) over the causal half; the backward reruns q k^T and does
+      // four more: 2.5 times the forward.
+      const AttentionLayout& l = node.attn;
+      const int64_t head_dim = tensors[node.in[0]].shape.back() / 3 / l.heads;
+      const int64_t scores = l.causal ? l.batch * l.heads * l.seq * (l.seq + 1) / 2 : l.batch * l.heads * l.seq * l.seq;
+      const int64_t f = 2 * 2 * scores * head_dim;
+      return {f, f * 5 / 2};
     }
     case OpKind::Scores:
     case OpKind::AttnValues: {

@@ -56,6 +56,18 @@ TEST(Block, CausalProbsArePackedInRowBlocks) {
   EXPECT_EQ(b.tensors[b.find("probs")].shape, (std::vector<int64_t>{2 * 4 * (4 * 4 + 4 * 8)}));
 }
 
+TEST(Block, FlashAttentionStoresNoTxTTensor) {
+  ModelConfig c = cfg(Arch::Gpt2, 0.1);
+  c.attention = AttentionImpl::Flash;
+  const BlockSpec b = make_block(c);
+  EXPECT_EQ(b.find("probs"), -1);
+  EXPECT_EQ(b.find("probs_mask"), -1);
+  EXPECT_EQ(b.tensors[b.find("lse")].shape, (std::vector<int64_t>{2, 4, 8}));
+  std::vector<std::string> reads;
+  for (int t : b.bwd_reads(b.tensors[b.find("atty")].producer)) reads.push_back(b.tensors[t].name);
+  EXPECT_EQ(reads, (std::vector<std::string>{"qkv", "atty", "lse"}));
+}
+
 TEST(Block, MatmulFlopsOfTheSeedBlock) {
   const ModelConfig c = cfg(Arch::Seed);
   const BlockSpec b = make_block(c);

@@ -153,6 +153,15 @@ at::Tensor GPTImpl::logits(const at::Tensor& tokens) {
   return ops::linear_forward(lnf.y, head_params_[2], at::Tensor());
 }
 
+std::pair<at::Tensor, at::Tensor> random_batch(const ModelConfig& cfg) {
+  if (cfg.arch == Arch::Gpt2) {
+    at::Tensor input = at::randint(0, cfg.vocab, {cfg.batch, cfg.seq}, at::kLong);
+    return {input, at::randint(0, cfg.vocab, {cfg.batch, cfg.seq}, at::kLong)};
+  }
+  at::Tensor input = at::randn({cfg.batch, cfg.seq, cfg.dim});
+  return {input, at::randn({cfg.batch, cfg.seq, cfg.dim})};
+}
+
 int64_t GPTImpl::predicted_saved_bytes() const {
   auto output_bytes = [](const BlockSpec& s) { return s.tensors[s.output].bytes(); };
   int64_t bytes = 0;

@@ -28,9 +28,8 @@ struct Batch {
 
 Batch batch(const ModelConfig& c, uint64_t seed) {
   at::manual_seed(seed);
-  if (c.arch == Arch::Gpt2)
-    return {at::randint(0, c.vocab, {c.batch, c.seq}, at::kLong), at::randint(0, c.vocab, {c.batch, c.seq}, at::kLong)};
-  return {at::randn({c.batch, c.seq, c.dim}), at::randn({c.batch, c.seq, c.dim})};
+  auto [input, target] = random_batch(c);
+  return {input, target};
 }
 
 struct Outcome {

@@ -37,14 +37,7 @@ Measured measure(const ModelConfig& c, const std::string& policy) {
   GPT model(c, Policy::parse(policy));
   Adam adam(model->parameters(), AdamOptions{1e-3});
   at::manual_seed(2);
-  at::Tensor input, target;
-  if (c.arch == Arch::Gpt2) {
-    input = at::randint(0, c.vocab, {c.batch, c.seq}, at::kLong);
-    target = at::randint(0, c.vocab, {c.batch, c.seq}, at::kLong);
-  } else {
-    input = at::randn({c.batch, c.seq, c.dim});
-    target = at::randn({c.batch, c.seq, c.dim});
-  }
+  auto [input, target] = random_batch(c);
   const int64_t before = MemoryTracker::live();
   m.base = before - empty;
   MemoryTracker::reset_peak();

@@ -15,20 +15,25 @@
 #include "remat/model.h"
 #include "remat/optim.h"
 #include "remat/report.h"
+#include "timing.h"
 
 namespace remat {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using detail::Clock;
+using detail::median;
+using detail::ms_since;
 
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
+// Identifies the code being timed: the running executable's size and modification time. A rebuilt
+// remat times its ops afresh instead of trusting what an older build measured.
+std::string build_identity() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "unknown-build";
+  const auto size = std::filesystem::file_size(exe, ec);
+  const auto time = std::filesystem::last_write_time(exe, ec).time_since_epoch().count();
+  return fmt::format("{}:{}:{}", exe.string(), size, time);
 }
 
 std::string cache_folder(const std::string& given) {
@@ -59,8 +64,9 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   if (reps < 1) fail("measure_costs: reps must be >= 1, got {}", reps);
   ModelConfig one = cfg;
   one.layers = 1;
-  const std::string key = fmt::format("{} ffn={} attn-block={} threads={} blas={} reps={} v1", describe(one),
-                                      one.hidden(), one.attn_block, to_string(threads), blas_name(), reps);
+  const std::string key = fmt::format("{} ffn={} attn-block={} threads={} blas={} reps={} build={}", describe(one),
+                                      one.hidden(), one.attn_block, to_string(threads), blas_name(), reps,
+                                      build_identity());
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/costs-{:016x}.json", folder, std::hash<std::string>{}(key));
   if (std::ifstream in(path); in) {
@@ -84,14 +90,7 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   exec.timer = std::make_shared<OpTimes>();
   at::manual_seed(1);
   GPT model(one, Policy::parse("none"), exec);
-  at::Tensor input, target;
-  if (one.arch == Arch::Gpt2) {
-    input = at::randint(0, one.vocab, {one.batch, one.seq}, at::kLong);
-    target = at::randint(0, one.vocab, {one.batch, one.seq}, at::kLong);
-  } else {
-    input = at::randn({one.batch, one.seq, one.dim});
-    target = at::randn({one.batch, one.seq, one.dim});
-  }
+  auto [input, target] = random_batch(one);
   Adam adam(model->parameters(), AdamOptions{1e-4});
   const size_t n_ops = model->spec().block.ops.size();
   std::vector<std::vector<double>> fwd(n_ops), bwd(n_ops);

@@ -62,5 +62,17 @@ grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((f
 grep -q '"fits": true' "$tmp/plan.json" || { echo "FAIL: plan JSON"; cat "$tmp/plan.json"; failures=$((failures + 1)); }
 grep -q "policy: " "$tmp/plan.out" || { echo "FAIL: plan prints no policy"; failures=$((failures + 1)); }
 
+# --attention flash plans a fused kernel: none keeps fewer bytes than with math attention's T x T tensors.
+none_saved() {
+  "$remat" plan --arch gpt2 --layers 2 --dim 16 --heads 4 --seq 64 --batch 2 --budget 90% --costs estimated \
+    --attention "$1" --json "$tmp/$1.json" >/dev/null 2>&1 || echo "plan --attention $1 failed" >&2
+  sed -n '/"none_memory"/,/}/s/.*"saved": *\([0-9]*\).*/\1/p' "$tmp/$1.json"
+}
+math_saved=$(none_saved math)
+flash_saved=$(none_saved flash)
+if [ -z "$math_saved" ] || [ -z "$flash_saved" ] || [ "$flash_saved" -ge "$math_saved" ]; then
+  echo "FAIL: flash saves '$flash_saved' bytes, math '$math_saved'"; failures=$((failures + 1))
+fi
+
 if [ $failures -ne 0 ]; then echo "$failures CLI check(s) failed"; exit 1; fi
 echo "CLI checks passed"

@@ -42,6 +42,7 @@ enum class OpKind : uint8_t {
   Embedding,   // x = wte[tokens] + wpe[0:T]         in: tokens    out: x
   CrossEntropy,// loss = mean -log softmax(z)[t]     in: logits, targets  out: loss, logp
   MseLoss,     // loss = mean (y - t)^2              in: y, target out: loss
+  FlashAttention,  // fused core attention             in: qkv       out: atty, lse (B, H, T)
   Count,
 };
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -73,5 +74,9 @@ class GPTImpl : public torch::nn::Module {
   std::shared_ptr<const BlockExecutor> eval_stem_exec_, eval_block_exec_, eval_head_exec_;
 };
 TORCH_MODULE(GPT);
+
+// A batch of random data for `cfg`, from the default generator: (B, T) token ids for input and
+// target (gpt2), or (B, T, C) floats (seed).
+std::pair<at::Tensor, at::Tensor> random_batch(const ModelConfig& cfg);
 
 }  // namespace remat

@@ -12,7 +12,8 @@ namespace remat {
 // Times a one-layer model of `cfg` (policy none, Adam step included): per-op forward and backward
 // medians over `reps` steps after one warm-up, and the rest of a step scaled to cfg.layers. The
 // result is cached as JSON in `cache_dir` (default $REMAT_CACHE, else $XDG_CACHE_HOME/remat, else
-// ~/.cache/remat), keyed by the shapes, threads and BLAS; a cached profile is reused.
+// ~/.cache/remat), keyed by the shapes, threads, BLAS and the executable's build; a cached profile
+// is reused only by the same build.
 CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int reps = 5,
                         const std::string& cache_dir = "");
 

@@ -14,6 +14,7 @@
 #include "ops/gemm.h"
 #include "ops/kernels.h"
 #include "ops/op_env.h"
+#include "remat/error.h"
 #include "remat/ops.h"
 
 namespace remat::ops {
@@ -186,7 +187,14 @@ void values_bwd(OpEnv& e, const OpNode& op) {
   e.add_grad(op, 0, std::move(dprobs));
 }
 
+// The fused kernel is CUDA + LibTorch 2.x only; GPTImpl refuses --attention flash before any run,
+// so these are reached only if that check is bypassed.
+void flash_unavailable(OpEnv&, const OpNode&) {
+  fail("--attention flash runs on CUDA with LibTorch 2.x; this build runs --attention math (plan takes both)");
+}
+
 }  // namespace
+extern const OpImpl kFlashAttentionImpl{flash_unavailable, flash_unavailable};
 extern const OpImpl kScoresImpl{scores_fwd, scores_bwd};
 extern const OpImpl kSoftmaxImpl{softmax_fwd, softmax_bwd};
 extern const OpImpl kAttnValuesImpl{values_fwd, values_bwd};

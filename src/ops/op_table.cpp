@@ -6,12 +6,12 @@
 namespace remat::detail {
 
 extern const OpImpl kLinearImpl, kLayerNormImpl, kGeluImpl, kReluImpl, kDropoutMaskImpl, kDropoutImpl, kScoresImpl, kSoftmaxImpl,
-    kAttnValuesImpl, kAddImpl, kEmbeddingImpl, kCrossEntropyImpl, kMseImpl;
+    kAttnValuesImpl, kAddImpl, kEmbeddingImpl, kCrossEntropyImpl, kMseImpl, kFlashAttentionImpl;
 
 namespace {
 const OpImpl* const kTable[] = {
     &kLinearImpl,  &kLayerNormImpl,  &kGeluImpl, &kReluImpl,      &kDropoutMaskImpl,  &kDropoutImpl, &kScoresImpl,
-    &kSoftmaxImpl, &kAttnValuesImpl, &kAddImpl, &kEmbeddingImpl, &kCrossEntropyImpl, &kMseImpl,
+    &kSoftmaxImpl, &kAttnValuesImpl, &kAddImpl, &kEmbeddingImpl, &kCrossEntropyImpl, &kMseImpl, &kFlashAttentionImpl,
 };
 static_assert(std::size(kTable) == static_cast<size_t>(OpKind::Count), "kTable needs one entry per OpKind");
 }  // namespace

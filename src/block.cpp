@@ -12,18 +12,19 @@ namespace remat {
 namespace {
 
 // One row per OpKind, in enum order. Bits: which inputs / outputs the backward reads.
-constexpr GradKind F = GradKind::Fresh, A = GradKind::Alias, S = GradKind::Slot, N = GradKind::None;
+constexpr GradKind F = GradKind::Fresh, A = GradKind::Alias, S = GradKind::Slot, N = GradKind::None,
+                   D = GradKind::OverDy, I = GradKind::OverInput;
 constexpr OpInfo kOpInfo[] = {
     //  name           in out params  reads_in reads_out  gradients of the inputs
     {"linear",          1, 1, 2,      0b01,    0b000,     {F, N}},  // dx = dy W, dW = dy^T x
     {"layer_norm",      1, 3, 2,      0b01,    0b110,     {F, N}},  // reads x, mean, rstd
-    {"gelu",            1, 1, 0,      0b01,    0b000,     {F, N}},  // reads x
-    {"relu",            1, 1, 0,      0b00,    0b001,     {F, N}},  // reads y (y > 0 is the mask)
+    {"gelu",            1, 1, 0,      0b01,    0b000,     {D, N}},  // reads x
+    {"relu",            1, 1, 0,      0b00,    0b001,     {D, N}},  // reads y (y > 0 is the mask)
     {"dropout_mask",    0, 1, 0,      0b00,    0b000,     {N, N}},  // no inputs: a pure function of its seed
-    {"dropout",         2, 1, 0,      0b10,    0b000,     {F, N}},  // reads mask
+    {"dropout",         2, 1, 0,      0b10,    0b000,     {D, N}},  // reads mask
     {"scores",          1, 1, 0,      0b01,    0b000,     {S, N}},  // reads q, k (inside qkv)
-    {"softmax",         1, 1, 0,      0b00,    0b001,     {F, N}},  // reads probs
-    {"attn_values",     2, 1, 0,      0b11,    0b000,     {F, S}},  // reads probs, v (inside qkv)
+    {"softmax",         1, 1, 0,      0b00,    0b001,     {D, N}},  // reads probs
+    {"attn_values",     2, 1, 0,      0b11,    0b000,     {I, S}},  // reads probs, v (inside qkv)
     {"add",             2, 1, 0,      0b00,    0b000,     {A, A}},  // reads nothing
     {"embedding",       1, 1, 2,      0b01,    0b000,     {N, N}},  // reads tokens
     {"cross_entropy",   2, 2, 0,      0b10,    0b010,     {F, N}},  // reads targets, logp

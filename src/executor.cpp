@@ -146,6 +146,32 @@ at::Tensor& OpEnv::grad_slot(const OpNode& op, int i) {
   return grads[t];
 }
 
+namespace {
+
+// Nothing but the executor's own slot refers to t's memory: writing over it is invisible elsewhere.
+bool sole_owner(const at::Tensor& t) {
+  return t.defined() && t.use_count() == 1 && t.storage().use_count() == 1 && t.storage_offset() == 0;
+}
+
+}  // namespace
+
+at::Tensor OpEnv::take_grad_out(const OpNode& op) {
+  if (op_info(op.kind).grad_in[0] != GradKind::OverDy)
+    fail_runtime("internal: '{}' writes over dy, which OpInfo does not allow", op.name);
+  const int t = op.out[0];
+  if (!grad_owned[t] || !sole_owner(grads[t])) return at::Tensor();
+  grad_owned[t] = false;
+  return std::move(grads[t]);
+}
+
+at::Tensor OpEnv::take_in(const OpNode& op, int i) {
+  if (op_info(op.kind).grad_in[i] != GradKind::OverInput)
+    fail_runtime("internal: '{}' writes over input {}, which OpInfo does not allow", op.name, i);
+  at::Tensor& t = ctx_.tensors[op.in[i]];
+  if (!(last_read & (1u << i)) || !sole_owner(t)) return at::Tensor();
+  return std::move(t);
+}
+
 void OpEnv::add_param_grad(const OpNode& op, int i, at::Tensor g) {
   at::Tensor& slot = param_grads[op.params[i]];
   if (!slot.defined()) slot = std::move(g);
@@ -216,6 +242,11 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy) {
     }
   }
   for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+    if (steps[i].kind == Step::Kind::Backward) {
+      const OpNode& op = spec.ops[steps[i].index];
+      for (size_t k = 0; k < op.in.size(); ++k)
+        if (last_use[op.in[k]] == i && !spec.is_input(op.in[k])) steps[i].last_read |= 1u << k;
+    }
     s.backward.push_back(steps[i]);
     for (int t = 0; t < n_tensors; ++t) {
       if (last_use[t] == i) s.backward.push_back({Step::Kind::Free, t});
@@ -318,6 +349,7 @@ BlockExecutor::Grads BlockExecutor::backward(const at::Tensor& dy, at::TensorLis
         for (int t : op.out) any = any || env.grads[t].defined();
         if (!any) break;  // nothing flows back through this op
         const auto t0 = Clock::now();
+        env.last_read = step.last_read;
         detail::op_impl(op.kind).backward(env, op);
         if (options_.timer) options_.timer->backward_ms[step.index] += ms(t0);
         break;

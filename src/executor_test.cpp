@@ -59,6 +59,24 @@ TEST(Schedule, KeptMaskMakesDropoutRecomputeCheap) {
   EXPECT_EQ(recomputed(make_block(tiny(Arch::Gpt2, 0.1)), "drop:probs_drop"), (Names{"probs_drop"}));
 }
 
+// Whether the backward of `op` may write its input 0's gradient over that input (Step::last_read).
+bool overwrites_input0(const BlockSpec& b, const std::string& policy, const std::string& op) {
+  const Schedule s = compile_schedule(b, Policy::parse(policy).resolve(b, 1).layers[0]);
+  for (const Step& st : s.backward)
+    if (st.kind == Step::Kind::Backward && b.ops[st.index].name == op) return st.last_read & 1u;
+  ADD_FAILURE() << "no backward step for " << op;
+  return false;
+}
+
+TEST(Schedule, DroppedOutProbsDieInTheValuesBackward) {
+  // With dropout, attn_values reads probs_drop and nothing after it does: dprobs_drop goes over it.
+  for (const char* p : {"none", "full", "attn"})
+    EXPECT_TRUE(overwrites_input0(make_block(tiny(Arch::Gpt2, 0.1)), p, "atty")) << p;
+  // Without dropout the softmax backward still reads probs after attn_values: no overwrite.
+  EXPECT_FALSE(overwrites_input0(make_block(tiny(Arch::Gpt2)), "none", "atty"));
+  EXPECT_FALSE(overwrites_input0(make_block(tiny(Arch::Seed)), "full", "atty"));
+}
+
 // Replays a schedule on "held" flags: no step may read a tensor that is not held, a free must drop
 // a held tensor, the forward must end holding exactly the saved set, the backward nothing.
 TEST(Schedule, NeverReadsAFreedTensorAndEndsHoldingNothing) {

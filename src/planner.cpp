@@ -92,6 +92,8 @@ class GradBuffers {
     sim_.alloc(bytes);
     return add(bytes, true);
   }
+  // Memory already counted (a tensor handed over to become a gradient): owned from now on.
+  int adopt(int64_t bytes) { return add(bytes, true); }
   int share(int buf) {
     ++refs_[buf];
     return buf;
@@ -199,7 +201,15 @@ bool backward_stage(Sim& sim, const BlockSpec& b, const Schedule& s, const std::
           const int t = op.in[i];
           if (!needs_grad(t)) continue;
           const int64_t bytes = b.tensors[t].bytes();
-          if (info.grad_in[i] == GradKind::Fresh) {
+          const GradKind kind = info.grad_in[i];
+          const int out = op.out[0];
+          if (kind == GradKind::OverDy && g[out].owned) {  // OpEnv::take_grad_out
+            incoming[i] = g[out].buf;
+            g[out] = {};
+          } else if (kind == GradKind::OverInput && (st.last_read & (1u << i))) {  // OpEnv::take_in
+            incoming[i] = bufs.adopt(bytes);
+            held[t] = false;  // its Free step releases nothing
+          } else if (kind == GradKind::Fresh || kind == GradKind::OverDy || kind == GradKind::OverInput) {
             incoming[i] = bufs.fresh(bytes);
           } else if (info.grad_in[i] == GradKind::Alias) {
             incoming[i] = bufs.share(dy);
@@ -220,7 +230,7 @@ bool backward_stage(Sim& sim, const BlockSpec& b, const Schedule& s, const std::
         // ...then the executor adds them in.
         for (size_t i = 0; i < op.in.size(); ++i)
           if (incoming[i] != GradBuffers::kNone)
-            accumulate(bufs, g[op.in[i]], incoming[i], info.grad_in[i] == GradKind::Fresh, b.tensors[op.in[i]].bytes());
+            accumulate(bufs, g[op.in[i]], incoming[i], info.grad_in[i] != GradKind::Alias, b.tensors[op.in[i]].bytes());
         break;
       }
       case Step::Kind::Forward:

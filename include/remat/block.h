@@ -52,6 +52,12 @@ enum class GradKind : uint8_t {
   Fresh,  // a new tensor the size of the input
   Alias,  // the output's gradient itself, passed through (residual add): no new memory
   Slot,   // written in place into the input's gradient; the first writer allocates it zeroed
+  // Written over the output's gradient dy when this op holds dy's only reference (the op made
+  // dy's slot, nothing shares it); otherwise Fresh. Pointwise ops: gelu, relu, dropout, softmax.
+  OverDy,
+  // Written over the input itself when this backward is the input's last reader (the schedule
+  // frees it right after: Step::last_read); otherwise Fresh. attn_values over probs.
+  OverInput,
 };
 
 // What one kind of op consumes, produces, and keeps for its backward. One row per OpKind.

@@ -28,6 +28,9 @@ struct Step {
   };
   Kind kind;
   int index;
+  // Backward only: bit i set when input i of the op dies with this step (no later step reads it
+  // and it is not a stage input), so a GradKind::OverInput gradient may be written over it.
+  uint8_t last_read = 0;
 };
 
 struct Schedule {

@@ -38,15 +38,19 @@ struct LayerNormGrads {
 LayerNormGrads layer_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean,
                                    const at::Tensor& rstd, const at::Tensor& w, const at::Tensor& b, bool need_dx);
 
+// The pointwise backwards below take `dx`, where to write the input's gradient: a tensor shaped
+// like dy, dy itself included (the engine passes dy when nothing else holds it, and the bits are
+// the same either way), or undefined for a new tensor. They return dx.
+
 // --- gelu, tanh approximation (GPT-2) -------------------------------------------------------
 at::Tensor gelu_forward(const at::Tensor& x);
 // Reads x.
-at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x);
+at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x, at::Tensor dx = {});
 
 // --- relu ------------------------------------------------------------------------------------
 at::Tensor relu_forward(const at::Tensor& x);
 // Reads the output y (y > 0 is the mask), so the input need not be kept.
-at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y);
+at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y, at::Tensor dx = {});
 
 // --- dropout: y = x * mask / (1 - p) --------------------------------------------------------
 // The keep-mask (bool, true = keep) is a pure function of (seed, element index): the same seed gives
@@ -55,7 +59,7 @@ at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y);
 at::Tensor dropout_mask(at::IntArrayRef shape, double p, uint64_t seed, at::Device device);
 at::Tensor dropout_forward(const at::Tensor& x, const at::Tensor& mask, double p);
 // Reads mask.
-at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p);
+at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p, at::Tensor dx = {});
 
 // --- attention core --------------------------------------------------------------------------
 // Scores and probs are stored as `layout` says (block.h, AttentionLayout): (B, H, T, T), or causal
@@ -69,14 +73,17 @@ void scores_backward(const at::Tensor& dscores, const at::Tensor& qkv, const Att
 
 // Softmax over each stored row.
 at::Tensor softmax_forward(const at::Tensor& scores, const AttentionLayout& layout);
-// Reads probs (the output).
-at::Tensor softmax_backward(const at::Tensor& dprobs, const at::Tensor& probs, const AttentionLayout& layout);
+// Reads probs (the output). `dscores`: where to write, dprobs itself allowed (see gelu_backward).
+at::Tensor softmax_backward(const at::Tensor& dprobs, const at::Tensor& probs, const AttentionLayout& layout,
+                            at::Tensor dscores = {});
 
 // atty = probs v with heads merged back: (B, T, C).
 at::Tensor attn_values_forward(const at::Tensor& probs, const at::Tensor& qkv, const AttentionLayout& layout);
 // Reads probs and qkv. Returns dprobs; adds dv into the v columns of dqkv (zeroed when undefined).
+// over_probs: write dprobs over probs itself, block by block once each block's dv is done, so the
+// backward needs no second T x T tensor (the caller must be probs' last reader).
 at::Tensor attn_values_backward(const at::Tensor& datty, const at::Tensor& probs, const at::Tensor& qkv,
-                                const AttentionLayout& layout, at::Tensor& dqkv);
+                                const AttentionLayout& layout, at::Tensor& dqkv, bool over_probs = false);
 
 // A scores or probs tensor expanded to (B, H, T, T); positions the layout does not store get `fill`.
 at::Tensor unpack_attention(const at::Tensor& packed, const AttentionLayout& layout, double fill);

@@ -20,15 +20,18 @@ at::Tensor gelu_forward(const at::Tensor& x) {
   return y;
 }
 
-at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x) {
-  if (!cpu_float(x) || !cpu_float(dy)) return at::gelu_backward(dy, x, "tanh");
-  at::Tensor dx = at::empty_like(x);
+at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x, at::Tensor dx) {
+  if (!dx.defined()) dx = at::empty_like(x);
+  if (!cpu_float(x) || !cpu_float(dy) || !cpu_float(dx)) return at::gelu_backward_out(dx, dy, x, "tanh");
   kernels::gelu_backward(dy.data_ptr<float>(), x.data_ptr<float>(), dx.data_ptr<float>(), x.numel());
   return dx;
 }
 
 at::Tensor relu_forward(const at::Tensor& x) { return at::relu(x); }
-at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y) { return at::threshold_backward(dy, y, 0); }
+at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& y, at::Tensor dx) {
+  if (!dx.defined()) dx = at::empty_like(dy);
+  return at::threshold_backward_out(dx, dy, y, 0);
+}
 
 at::Tensor add_forward(const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }
 
@@ -39,12 +42,14 @@ namespace {
 
 void gelu_fwd(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::gelu_forward(e.in(op, 0))); }
 void gelu_bwd(OpEnv& e, const OpNode& op) {
-  e.add_grad(op, 0, ops::gelu_backward(e.grad_out(op, 0), e.saved_in(op, 0)));
+  at::Tensor dx = e.take_grad_out(op);  // undefined unless dy is this op's alone
+  e.add_grad(op, 0, ops::gelu_backward(dx.defined() ? dx : e.grad_out(op, 0), e.saved_in(op, 0), dx));
 }
 
 void relu_fwd(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::relu_forward(e.in(op, 0))); }
 void relu_bwd(OpEnv& e, const OpNode& op) {
-  e.add_grad(op, 0, ops::relu_backward(e.grad_out(op, 0), e.saved_out(op, 0)));
+  at::Tensor dx = e.take_grad_out(op);
+  e.add_grad(op, 0, ops::relu_backward(dx.defined() ? dx : e.grad_out(op, 0), e.saved_out(op, 0), dx));
 }
 
 void add_fwd(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::add_forward(e.in(op, 0), e.in(op, 1))); }

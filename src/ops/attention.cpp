@@ -113,12 +113,19 @@ at::Tensor softmax_forward(const at::Tensor& scores, const AttentionLayout& l) {
   return probs;
 }
 
-at::Tensor softmax_backward(const at::Tensor& dprobs, const at::Tensor& probs, const AttentionLayout& l) {
-  if (l.blocks() == 1) return at::_softmax_backward_data(dprobs, probs, -1, probs.scalar_type());
-  at::Tensor dscores = at::empty_like(probs);
+at::Tensor softmax_backward(const at::Tensor& dprobs, const at::Tensor& probs, const AttentionLayout& l,
+                            at::Tensor dscores) {
+  const bool fast = probs.device().is_cpu() && probs.scalar_type() == at::kFloat && probs.is_contiguous() &&
+                    dprobs.is_contiguous() && (!dscores.defined() || dscores.is_contiguous());
+  if (!dscores.defined()) dscores = at::empty_like(probs);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor ds = block_of(dscores, l, r);
-    at::_softmax_backward_data_out(ds, block_of(dprobs, l, r), block_of(probs, l, r), -1, probs.scalar_type());
+    const at::Tensor dp = block_of(dprobs, l, r), p = block_of(probs, l, r);
+    if (fast)  // may run in place (ds == dp): each row is read whole before it is written
+      kernels::softmax_rows_backward(p.data_ptr<float>(), dp.data_ptr<float>(), ds.data_ptr<float>(),
+                                     l.batch * l.heads * l.rows(r), l.cols(r));
+    else  // a temporary, then the copy: ATen does not promise in-place softmax backward
+      ds.copy_(at::_softmax_backward_data(dp, p, -1, probs.scalar_type()));
   }
   return dscores;
 }
@@ -135,18 +142,18 @@ at::Tensor attn_values_forward(const at::Tensor& probs, const at::Tensor& qkv, c
 }
 
 at::Tensor attn_values_backward(const at::Tensor& datty, const at::Tensor& probs, const at::Tensor& qkv,
-                                const AttentionLayout& l, at::Tensor& dqkv) {
+                                const AttentionLayout& l, at::Tensor& dqkv, bool over_probs) {
   const at::Tensor dout = heads_of(datty.contiguous(), l.heads);
   const at::Tensor v = head_view(qkv, 2, l.heads);
-  at::Tensor dprobs = at::empty_like(probs);
+  at::Tensor dprobs = over_probs ? probs : at::empty_like(probs);
   zeros_if_undefined(dqkv, qkv);
   at::Tensor dv = head_view(dqkv, 2, l.heads);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     const at::Tensor dout_rows = dout.narrow(2, l.first_row(r), l.rows(r));
-    at::Tensor dp = block_of(dprobs, l, r);
     at::Tensor dv_cols = dv.narrow(2, 0, l.cols(r));
+    detail::batched_gemm(block_of(probs, l, r), true, dout_rows, false, dv_cols, 1.0, 1.0);  // P^T dO, first:
+    at::Tensor dp = block_of(dprobs, l, r);  // this block of P is not read again
     detail::batched_gemm(dout_rows, false, v.narrow(2, 0, l.cols(r)), true, dp, 1.0, 0.0);  // dO V^T
-    detail::batched_gemm(block_of(probs, l, r), true, dout_rows, false, dv_cols, 1.0, 1.0);  // P^T dO
   }
   return dprobs;
 }
@@ -175,15 +182,21 @@ void scores_bwd(OpEnv& e, const OpNode& op) {
 
 void softmax_fwd(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::softmax_forward(e.in(op, 0), op.attn)); }
 void softmax_bwd(OpEnv& e, const OpNode& op) {
-  e.add_grad(op, 0, ops::softmax_backward(e.grad_out(op, 0), e.saved_out(op, 0), op.attn));
+  at::Tensor ds = e.take_grad_out(op);  // undefined unless dy is this op's alone
+  e.add_grad(op, 0, ops::softmax_backward(ds.defined() ? ds : e.grad_out(op, 0), e.saved_out(op, 0), op.attn, ds));
 }
 
 void values_fwd(OpEnv& e, const OpNode& op) {
   e.set_out(op, 0, ops::attn_values_forward(e.in(op, 0), e.in(op, 1), op.attn));
 }
 void values_bwd(OpEnv& e, const OpNode& op) {
-  at::Tensor dprobs =
-      ops::attn_values_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.saved_in(op, 1), op.attn, e.grad_slot(op, 1));
+  at::Tensor dprobs;
+  {
+    const at::Tensor probs = e.take_in(op, 0);  // defined when this backward is probs' last reader
+    const bool over = probs.defined();
+    dprobs = ops::attn_values_backward(e.grad_out(op, 0), over ? probs : e.saved_in(op, 0), e.saved_in(op, 1),
+                                       op.attn, e.grad_slot(op, 1), over);
+  }
   e.add_grad(op, 0, std::move(dprobs));
 }
 

@@ -33,22 +33,26 @@ at::Tensor dropout_mask(at::IntArrayRef shape, double p, uint64_t seed, at::Devi
   return mask;
 }
 
-// y = x * mask / (1 - p). CPU float32 runs one loop; elsewhere at::mul, which first converts the
-// mask to x's dtype (a temporary the size of x; block.cpp's scratch bytes assume the CPU path).
-at::Tensor apply_mask(const at::Tensor& x, const at::Tensor& mask, double p) {
+// y = x * mask / (1 - p), into y (x itself allowed) or a new tensor. CPU float32 runs one loop;
+// elsewhere at::mul, which first converts the mask to x's dtype (a temporary the size of x;
+// block.cpp's scratch bytes assume the CPU path).
+at::Tensor apply_mask(const at::Tensor& x, const at::Tensor& mask, double p, at::Tensor y = {}) {
   const double scale = 1.0 / (1.0 - p);
-  if (x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && mask.is_contiguous()) {
-    at::Tensor y = at::empty_like(x);
+  if (!y.defined()) y = at::empty_like(x);
+  if (x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && mask.is_contiguous() &&
+      y.is_contiguous()) {
     kernels::dropout_apply(x.data_ptr<float>(), mask.data_ptr<bool>(), static_cast<float>(scale), y.data_ptr<float>(),
                            x.numel());
     return y;
   }
-  return at::mul(x, mask).mul_(scale);
+  return at::mul_out(y, x, mask).mul_(scale);
 }
 
 at::Tensor dropout_forward(const at::Tensor& x, const at::Tensor& mask, double p) { return apply_mask(x, mask, p); }
 
-at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p) { return apply_mask(dy, mask, p); }
+at::Tensor dropout_backward(const at::Tensor& dy, const at::Tensor& mask, double p, at::Tensor dx) {
+  return apply_mask(dy, mask, p, std::move(dx));
+}
 
 }  // namespace remat::ops
 
@@ -62,7 +66,8 @@ void mask_bwd(OpEnv&, const OpNode&) {}  // no inputs, nothing to propagate
 
 void forward(OpEnv& e, const OpNode& op) { e.set_out(op, 0, ops::dropout_forward(e.in(op, 0), e.in(op, 1), op.p)); }
 void backward(OpEnv& e, const OpNode& op) {
-  e.add_grad(op, 0, ops::dropout_backward(e.grad_out(op, 0), e.saved_in(op, 1), op.p));
+  at::Tensor dx = e.take_grad_out(op);  // undefined unless dy is this op's alone
+  e.add_grad(op, 0, ops::dropout_backward(dx.defined() ? dx : e.grad_out(op, 0), e.saved_in(op, 1), op.p, dx));
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ void gelu_forward(const float* __restrict x, float* __restrict y, int64_t n) {
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void gelu_backward(const float* __restrict dy, const float* __restrict x, float* __restrict dx, int64_t n) {
+void gelu_backward(const float* dy, const float* __restrict x, float* dx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -40,8 +40,7 @@ void gelu_backward(const float* __restrict dy, const float* __restrict x, float*
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void dropout_apply(const float* __restrict x, const bool* __restrict mask, float scale, float* __restrict y,
-                   int64_t n) {
+void dropout_apply(const float* x, const bool* __restrict mask, float scale, float* y, int64_t n) {
   const auto* m = reinterpret_cast<const uint8_t*>(mask);  // bool is one byte, 0 or 1
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * (scale * static_cast<float>(m[i]));
@@ -99,6 +98,20 @@ void softmax_rows(const float* __restrict s, float* __restrict p, int64_t rows, 
     const float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) out[j] *= inv;
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void softmax_rows_backward(const float* __restrict p, const float* dp, float* ds, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* y = p + i * cols;
+    const float* dy = dp + i * cols;
+    float* dx = ds + i * cols;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < cols; ++j) dot += dy[j] * y[j];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) dx[j] = y[j] * (dy[j] - dot);
   }
 }
 

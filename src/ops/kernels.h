@@ -12,11 +12,12 @@ namespace remat::ops::kernels {
 
 // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const float* x, float* y, int64_t n);
-// dx = dy * d gelu(x) / dx.
+// dx = dy * d gelu(x) / dx. dx may be dy (in place); the bits are the same either way: every loop
+// here runs as `omp simd`, one vector path whatever the pointers.
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
 
 // y = x * mask * scale, without converting the bool mask to a float tensor first (at::mul does,
-// which allocates a copy the size of x).
+// which allocates a copy the size of x). y may be x.
 void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n);
 
 // keep[i] = hash(seed, i) >= p * 2^32: a dropout keep-mask that is a pure function of (seed, i).
@@ -25,5 +26,8 @@ void dropout_mask(bool* keep, int64_t n, double p, uint64_t seed);
 // Softmax of each of `rows` contiguous rows of `cols` floats. REQUIRES: every entry finite; masked
 // scores hold the lowest finite float (their exp underflows to exactly 0), never -inf.
 void softmax_rows(const float* s, float* p, int64_t rows, int64_t cols);
+
+// ds = p * (dp - sum(dp * p)) per row: the softmax backward from its output p. ds may be dp.
+void softmax_rows_backward(const float* p, const float* dp, float* ds, int64_t rows, int64_t cols);
 
 }  // namespace remat::ops::kernels

@@ -18,7 +18,11 @@ LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& x, const at:
                             bool need_dx) {
   const at::Tensor dy2 = dy.reshape({-1, w.size(0)});
   LinearGrads g;
-  if (need_dx) g.dx = at::mm(dy2, w).view(x.sizes());
+  if (need_dx) {  // a tensor of its own, not a view of mm's result: a later op may write over it
+    g.dx = at::empty(x.sizes(), dy.options());
+    at::Tensor dx2 = g.dx.view({-1, w.size(1)});
+    at::mm_out(dx2, dy2, w);
+  }
   g.dw = at::mm(dy2.t(), x.reshape({-1, w.size(1)}));
   if (has_bias) g.db = dy2.sum(0);
   return g;

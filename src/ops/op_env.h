@@ -46,6 +46,12 @@ class OpEnv {
   void add_grad(const OpNode& op, int i, at::Tensor g, bool owned = true);
   // The gradient of input i, for ops that fill parts of it themselves (attention on qkv).
   at::Tensor& grad_slot(const OpNode& op, int i);
+  // GradKind::OverDy: dy itself, handed over to become input 0's gradient, when this op holds its
+  // only reference; otherwise undefined (write a fresh tensor). Only for ops whose OpInfo says so.
+  at::Tensor take_grad_out(const OpNode& op);
+  // GradKind::OverInput: input i itself, handed over (its Free step then drops nothing) when this
+  // backward is its last reader; otherwise undefined. Read it before overwriting it.
+  at::Tensor take_in(const OpNode& op, int i);
   void add_param_grad(const OpNode& op, int i, at::Tensor g);
 
   // Executor state.
@@ -53,6 +59,7 @@ class OpEnv {
   std::vector<bool> grad_owned;         // by tensor id
   std::vector<at::Tensor> param_grads;  // by parameter id
   std::vector<bool> need_input_grad;    // by position in spec.inputs
+  uint8_t last_read = 0;                // the running backward step's Step::last_read
 
  private:
   const BlockSpec& spec_;

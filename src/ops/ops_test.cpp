@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -121,6 +124,52 @@ void attention_case(at::ScalarType t, bool causal, int64_t block) {
 TEST_P(OpsTest, Attention) { attention_case(t(), /*causal=*/false, 5); }
 TEST_P(OpsTest, CausalAttentionOneBlock) { attention_case(t(), /*causal=*/true, 5); }
 TEST_P(OpsTest, CausalAttentionRowBlocks) { attention_case(t(), /*causal=*/true, 2); }  // blocks of 2, 2, 1 rows
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;
+}
+
+// The engine writes pointwise gradients over dy, and dprobs over probs, when it can: the bits must
+// be those of the out-of-place call.
+TEST_P(OpsTest, WritingOverDyGivesTheSameBits) {
+  const int64_t n = 29;  // square, so that softmax reads it as one (1, 1, n, n) attention block
+  const at::Tensor x = at::randn({n, n}, at::kDouble).to(t()), dy = at::randn({n, n}, at::kDouble).to(t());
+  const at::Tensor mask = dropout_mask({n, n}, 0.25, 5, at::kCPU), y = relu_forward(x);
+  const AttentionLayout rows{1, 1, n, n, false};
+  const at::Tensor probs = softmax_forward(x.view({1, 1, n, n}), rows).view({n, n});
+  struct Case {
+    const char* name;
+    std::function<at::Tensor(const at::Tensor&, at::Tensor)> backward;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"gelu", [&](const at::Tensor& g, at::Tensor dx) { return gelu_backward(g, x, dx); }},
+           {"relu", [&](const at::Tensor& g, at::Tensor dx) { return relu_backward(g, y, dx); }},
+           {"dropout", [&](const at::Tensor& g, at::Tensor dx) { return dropout_backward(g, mask, 0.25, dx); }},
+           {"softmax", [&](const at::Tensor& g, at::Tensor dx) { return softmax_backward(g, probs, rows, dx); }},
+       }) {
+    const at::Tensor fresh = c.backward(dy, at::Tensor());
+    const at::Tensor over = dy.clone();
+    const at::Tensor got = c.backward(over, over);
+    EXPECT_EQ(got.data_ptr(), over.data_ptr()) << c.name << ": not written over dy";
+    EXPECT_TRUE(same_bits(got, fresh)) << c.name;
+  }
+}
+
+TEST_P(OpsTest, WritingDprobsOverProbsGivesTheSameBits) {
+  const int64_t B = 2, T = 7, H = 3, D = 4, C = H * D;
+  const AttentionLayout l{B, H, T, 3, true};  // causal row blocks of 3, 3, 1
+  const at::Tensor qkv = at::randn({B, T, 3 * C}, at::kDouble).to(t());
+  const at::Tensor datty = at::randn({B, T, C}, at::kDouble).to(t());
+  const at::Tensor probs = softmax_forward(scores_forward(qkv, l), l);
+  at::Tensor dqkv_fresh, dqkv_over;
+  const at::Tensor fresh = attn_values_backward(datty, probs, qkv, l, dqkv_fresh);
+  const at::Tensor mine = probs.clone();
+  const at::Tensor over = attn_values_backward(datty, mine, qkv, l, dqkv_over, /*over_probs=*/true);
+  EXPECT_EQ(over.data_ptr(), mine.data_ptr());
+  EXPECT_TRUE(same_bits(over, fresh));
+  EXPECT_TRUE(same_bits(dqkv_over, dqkv_fresh));
+}
 
 TEST_P(OpsTest, Embedding) {
   const at::Tensor tokens = at::randint(0, 7, {3, 4}, at::kLong);

@@ -675,7 +675,9 @@ Planner::Planner(const ModelConfig& cfg, const CostModel& costs, const LayerPoli
     fail("the cost model has {} block ops; the {} block has {}", costs_.block.size(), spec_.block.kind,
          spec_.block.ops.size());
   frontier_ = block_frontier(spec_.block, costs_, pins_);
-  const LayerPolicy none_lp = with_drops(spec_.block, pins_, {}, 0);
+  // The reference for percentages and for the "none" column: nothing dropped, pins or not.
+  LayerPolicy none_lp = pins_;
+  for (int t : spec_.block.choosable()) none_lp.tensors[t] = {Choice::Save, Strength::Prefer};
   none_memory_ = simulate(cfg_, spec_, ResolvedPolicy{std::vector<LayerPolicy>(spec_.layers, none_lp), 0},
                           costs_.aten_threads, nullptr);
   // Constants of the constraints: the level at each block's start minus what the blocks' choices

@@ -164,6 +164,16 @@ TEST(Plan, PinsAreKept) {
   EXPECT_LE(plan.memory.total_peak(), plan.budget);
 }
 
+TEST(Plan, PercentagesAreOfNoneWithoutThePins) {
+  const ModelConfig c = tiny(Arch::Gpt2, 0.1);
+  const ModelSpec spec = make_model(c);
+  const CostModel costs = unit_costs(spec);
+  const Planner plain(c, costs, Policy::parse("none").resolve(spec.block, 1).layers[0]);
+  const Planner pinned(c, costs, Policy::parse("drop:probs,fc").resolve(spec.block, 1).layers[0]);
+  EXPECT_EQ(pinned.none_memory().total_peak(), plain.none_memory().total_peak());
+  EXPECT_EQ(pinned.plan(Budget{0, 80.0}).budget, plain.plan(Budget{0, 80.0}).budget);
+}
+
 TEST(Plan, RefusesWithTheSmallestBudget) {
   const ModelConfig c = tiny(Arch::Gpt2);
   try {

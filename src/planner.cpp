@@ -210,10 +210,10 @@ bool backward_stage(Sim& sim, const BlockSpec& b, const Schedule& s, const std::
             incoming[i] = bufs.adopt(bytes);
             held[t] = false;  // its Free step releases nothing
           } else if (kind == GradKind::Fresh || kind == GradKind::OverDy || kind == GradKind::OverInput) {
-            incoming[i] = bufs.fresh(bytes);
-          } else if (info.grad_in[i] == GradKind::Alias) {
+            incoming[i] = bufs.fresh(bytes);  // the kind itself, or the fallback of the two above
+          } else if (kind == GradKind::Alias) {
             incoming[i] = bufs.share(dy);
-          } else if (info.grad_in[i] == GradKind::Slot && !g[t].owned) {
+          } else if (kind == GradKind::Slot && !g[t].owned) {
             const int mine = bufs.fresh(bytes);  // zeros, or a private copy of a shared one
             bufs.drop(g[t].buf);
             g[t] = {mine, true};

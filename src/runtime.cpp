@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "parallel.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -52,6 +53,7 @@ ThreadConfig parse_threads(std::string_view text) {
 void apply_threads(const ThreadConfig& t) {
   at::set_num_threads(t.aten);
   if (auto set = openblas_symbol<void (*)(int)>("openblas_set_num_threads")) set(t.blas);
+  detail::set_kernel_threads(t.blas);
 }
 
 std::string to_string(const ThreadConfig& t) { return std::to_string(t.aten) + "/" + std::to_string(t.blas); }

@@ -19,7 +19,8 @@ ThreadConfig default_threads();
 // "A/B" (ATen A, BLAS B) or "N" (both N). Throws remat::Error for anything else.
 ThreadConfig parse_threads(std::string_view text);
 
-// Applies both settings to this process.
+// Applies both settings to this process. remat's own pointwise kernels run on `blas` threads too,
+// from a pool whose idle threads sleep (src/parallel.h).
 void apply_threads(const ThreadConfig& t);
 
 // "1/2".

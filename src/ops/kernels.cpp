@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "parallel.h"
+
 namespace remat::ops::kernels {
 
 namespace {
@@ -14,10 +16,8 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-}  // namespace
-
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void gelu_forward(const float* __restrict x, float* __restrict y, int64_t n) {
+void gelu_forward_range(const float* __restrict x, float* __restrict y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -28,7 +28,7 @@ void gelu_forward(const float* __restrict x, float* __restrict y, int64_t n) {
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void gelu_backward(const float* dy, const float* __restrict x, float* dx, int64_t n) {
+void gelu_backward_range(const float* dy, const float* __restrict x, float* dx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -40,13 +40,11 @@ void gelu_backward(const float* dy, const float* __restrict x, float* dx, int64_
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void dropout_apply(const float* x, const bool* __restrict mask, float scale, float* y, int64_t n) {
+void dropout_apply_range(const float* x, const bool* __restrict mask, float scale, float* y, int64_t n) {
   const auto* m = reinterpret_cast<const uint8_t*>(mask);  // bool is one byte, 0 or 1
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * (scale * static_cast<float>(m[i]));
 }
-
-namespace {
 
 // A 32-bit integer hash with full avalanche (lowbias32, C. Wellons).
 inline uint32_t mix32(uint32_t x) {
@@ -58,30 +56,36 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
-}  // namespace
-
 // Two 32-bit keys come from the whole 64-bit seed (splitmix64's finaliser), so nearby seeds give
 // unrelated masks rather than permutations of one another.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void dropout_mask(bool* __restrict keep, int64_t n, double p, uint64_t seed) {
+// Keys of the mask hash from the whole 64-bit seed (splitmix64's finaliser), so nearby seeds give
+// unrelated masks rather than permutations of one another.
+struct MaskKeys {
+  uint32_t k0, k1, threshold;
+};
+
+MaskKeys mask_keys(double p, uint64_t seed) {
   uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   z ^= z >> 31;
-  const uint32_t k0 = static_cast<uint32_t>(z), k1 = static_cast<uint32_t>(z >> 32);
-  const uint32_t threshold = static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0));
+  return {static_cast<uint32_t>(z), static_cast<uint32_t>(z >> 32),
+          static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0))};
+}
+
+// Elements [begin, end) of the mask; never crosses a multiple of 2^32 (the chunks are smaller and
+// divide it): the high index bits re-key each 2^32 run.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void dropout_mask_range(bool* __restrict keep, int64_t begin, int64_t end, MaskKeys keys) {
+  const uint32_t k = keys.k1 + static_cast<uint32_t>(static_cast<uint64_t>(begin) >> 32) * 0x9e3779b9U;
   auto* out = reinterpret_cast<uint8_t*>(keep);
-  for (int64_t base = 0; base < n; base += int64_t{1} << 32) {  // the high index bits re-key each 2^32 run
-    const uint32_t k = k1 + static_cast<uint32_t>(static_cast<uint64_t>(base) >> 32) * 0x9e3779b9U;
-    const int64_t len = std::min<int64_t>(n - base, int64_t{1} << 32);
-    uint8_t* o = out + base;
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) o[i] = mix32(mix32(static_cast<uint32_t>(i) ^ k0) ^ k) >= threshold;
-  }
+  for (int64_t i = begin; i < end; ++i)
+    out[i] = mix32(mix32(static_cast<uint32_t>(i) ^ keys.k0) ^ k) >= keys.threshold;
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void softmax_rows(const float* __restrict s, float* __restrict p, int64_t rows, int64_t cols) {
+void softmax_rows_range(const float* __restrict s, float* __restrict p, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* in = s + i * cols;
     float* out = p + i * cols;
@@ -102,7 +106,7 @@ void softmax_rows(const float* __restrict s, float* __restrict p, int64_t rows, 
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void softmax_rows_backward(const float* __restrict p, const float* dp, float* ds, int64_t rows, int64_t cols) {
+void softmax_rows_backward_range(const float* __restrict p, const float* dp, float* ds, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* y = p + i * cols;
     const float* dy = dp + i * cols;
@@ -113,6 +117,43 @@ void softmax_rows_backward(const float* __restrict p, const float* dp, float* ds
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) dx[j] = y[j] * (dy[j] - dot);
   }
+}
+
+// Chunks for the pool (parallel.h): fixed sizes, so that a call splits the same way on any number of
+// threads. 2^16 elements divide 2^32 (dropout_mask's re-keying runs).
+constexpr int64_t kGrain = int64_t{1} << 16;
+
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)); }
+
+}  // namespace
+
+void gelu_forward(const float* x, float* y, int64_t n) {
+  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { gelu_forward_range(x + b, y + b, e - b); });
+}
+
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n) {
+  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { gelu_backward_range(dy + b, x + b, dx + b, e - b); });
+}
+
+void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n) {
+  detail::parallel_chunks(n, kGrain,
+                          [&](int64_t b, int64_t e) { dropout_apply_range(x + b, mask + b, scale, y + b, e - b); });
+}
+
+void dropout_mask(bool* keep, int64_t n, double p, uint64_t seed) {
+  const MaskKeys keys = mask_keys(p, seed);
+  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { dropout_mask_range(keep, b, e, keys); });
+}
+
+void softmax_rows(const float* s, float* p, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols),
+                          [&](int64_t b, int64_t e) { softmax_rows_range(s + b * cols, p + b * cols, e - b, cols); });
+}
+
+void softmax_rows_backward(const float* p, const float* dp, float* ds, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols), [&](int64_t b, int64_t e) {
+    softmax_rows_backward_range(p + b * cols, dp + b * cols, ds + b * cols, e - b, cols);
+  });
 }
 
 }  // namespace remat::ops::kernels

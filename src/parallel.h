@@ -1,0 +1,29 @@
+// remat's own kernels on several cores (internal).
+//
+// remat runs LibTorch with one ATen thread (runtime.h: idle libgomp workers spin on the core
+// OpenBLAS needs), which would leave remat's own pointwise loops (ops/kernels.h: GELU, softmax,
+// dropout) on one core. This pool's workers sleep on a condition variable between jobs, so an idle
+// pool takes no core from OpenBLAS. Work is cut into fixed chunks of `grain` items whatever the
+// thread count, and every chunk runs the same code: a call gives the same bits on 1 thread or N.
+//
+// Measured (2 cores, GPT-2 blocks at T = 1024, `none`): 9.1 s to 7.7 s per step. Running the
+// per-head attention GEMMs on it as well, one BLAS thread each, was slower than OpenBLAS's own
+// threading on the seed model and no faster at T = 1024, so they stay with OpenBLAS.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace remat::detail {
+
+// Threads for parallel_chunks, the caller included; 1 runs everything on the caller. Set by
+// remat::apply_threads (its BLAS count). Not to be called while a parallel_chunks call runs.
+void set_kernel_threads(int threads);
+int kernel_threads();
+
+// Calls fn(begin, end) for the chunks [0, grain), [grain, 2 grain), ... of [0, n), spread over the
+// pool, and returns when all are done. Runs inline when n <= grain, with one thread, or when
+// called from inside another parallel_chunks. fn must not throw.
+void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
+
+}  // namespace remat::detail

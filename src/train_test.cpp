@@ -140,20 +140,26 @@ TEST(Train, RefusesAMismatchedResume) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(TrainState, CorruptFileIsRefused) {
-  const std::string dir = temp_dir("corrupt");
+// Trains two steps of the tiny model, saving to dir/run; returns that folder.
+std::string saved_run(const std::string& dir) {
   TrainOptions o = tiny(corpus_file(dir));
   o.steps = 2;
   o.save_dir = dir + "/run";
   train(o);
-  const std::string file = o.save_dir + "/state.bin";
+  return o.save_dir;
+}
+
+TEST(TrainState, CorruptFileIsRefused) {
+  const std::string dir = temp_dir("corrupt");
+  const std::string run = saved_run(dir);
+  const std::string file = run + "/state.bin";
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(file) / 2));
     f.put('\x5a');
   }
   try {
-    load_train_state(o.save_dir);
+    load_train_state(run);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("is corrupt or truncated"), std::string::npos) << e.what();
@@ -163,15 +169,12 @@ TEST(TrainState, CorruptFileIsRefused) {
 
 TEST(TrainState, TruncatedFileIsRefused) {
   const std::string dir = temp_dir("truncated");
-  TrainOptions o = tiny(corpus_file(dir));
-  o.steps = 2;
-  o.save_dir = dir + "/run";
-  train(o);
-  const std::string file = o.save_dir + "/state.bin";
+  const std::string run = saved_run(dir);
+  const std::string file = run + "/state.bin";
   std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
-  EXPECT_THROW(load_train_state(o.save_dir), Error);
+  EXPECT_THROW(load_train_state(run), Error);
   std::filesystem::resize_file(file, 10);
-  EXPECT_THROW(load_train_state(o.save_dir), Error);
+  EXPECT_THROW(load_train_state(run), Error);
   std::filesystem::remove_all(dir);
 }
 

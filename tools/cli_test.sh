@@ -41,7 +41,7 @@ expect_error 2 "unknown tensor 'ln9'" plan --layers 2 --dim 16 --heads 4 --seq 8
 expect_error 2 "--steps must be >= 1, got 0" train --steps 0
 expect_error 2 "cannot read --data '/nonexistent/t.txt'" train --data /nonexistent/t.txt
 expect_error 2 "unknown policy term 'atn'" train --policy atn
-expect_error 2 "remat train trains gpt2 blocks" train --arch seed
+expect_error 2 "remat train trains token models" train --arch seed
 expect_error 2 "cannot read train state '/nonexistent/state.bin'" train --resume /nonexistent
 expect_error 2 "cannot read train state '/nonexistent/state.bin'" sample --load /nonexistent
 expect_error 2 "--load is required" sample
@@ -57,7 +57,7 @@ grep -q '"grad_max_abs_diff": 0' "$tmp/r.json" || { echo "FAIL: gradients differ
 grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((failures + 1)); }
 
 # A plan answers, in text and JSON, and its peak fits the budget.
-"$remat" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 90% --costs estimated --json "$tmp/plan.json" \
+"$remat" plan --layers 2 --dim 16 --heads 4 --seq 64 --batch 4 --budget 90% --costs estimated --json "$tmp/plan.json" \
   >"$tmp/plan.out" 2>"$tmp/plan.err" || { echo "FAIL: plan exit $?"; cat "$tmp/plan.err"; failures=$((failures + 1)); }
 grep -q '"fits": true' "$tmp/plan.json" || { echo "FAIL: plan JSON"; cat "$tmp/plan.json"; failures=$((failures + 1)); }
 grep -q "policy: " "$tmp/plan.out" || { echo "FAIL: plan prints no policy"; failures=$((failures + 1)); }

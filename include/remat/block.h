@@ -1,21 +1,19 @@
-// A transformer block as data.
+// The tensor table: a transformer block as data.
 //
-// A BlockSpec is the table of every named activation of one block (name, shape, dtype, the op that
-// produces it, whether any backward reads it) and the list of op nodes that connect them, in
-// forward order. Nothing else knows a size: the executor allocates by it, the memory report sums
-// it, the planner searches over it. Shapes are concrete for one ModelConfig, in elements.
+// A BlockSpec is the table of every named activation of one block (name, shape, dtype, tags, the op
+// that produces it, whether any backward reads it), its parameters (shape and role), and the list of
+// op nodes that connect them, in forward order. Nothing else knows a size: the executor allocates
+// by it, the memory model sums it, the planner searches over it. Shapes are concrete for one
+// ModelConfig, in elements.
 //
-//   BlockSpec b = make_block(cfg);               // cfg.arch picks the kind: seed or gpt2
-//   for (const TensorSpec& t : b.tensors)        // "ln1 (8, 1024, 512) fp32 2.0 MiB"
-//     fmt::print("{} {} {}\n", t.name, t.shape, t.bytes());
+//   remat::BlockSpec b = remat::make_block(cfg);     // cfg.arch picks the kind: seed, gpt2, llama
+//   for (const remat::TensorSpec& t : b.tensors)     // "ln1 (8, 1024, 512) fp32 16.0 MiB"
+//     fmt::print("{} {} {}\n", t.name, remat::shape_str(t.shape), remat::bytes_str(t.bytes()));
 //
-// Adding a kind (say llama: RMSNorm, RoPE, SwiGLU) means adding its ops to OpKind (with their
-// forward/backward pair in src/ops/) and a builder function in block.cpp; the executor and planner
-// read only this table.
-//
-// A whole model is stages of the same form (ModelSpec): an optional stem (token + position
-// embedding), `layers` copies of the block, and a head (final norm, LM head, cross-entropy; or MSE
-// for the seed model). The executor runs all three the same way.
+// A model is stages of the same form (ModelSpec): an optional stem (embedding), `layers` copies of
+// the block, and a head (final norm, LM head, loss). Each block kind is one file in src/blocks/
+// (builders for its stem, block and head); each op is one file in src/ops/. See docs/design.md,
+// NOTE [Blocks as data].
 #pragma once
 
 #include <algorithm>
@@ -25,66 +23,42 @@
 #include <vector>
 
 #include "remat/config.h"
+#include "remat/ops.h"
 
 namespace remat {
 
-enum class OpKind : uint8_t {
-  Linear,      // y = x W^T + b                      in: x         out: y
-  LayerNorm,   // y = (x - mean) * rstd * w + b      in: x         out: y, mean, rstd
-  Gelu,        // y = gelu_tanh(x)                   in: x         out: y
-  Relu,        // y = max(x, 0)                      in: x         out: y
-  DropoutMask, // keep-mask from a seed               in: (none)    out: mask
-  Dropout,     // y = x * mask / (1 - p)             in: x, mask   out: y
-  Scores,      // s = q k^T / sqrt(D) (+ causal)     in: qkv       out: scores   (B, H, T, T)
-  Softmax,     // p = softmax(s, -1)                 in: scores    out: probs
-  AttnValues,  // a = p v, heads merged              in: probs, qkv  out: atty   (B, T, C)
-  Add,         // y = a + b                          in: a, b      out: y
-  Embedding,   // x = wte[tokens] + wpe[0:T]         in: tokens    out: x
-  CrossEntropy,// loss = mean -log softmax(z)[t]     in: logits, targets  out: loss, logp
-  MseLoss,     // loss = mean (y - t)^2              in: y, target out: loss
-  FlashAttention,  // fused core attention             in: qkv       out: atty, lse (B, H, T)
-  Count,
-};
+// What a tensor is, independent of its name, so that a preset means the same on every block kind.
+namespace tag {
+constexpr uint32_t kAttnCore = 1u << 0;  // the T x T tensors: scores, probabilities, their dropout
+constexpr uint32_t kMlpAct = 1u << 1;    // the MLP activation output (GELU; the SwiGLU product)
+constexpr uint32_t kMlpInner = 1u << 2;  // the MLP's inner tensors: first linear, activation, its mask
+constexpr uint32_t kNormOut = 1u << 3;   // a normalisation's output (LayerNorm, RMSNorm)
+constexpr uint32_t kNormStat = 1u << 4;  // a normalisation's per-token statistics (mean, rstd)
+constexpr uint32_t kMask = 1u << 5;      // a dropout keep-mask
+}  // namespace tag
 
-// How an op's backward produces the gradient of one input (the memory model replays this).
-enum class GradKind : uint8_t {
-  None,   // no gradient: masks, token ids, targets
-  Fresh,  // a new tensor the size of the input
-  Alias,  // the output's gradient itself, passed through (residual add): no new memory
-  Slot,   // written in place into the input's gradient; the first writer allocates it zeroed
-  // Written over the output's gradient dy when this op holds dy's only reference (the op made
-  // dy's slot, nothing shares it); otherwise Fresh. Pointwise ops: gelu, relu, dropout, softmax.
-  OverDy,
-  // Written over the input itself when this backward is the input's last reader (the schedule
-  // frees it right after: Step::last_read); otherwise Fresh. attn_values over probs.
-  OverInput,
-};
-
-// What one kind of op consumes, produces, and keeps for its backward. One row per OpKind.
-struct OpInfo {
-  const char* name;
-  int n_in;
-  int n_out;
-  int n_params;
-  unsigned bwd_reads_in;   // bit i set: the backward reads input i
-  unsigned bwd_reads_out;  // bit i set: the backward reads output i
-  GradKind grad_in[2];     // per input
-};
-const OpInfo& op_info(OpKind kind);
-
-// How attention scores and probabilities are stored.
+// How attention scores and probabilities are stored, and where q, k and v are.
 //
 // Not causal: one (B, H, T, T) tensor. Causal: the T query rows are cut into blocks of `block` rows;
 // block r keeps only the key columns [0, end of block r) that the causal mask can leave non-zero, as
 // a contiguous (B, H, rows(r), cols(r)) tensor, and the blocks follow one another in one 1-D
 // tensor. At T = 1024 and block = 128 that is 56% of T x T, for memory and for every op that
-// touches it. Entries above the diagonal inside a block are masked (-inf scores, 0 probabilities).
+// touches it. Entries above the diagonal inside a block are masked (probability exactly 0).
 // With a single block (T <= block) the causal layout is the plain (B, H, T, T) one.
+//
+// q of head h is columns [q_col + h D, q_col + (h + 1) D) of the scores op's input; k of head h is
+// at k_col + (h / group) D of the same tensor, v at v_col + (h / group) D of attn_values' second
+// input, where group = heads / kv_heads (grouped-query attention shares K and V).
 struct AttentionLayout {
   int64_t batch = 0, heads = 0, seq = 0;
   int64_t block = 0;       // query rows per block; == seq when not causal
   bool causal = false;
+  int64_t kv_heads = 0;    // heads of K and V; 0 = heads
+  int64_t head_dim = 0;    // D
+  int64_t q_col = 0, k_col = 0, v_col = 0;
 
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t group() const { return heads / kv(); }
   int64_t blocks() const { return (seq + block - 1) / block; }
   int64_t first_row(int64_t r) const { return r * block; }
   int64_t rows(int64_t r) const { return std::min(block, seq - r * block); }
@@ -95,7 +69,6 @@ struct AttentionLayout {
   // (B, H, T, T) for one block, (numel) for several.
   std::vector<int64_t> shape() const;
 };
-AttentionLayout attention_layout(const ModelConfig& cfg, bool causal);
 
 struct TensorSpec {
   std::string name;             // unique in the block: "x", "ln1", "probs", ...
@@ -103,86 +76,107 @@ struct TensorSpec {
   DType dtype = DType::F32;
   int producer = -1;            // index of the op that produces it; -1 for a block input
   bool read_by_backward = false;  // false: transient, freed after its last forward use
+  uint32_t tags = 0;            // tag:: bits
   std::string doc;              // one line for reports: "attention probabilities"
 
   int64_t numel() const;
   int64_t bytes() const;
 };
 
+// How a parameter starts.
+enum class Init : uint8_t {
+  Zeros,
+  Ones,
+  Normal,          // N(0, std)
+  ResidualNormal,  // N(0, std / sqrt(2 * layers)): GPT-2's scaling of the residual projections
+};
+
 struct ParamSpec {
-  std::string name;             // "qkv.weight"
+  std::string name;            // unique in its stage: "qkv.weight"
   std::vector<int64_t> shape;
+  Init init = Init::Normal;
+  double std = 0.02;           // Normal, ResidualNormal
+  bool decay = true;           // AdamW's weight decay applies (matrices), or not (biases, norms)
+  std::string tied_to;         // non-empty: this is the model parameter of that name (the LM head
+                               // tied to the stem's "wte"), not a parameter of its own
+
+  int64_t numel() const;
 };
 
 struct OpNode {
   OpKind kind;
-  std::string name;             // "qkv", "attn.drop", ...
-  std::vector<int> in;          // tensor ids, as OpInfo orders them
+  std::string name;             // "qkv", "probs_drop", ...
+  std::vector<int> in;          // tensor ids, as the op's definition orders them
   std::vector<int> out;         // tensor ids
-  std::vector<int> params;      // parameter ids (Linear: weight[, bias]; LayerNorm: weight, bias)
-  double p = 0.0;               // DropoutMask, Dropout: drop probability
-  AttentionLayout attn;         // Scores, Softmax, AttnValues: heads, causal mask, storage
+  std::vector<int> params;      // parameter ids of the stage
+  double p = 0.0;               // dropout: drop probability
+  double eps = 0.0;             // norms: epsilon
+  double theta = 0.0;           // rotary embedding: frequency base
+  AttentionLayout attn;         // attention ops: heads, causal mask, storage
 };
 
-// Matmul FLOPs of one op (2 per multiply-add); other ops count 0.
-struct OpFlops {
-  int64_t forward = 0;
-  int64_t backward = 0;
+// Threads that size some per-op scratch (LibTorch's LayerNorm backward keeps a per-thread buffer).
+struct ScratchContext {
+  int aten_threads = 1;    // at::get_num_threads()
+  int kernel_threads = 1;  // remat's own kernel pool (runtime.h)
 };
 
 struct BlockSpec {
-  std::string kind;                  // "seed", "gpt2", "gpt2.stem", "gpt2.head", "seed.head"
+  std::string kind;                  // "seed", "gpt2", "gpt2.stem", "gpt2.head", "llama.logits", ...
   DType dtype = DType::F32;          // activations and parameters
   std::vector<TensorSpec> tensors;   // the table; index = tensor id
   std::vector<OpNode> ops;           // forward order
   std::vector<ParamSpec> params;
   std::vector<int> inputs;           // tensor ids of the inputs (always kept): x; or x, targets
-  int output = -1;                   // tensor id of the output: y, or the loss
+  int output = -1;                   // tensor id of the output: y, logits, or the loss
 
   // Tensor id by name, or -1.
   int find(std::string_view name) const;
   bool is_input(int tensor) const;
+  // Position of `tensor` in `inputs`, or -1.
+  int input_index(int tensor) const;
   // Tensor ids a policy may save or recompute: read by some backward, not an input.
   std::vector<int> choosable() const;
-  // Tensor ids that the backward of op `op` reads, from op_info().
+  // Tensor ids that the backward of op `op` reads, from its definition.
   std::vector<int> bwd_reads(int op) const;
-  // Matmul FLOPs of op `op`.
+  // Matmul FLOPs of op `op`, and of all ops.
   OpFlops flops(int op) const;
-  // Bytes op `op` allocates and frees inside one call, beyond its outputs (forward) or beyond the
-  // gradients of its inputs and parameters (backward): LibTorch temporaries such as an unreduced
-  // loss. Checked against the tracker by the memory-model tests.
-  // `aten_threads`: LibTorch's CPU LayerNorm backward keeps a (2, threads, C) buffer.
-  int64_t forward_scratch(int op) const;
-  int64_t backward_scratch(int op, int aten_threads) const;
-  // Bytes of parameter `param`'s gradient.
-  int64_t param_bytes(int param) const;
-  // Sum over all ops.
   OpFlops flops() const;
-  // Elements in all parameters.
+  // Bytes op `op` allocates and frees inside one call, beyond its outputs (forward) or beyond the
+  // gradients of its inputs and parameters (backward): temporaries such as an unreduced loss.
+  int64_t forward_scratch(int op, const ScratchContext& ctx) const;
+  int64_t backward_scratch(int op, const ScratchContext& ctx) const;
+  // Bytes of parameter `param` (and of its gradient).
+  int64_t param_bytes(int param) const;
+  // Elements in all parameters (tied ones included).
   int64_t param_numel() const;
   // Comma-separated names of choosable tensors (for error messages).
   std::string choosable_names() const;
 };
 
-// The block of cfg.arch at cfg's sizes. REQUIRES: validate(cfg) passes.
-BlockSpec make_block(const ModelConfig& cfg);
-
 // A whole model as stages.
 struct ModelSpec {
-  bool has_stem = false;  // gpt2: tokens -> embedding (-> dropout); seed: the data is the input
+  std::string arch;
+  bool has_stem = false;  // token models: tokens -> embedding; seed: the data is the first input
   BlockSpec stem;
-  BlockSpec block;        // repeated cfg.layers times
-  BlockSpec head;         // gpt2: final LayerNorm, LM head tied to wte, cross-entropy; seed: MSE
+  BlockSpec block;        // repeated `layers` times
+  BlockSpec head;         // final norm, LM head, cross-entropy; seed: MSE
+  BlockSpec logits;       // the head without its loss (sampling); empty kind when the arch has none
   int64_t layers = 0;
 
   // Matmul FLOPs of one forward + backward of the whole model (recompute not counted).
   int64_t step_flops() const;
+  // Elements of all distinct parameters (a tied parameter counts once).
+  int64_t param_numel() const;
 };
-ModelSpec make_model(const ModelConfig& cfg);
 
-// "(8, 128, 512)".
-std::string shape_str(const std::vector<int64_t>& shape);
-// "2.0 MiB", "512 B", "1.50 GiB".
-std::string bytes_str(int64_t bytes);
+// The registered block kinds, in the order `--arch` lists them: "seed", "gpt2", "llama".
+std::vector<std::string> block_kinds();
+// A one-line description of a kind, for --help.
+std::string block_kind_doc(std::string_view kind);
+// The block of cfg.arch at cfg's sizes. Throws remat::Error when validate(cfg) does.
+BlockSpec make_block(const ModelConfig& cfg);
+// The whole model of cfg.arch. Throws remat::Error when validate(cfg) does.
+ModelSpec make_model(const ModelConfig& cfg);
 
 }  // namespace remat

@@ -1,8 +1,10 @@
 // remat::Error: every failure the library reports.
 //
-// The message is one line that names the bad value and what is allowed, e.g.
-//   unknown policy 'atn'; allowed: none, full, attn, mlp-act, norm, mlp, save:, keep:, drop:, ...
-// Library code only throws; the CLI's main catches and picks the exit code from kind().
+// The message is one line that names the bad value, as the API spells it, and what is allowed:
+//   ModelConfig.layers must be a positive integer, got 0
+//   unknown policy term 'atn' in 'atn'; allowed: none, full, attn, mlp-act, ...
+// Library code only throws. The CLI's main catches, rewrites API names into its flags
+// (ModelConfig.layers -> --layers) and picks the exit code from kind().
 #pragma once
 
 #include <stdexcept>
@@ -15,8 +17,8 @@ namespace remat {
 class Error : public std::runtime_error {
  public:
   enum class Kind {
-    Usage,    // bad input from the user (flag, policy string, config, file): exit code 2
-    Runtime,  // a valid request that failed while running (I/O, NaN loss, ...): exit code 1
+    Usage,    // bad input from the user (an option, a policy string, a config, a file): exit code 2
+    Runtime,  // a valid request that failed while running (I/O, a NaN loss, ...): exit code 1
   };
   explicit Error(const std::string& message, Kind kind = Kind::Usage)
       : std::runtime_error(message), kind_(kind) {}

@@ -1,13 +1,16 @@
-// The op-level engine: runs one stage (any BlockSpec) under a LayerPolicy.
+// The op-level engine: runs one stage (any BlockSpec) as its compiled Schedule says.
 //
-// Forward keeps only what the policy saves. Backward walks the ops in reverse; before each op's
-// backward it recomputes whatever that backward reads and is missing, from the nearest kept
-// tensors, running each op at most once, and frees every tensor right after its last use. Both
-// passes follow a Schedule compiled once from (spec, policy). The memory accounting (and the
-// planner) replays the same Schedule on byte sizes. See docs/design.md, NOTE [Recompute order].
+// Forward keeps only what the schedule saves. Backward walks the schedule: recomputes what each
+// op's backward reads and is missing, runs the backward with the gradient plan the schedule chose
+// (fresh, over dy, over the input, alias, into a slot), and frees every tensor right after its last
+// use. Nothing is decided here that the memory model would have to decide again.
+//
+//   auto exec = std::make_shared<remat::BlockExecutor>(block, policy.layers[0]);
+//   at::Tensor y = remat::run_stage(exec, {x}, params, /*layer=*/0);   // one autograd node
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,37 +18,9 @@
 
 #include "remat/block.h"
 #include "remat/policy.h"
+#include "remat/schedule.h"
 
 namespace remat {
-
-struct Step {
-  enum class Kind : uint8_t {
-    Forward,    // run op `index` in the forward pass
-    Recompute,  // rerun op `index` in the backward pass
-    Backward,   // run the backward of op `index`
-    Free,       // drop tensor `index`
-    FreeGrad,   // drop the gradient of tensor `index`
-  };
-  Kind kind;
-  int index;
-  // Backward only: bit i set when input i of the op dies with this step (no later step reads it
-  // and it is not a stage input), so a GradKind::OverInput gradient may be written over it.
-  uint8_t last_read = 0;
-};
-
-struct Schedule {
-  std::vector<Step> forward;
-  std::vector<Step> backward;
-  std::vector<bool> saved;       // per tensor id: kept from the forward to the backward
-  std::vector<int> recomputed;   // op ids rerun in the backward, in order
-
-  // Bytes of the saved tensors that are not stage inputs: what the stage adds to memory between
-  // its forward and its backward (its output is counted by whoever keeps it).
-  int64_t saved_bytes(const BlockSpec& spec) const;
-};
-
-// REQUIRES: policy.tensors.size() == spec.tensors.size().
-Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy);
 
 // Per-op wall time, filled when an ExecOptions::timer is given (the planner's profiling pass and
 // `remat bench --profile`).
@@ -55,6 +30,7 @@ struct OpTimes {
   std::vector<double> backward_ms;
   std::vector<int64_t> calls;        // forward calls
 
+  void resize(size_t ops);           // zeroed, `ops` entries each
   void zero();                       // keeps the sizes
 };
 
@@ -62,24 +38,29 @@ struct ExecOptions {
   // Keep a copy of every tensor the backward will recompute and check that the recompute is
   // bitwise equal to it; throws remat::Error naming the tensor and layer otherwise.
   bool verify = false;
-  // When set, every op's time is added here (one OpTimes per stage kind).
+  // When set, every op's time is added here (sized for the block stage's ops).
   std::shared_ptr<OpTimes> timer;
+  // When set, called with each tensor a recompute produces, before it is checked and kept (for
+  // debugging, and for the tests that show --verify catches a wrong recompute).
+  std::function<void(const TensorSpec& tensor, int64_t layer, at::Tensor& value)> after_recompute;
 };
 
 // What a forward leaves for its backward.
 struct BlockContext {
-  std::vector<at::Tensor> tensors;   // by tensor id; defined while held
-  std::vector<uint64_t> seeds;       // by op id: dropout seeds drawn in the forward
-  std::vector<at::Tensor> reference; // verify mode: forward values of tensors to be recomputed
+  std::vector<at::Tensor> tensors;    // by tensor id; defined while held
+  std::vector<uint64_t> seeds;        // by op id: random seeds drawn in the forward (dropout)
+  std::vector<at::Tensor> reference;  // verify mode: forward values of tensors to be recomputed
 };
 
 class BlockExecutor {
  public:
+  // Compiles `policy` for `spec` (both gradient variants lazily).
   BlockExecutor(BlockSpec spec, LayerPolicy policy, ExecOptions options = {});
+  // Runs a schedule compiled elsewhere (a StepPlan's). REQUIRES: it was compiled for `spec`.
+  BlockExecutor(const BlockSpec& spec, std::shared_ptr<const Schedule> schedule, ExecOptions options = {});
 
   const BlockSpec& spec() const { return spec_; }
-  const LayerPolicy& policy() const { return policy_; }
-  const Schedule& schedule() const { return schedule_; }
+  const Schedule& schedule() const { return *schedule_; }
 
   // Runs the forward. `inputs` in spec().inputs order, `params` in spec().params order. Returns
   // the output; ctx keeps the saved tensors. `layer` names the layer in errors.
@@ -89,14 +70,18 @@ class BlockExecutor {
     std::vector<at::Tensor> inputs;  // undefined where not needed
     std::vector<at::Tensor> params;
   };
-  // Runs the backward from the output gradient; consumes ctx.
+  // Runs the backward from the output gradient; consumes ctx. need_input_grad must be the variant
+  // the schedule was compiled for (a mismatch is an internal error).
   Grads backward(const at::Tensor& dy, at::TensorList params, BlockContext& ctx,
                  const std::vector<bool>& need_input_grad, int64_t layer) const;
 
  private:
+  const Schedule& schedule_for(const std::vector<bool>& need) const;
+
   BlockSpec spec_;
-  LayerPolicy policy_;
-  Schedule schedule_;
+  LayerPolicy policy_;                          // empty when built from a schedule
+  std::shared_ptr<const Schedule> schedule_;    // the variant every input needs a gradient for
+  mutable std::shared_ptr<const Schedule> other_;  // another variant, compiled on first use
   ExecOptions options_;
 };
 

@@ -1,13 +1,13 @@
 // remat::GPT: a transformer whose stages run on the op-level engine under a recompute policy.
 //
 //   remat::GPT model(cfg, remat::Policy::parse("attn+mlp-act"));
-//   at::Tensor loss = model->forward(tokens, targets);   // gpt2: (B, T) int64 each
+//   at::Tensor loss = model->forward(tokens, targets);   // token models: (B, T) int64 each
 //   loss.backward();                                      // trains with torch::optim or remat::Adam
 //
-// cfg.arch = gpt2: token + position embedding, cfg.layers pre-LN blocks, final LayerNorm, LM head
-// tied to the embedding, cross-entropy. cfg.arch = seed: the seed note's stack (inputs are (B, T, C)
-// floats, the loss is MSE to a (B, T, C) target), the engine's twin of ModuleModel.
-// Each stage is one autograd node; a uniform:N policy wraps chunks of N blocks in remat::checkpoint.
+// Any block kind (cfg.arch): seed (inputs and targets are (B, T, C) floats, MSE loss, the engine's
+// twin of ModuleModel), gpt2 and llama (tokens in, cross-entropy out). The model runs the StepPlan
+// compiled from (cfg, policy): each stage is one autograd node; a uniform:N policy wraps chunks of
+// N blocks in remat::checkpoint.
 #pragma once
 
 #include <memory>
@@ -21,23 +21,27 @@
 #include "remat/config.h"
 #include "remat/executor.h"
 #include "remat/policy.h"
+#include "remat/schedule.h"
 
 namespace remat {
 
 class GPTImpl : public torch::nn::Module {
  public:
-  // Weights: GPT-2's initialisation (normal 0.02, residual projections scaled by 1/sqrt(2L), zero
-  // biases, unit norms), drawn from the default generator. Throws remat::Error for a bad config or
-  // a policy that does not resolve for this block kind.
+  // Weights as the block kind's parameter roles say (GPT-2's initialisation: normal 0.02, residual
+  // projections scaled by 1/sqrt(2L), zero biases, unit norms), drawn from the default generator
+  // in registration order. Throws remat::Error for a bad config, a policy that does not resolve for
+  // this block kind (budget policies resolve through resolve_policy, resolve.h), or a config the
+  // engine does not run (fp32 only on this build).
   GPTImpl(const ModelConfig& cfg, const Policy& policy, ExecOptions options = {});
   // With per-layer choices already made (a plan from planner.h).
   GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options = {});
 
-  // The mean loss of one batch. gpt2: input and target (B, T) int64; seed: both (B, T, C) float.
-  // In eval mode (module.eval()) dropout is off.
+  // The mean loss of one batch. Token models: input and target (B, T) int64; seed: both (B, T, C)
+  // float. In eval mode (module.eval()) dropout is off and nothing is recomputed.
   at::Tensor forward(const at::Tensor& input, const at::Tensor& target);
 
-  // gpt2: the LM head's output (B, T, V) for (B, T) tokens, without grad and without dropout.
+  // Token models: the head's output without its loss, (B, T, V) for (B, T) tokens, without grad
+  // and without dropout.
   at::Tensor logits(const at::Tensor& tokens);
 
   // Switches the recompute policy (weights are kept).
@@ -45,8 +49,10 @@ class GPTImpl : public torch::nn::Module {
   void set_policy(const ResolvedPolicy& policy);
 
   const ModelConfig& config() const { return cfg_; }
-  const ModelSpec& spec() const { return spec_; }
+  const ModelSpec& spec() const { return *spec_; }
   const ResolvedPolicy& policy() const { return policy_; }
+  // The compiled training step this model runs (what the memory model replays).
+  const StepPlan& step_plan() const { return plan_; }
 
   // Bytes that forward() leaves allocated until backward(), from the tensor table and the compiled
   // schedules: every stage's saved tensors, the stage outputs that the next stage keeps, the loss,
@@ -56,27 +62,35 @@ class GPTImpl : public torch::nn::Module {
   // Per-op times of the block stage (summed over layers), when options.timer was given.
   std::shared_ptr<OpTimes> block_times() const { return options_.timer; }
 
-  // Parameters of stage `layer` in its BlockSpec's order (tied ones included).
+  // Parameters of block `layer` in its BlockSpec's order.
   std::vector<at::Tensor> block_params(int64_t layer) const;
+  // For each of parameters(): whether AdamW's weight decay applies (the parameter's role).
+  std::vector<bool> decays() const;
 
  private:
   void build_executors();
+  std::vector<at::Tensor> stage_params(const StagePlan& stage) const;
 
   ModelConfig cfg_;
-  ModelSpec spec_;
+  std::shared_ptr<const ModelSpec> spec_;
   ResolvedPolicy policy_;
+  StepPlan plan_;
   ExecOptions options_;
-  std::vector<at::Tensor> stem_params_, head_params_;
-  std::vector<std::vector<at::Tensor>> block_params_;
-  std::shared_ptr<const BlockExecutor> stem_exec_, head_exec_;
-  std::vector<std::shared_ptr<const BlockExecutor>> block_exec_;
-  // Eval mode, when the model has dropout: the same stages with it removed (no parameters change).
-  std::shared_ptr<const BlockExecutor> eval_stem_exec_, eval_block_exec_, eval_head_exec_;
+  std::vector<at::Tensor> params_;                          // by model parameter id
+  std::vector<std::shared_ptr<const BlockExecutor>> execs_; // by stage
+  // Eval mode: the same stages without dropout, keeping everything; and the logits head.
+  StepPlan eval_plan_;
+  std::vector<std::shared_ptr<const BlockExecutor>> eval_execs_;
+  std::shared_ptr<const BlockExecutor> logits_exec_;
 };
 TORCH_MODULE(GPT);
 
+// Throws remat::Error unless the engine runs `cfg` on this build (validate(cfg), fp32, math
+// attention): what GPT's constructor checks first, without building anything.
+void check_engine(const ModelConfig& cfg);
+
 // A batch of random data for `cfg`, from the default generator: (B, T) token ids for input and
-// target (gpt2), or (B, T, C) floats (seed).
+// target (token models), or (B, T, C) floats (seed).
 std::pair<at::Tensor, at::Tensor> random_batch(const ModelConfig& cfg);
 
 }  // namespace remat

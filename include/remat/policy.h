@@ -1,7 +1,7 @@
 // Policy: which activations each layer keeps for its backward and which it recomputes.
 //
-// A policy is a string, parsed once (syntax errors) and resolved against a block kind and a layer
-// count (name and range errors). The grammar:
+// A policy is a string, parsed once (syntax errors, budgets included) and resolved against a block
+// kind and a layer count (name and range errors). The grammar:
 //
 //   policy  := preset
 //            | every:K[=preset]      layer i keeps everything when i % K == 0, else runs preset
@@ -11,20 +11,20 @@
 //            | uniform:N             chunks of N layers keep only the chunk input and recompute
 //                                    the whole chunk (Megatron's recompute_method=uniform)
 //            | layers:R=preset[,R=preset...]   R is I or I-J (0-based, inclusive); others none
-//            | budget:SIZE[+keep:..][+drop:..]  the planner's choice (planner.h): the fastest policy
-//                                    whose true peak fits SIZE ("300MiB", "2GB", "60%" of none's)
+//            | budget:SIZE[+keep:..][+drop:..]  the planner's choice (resolve.h): the fastest policy
+//                                    whose true peak fits SIZE ("300MiB", "2GB", "60%")
 //   preset  := term[+term...]        union of what the terms drop
 //   term    := none                  keep every activation
 //            | full                  recompute everything from the block input
-//            | attn                  drop scores and probabilities, the (B, H, T, T) tensors
-//                                    (Megatron's selective core-attention recompute)
+//            | attn                  drop the T x T attention tensors (Megatron's core-attention recompute)
 //            | mlp-act               drop the MLP activation output (llm.c's GELU recompute)
-//            | norm                  drop LayerNorm outputs; their mean and rstd stay saved
+//            | norm                  drop normalisation outputs; their statistics stay saved
 //            | mlp                   drop the MLP's inner tensors; recompute it from its input
 //            | save:NAME[,NAME...]   must save these, recompute every other tensor
 //            | keep:NAME[,NAME...]   must save these (a pin: no planner moves it)
 //            | drop:NAME[,NAME...]   must recompute these (a pin)
 //
+// Presets select tensors by tag (block.h, tag::), so `attn` means the same on every block kind.
 // Every choice has a strength: presets "prefer", save/keep/drop "must". Executing a policy treats
 // both alike; the planner may override a prefer choice, never a must choice.
 #pragma once
@@ -51,7 +51,7 @@ struct TensorPolicy {
 };
 
 // Choices for one layer, indexed by the BlockSpec's tensor id. Only choosable tensors (read by some
-// backward, not the block input) are ever Recompute.
+// backward, not an input) are ever Recompute.
 struct LayerPolicy {
   std::vector<TensorPolicy> tensors;
 
@@ -64,6 +64,9 @@ struct LayerPolicy {
   std::string dropped_names(const BlockSpec& spec) const;
 };
 
+// Keeps every activation of `spec`: how stems and heads always run.
+LayerPolicy keep_everything(const BlockSpec& spec);
+
 // A policy resolved for one model: one LayerPolicy per layer, plus layer chunks.
 struct ResolvedPolicy {
   std::vector<LayerPolicy> layers;
@@ -72,21 +75,39 @@ struct ResolvedPolicy {
   int64_t chunk = 0;
 };
 
+// A memory budget for the planner.
+struct Budget {
+  int64_t bytes = 0;   // total peak in bytes, when > 0
+  double percent = 0;  // else: the fixed bytes (weights, optimizer state, data) plus this share of
+                       // what `none` adds on top of them during a step (activations, gradients)
+};
+
+// "300MiB", "2GB", "1.5GiB", "123456" (bytes), "60%". Throws remat::Error naming the text and the
+// allowed forms for anything else, including sizes that round to 0 or do not fit in 64 bits.
+Budget parse_budget(std::string_view text);
+// "300.0 MiB" or "60% of none's activations and gradients".
+std::string to_string(const Budget& b);
+
 class Policy {
  public:
-  // Parses `text`. Throws remat::Error naming the bad token and the allowed ones.
+  // Parses `text`, budget included. Throws remat::Error naming the bad token and the allowed ones.
   static Policy parse(std::string_view text);
 
   // Per-layer choices for `layers` blocks of `spec`. Throws remat::Error for tensor names the block
-  // does not have, presets that name none of its tensors, and ranges beyond the last layer.
+  // does not have, presets that drop nothing in it, ranges beyond the last layer, and budget
+  // policies (those resolve through the planner: resolve_policy in resolve.h).
   ResolvedPolicy resolve(const BlockSpec& spec, int64_t layers) const;
 
   const std::string& text() const { return text_; }
-
-  // "300MiB" for budget:300MiB+keep:qkv; empty when this is not a budget policy.
-  const std::string& budget() const { return budget_; }
-  // The keep:/drop: pins of a budget policy as one layer's choices (Must strength).
+  // A budget: policy, which the planner resolves.
+  bool is_budget() const { return form_ == Form::Budget; }
+  // REQUIRES: is_budget().
+  const Budget& budget() const { return budget_; }
+  // The keep:/drop: pins of a budget policy as one layer's choices (Must strength); none for others.
   LayerPolicy pins(const BlockSpec& spec) const;
+  // Pins on their own, "keep:A,B+drop:C" (what `remat plan --pins` takes). Throws remat::Error for
+  // anything but keep: and drop: terms, and for names `spec` does not have.
+  static LayerPolicy parse_pins(std::string_view text, const BlockSpec& spec);
 
   // The preset names with a one-line description each, for --help and errors.
   static std::string preset_help();
@@ -100,21 +121,20 @@ class Policy {
     std::string token;               // as written, for errors
   };
   struct Rule {
-    int64_t first = 0, last = 0;     // inclusive layer range (resolved for every/block)
+    int64_t first = 0, last = 0;     // inclusive layer range (Layers)
     std::vector<Term> terms;         // the preset, parsed
     std::string token;
   };
   enum class Form : uint8_t { All, Every, Block, Uniform, Layers, Budget };
 
   static std::vector<Term> parse_preset(std::string_view text, std::string_view context);
-  static LayerPolicy apply(const BlockSpec& spec, const std::vector<Term>& terms,
-                           std::string_view token);
+  static LayerPolicy apply(const BlockSpec& spec, const std::vector<Term>& terms, std::string_view token);
 
   std::string text_;
   Form form_ = Form::All;
   int64_t n_ = 0;                    // K for every, N for block and uniform
   std::vector<Rule> rules_;          // All/Every/Block/Budget: one rule; Layers: one per range
-  std::string budget_;               // Budget: the size as written
+  Budget budget_;                    // Budget
 };
 
 // Splits a list of policies as --policies takes it. Separators are ';', or ',' when the next piece

@@ -1,27 +1,33 @@
-// embedding: x = wte[tokens] + wpe[0:T]. Backward reads tokens.
+// embedding: x = wte[tokens] (+ wpe[0:T] when the op has a position table).
+//   in: tokens (B, T) int64   out: x (B, T, C)   params: wte (V, C)[, wpe (T_max, C)]
+//   backward reads tokens; the tables' gradients are accumulated in token order (deterministic).
 #include <ATen/ATen.h>
 
+#include "core/builder.h"
 #include "ops/op_env.h"
-#include "remat/ops.h"
+#include "ops/op_testing.h"
 
 namespace remat::ops {
+namespace {
 
-at::Tensor embedding_forward(const at::Tensor& tokens, const at::Tensor& wte, const at::Tensor& wpe) {
-  at::Tensor x = at::embedding(wte, tokens);
-  x.add_(wpe.narrow(0, 0, tokens.size(1)));
-  return x;
+void forward(detail::OpEnv& e, const OpNode& op) {
+  const at::Tensor& tokens = e.in(op, 0);
+  at::Tensor x = at::embedding(e.param(op, 0), tokens);
+  if (e.has_param(op, 1)) x.add_(e.param(op, 1).narrow(0, 0, tokens.size(1)));
+  e.set_out(op, 0, std::move(x));
 }
 
-EmbeddingGrads embedding_backward(const at::Tensor& dx, const at::Tensor& tokens, const at::Tensor& wte,
-                                  const at::Tensor& wpe) {
+void backward(detail::OpEnv& e, const OpNode& op) {
+  const at::Tensor& dx = e.grad_out(op, 0);
+  const at::Tensor& tokens = e.saved_in(op, 0);
+  const at::Tensor& wte = e.param(op, 0);
   const int64_t c = wte.size(1);
-  EmbeddingGrads g;
-  g.dwte = at::zeros_like(wte);
+  at::Tensor dwte = at::zeros_like(wte);
   const at::Tensor rows = dx.reshape({-1, c}).contiguous();
   const at::Tensor ids = tokens.reshape({-1}).contiguous();
-  if (g.dwte.device().is_cpu() && g.dwte.scalar_type() == at::kFloat) {
+  if (dwte.device().is_cpu() && dwte.scalar_type() == at::kFloat && rows.scalar_type() == at::kFloat) {
     // A plain loop in token order: deterministic, and one pass instead of a select per token.
-    float* out = g.dwte.data_ptr<float>();
+    float* out = dwte.data_ptr<float>();
     const float* in = rows.data_ptr<float>();
     const int64_t* id = ids.data_ptr<int64_t>();
     for (int64_t i = 0; i < ids.numel(); ++i) {
@@ -30,28 +36,53 @@ EmbeddingGrads embedding_backward(const at::Tensor& dx, const at::Tensor& tokens
       for (int64_t j = 0; j < c; ++j) dst[j] += src[j];
     }
   } else {
-    g.dwte.index_add_(0, ids, rows);
+    dwte.index_add_(0, ids, rows);
   }
-  g.dwpe = at::zeros_like(wpe);
-  g.dwpe.narrow(0, 0, tokens.size(1)).copy_(dx.sum(0));
-  return g;
+  at::Tensor dwpe;
+  if (e.has_param(op, 1)) {
+    const at::Tensor& wpe = e.param(op, 1);
+    dwpe = at::zeros_like(wpe);
+    dwpe.narrow(0, 0, tokens.size(1)).copy_(dx.sum(0));
+  }
+  e.add_param_grad(op, 0, std::move(dwte));
+  if (dwpe.defined()) e.add_param_grad(op, 1, std::move(dwpe));
 }
 
-}  // namespace remat::ops
-
-namespace remat::detail {
-namespace {
-
-void forward(OpEnv& e, const OpNode& op) {
-  e.set_out(op, 0, ops::embedding_forward(e.in(op, 0), e.param(op, 0), e.param(op, 1)));
+// With positions: the batch sum of dx for the position table.
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+  if (n.params.size() < 2) return 0;
+  const TensorSpec& x = b.tensors[n.out[0]];
+  return x.numel() / x.shape[0] * dtype_size(x.dtype);
 }
 
-void backward(OpEnv& e, const OpNode& op) {
-  ops::EmbeddingGrads g = ops::embedding_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.param(op, 0), e.param(op, 1));
-  e.add_param_grad(op, 0, std::move(g.dwte));
-  e.add_param_grad(op, 1, std::move(g.dwpe));
+BlockSpec example() {
+  ModelConfig cfg;
+  detail::Builder b(cfg, "test.embedding");
+  const int tokens = b.input("tokens", {3, 4}, DType::I64, "token ids");
+  const int x = b.op(OpKind::Embedding, "x", {tokens}, {{"x", {3, 4, 5}}}, {{"wte", {7, 5}}, {"wpe", {6, 5}}})[0];
+  return b.finish(x);
 }
+
+std::vector<at::Tensor> reference(const OpNode&, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
+  at::Tensor x = at::embedding(p[0], in[0]);
+  if (p.size() > 1) x = x + p[1].narrow(0, 0, in[0].size(1));
+  return {x};
+}
+
+const detail::OpTestCase kTest{example, reference, /*index_range=*/7};
 
 }  // namespace
-extern const OpImpl kEmbeddingImpl{forward, backward};
-}  // namespace remat::detail
+
+extern const OpDef kEmbedding = [] {
+  OpDef d;
+  d.name = "embedding";
+  d.n_in = 1, d.n_out = 1, d.max_params = 2;
+  d.bwd_reads_in = 0b1;
+  d.backward_scratch = backward_scratch;
+  d.forward = forward;
+  d.backward = backward;
+  d.test = &kTest;
+  return d;
+}();
+
+}  // namespace remat::ops

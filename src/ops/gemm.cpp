@@ -6,7 +6,7 @@
 
 #include "remat/error.h"
 
-namespace remat::ops::detail {
+namespace remat::detail {
 
 namespace {
 
@@ -61,6 +61,9 @@ void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bo
   const int64_t rank = c.dim();
   if (a.dim() != rank || b.dim() != rank || rank < 3)
     fail_runtime("batched_gemm: ranks {}, {}, {} must be equal and >= 3", a.dim(), b.dim(), rank);
+  for (int64_t d = 0; d < rank - 2; ++d)
+    if (c.stride(d) == 0 && c.size(d) > 1 && beta != 1.0)
+      fail_runtime("internal: batched_gemm into an expanded output needs beta 1, got {}", beta);
   const bool unit = a.stride(rank - 1) == 1 && b.stride(rank - 1) == 1 && c.stride(rank - 1) == 1;
   if (unit && c.device().is_cpu() && a.scalar_type() == c.scalar_type() && b.scalar_type() == c.scalar_type()) {
     if (c.scalar_type() == at::kFloat && try_cblas<float>(a, transpose_a, b, transpose_b, c, alpha, beta)) return;
@@ -70,8 +73,16 @@ void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bo
   const at::Tensor opb = transpose_b ? b.transpose(-1, -2) : b;
   at::Tensor product = at::matmul(opa, opb);
   if (alpha != 1.0) product.mul_(alpha);
-  if (beta == 0.0) c.copy_(product);
-  else c.mul_(beta).add_(product);
+  // An output expanded over some batch dimension (stride 0: grouped-query heads sharing k and v)
+  // takes the sum over that dimension, as the CBLAS loop accumulates it.
+  at::Tensor out = c;
+  for (int64_t d = 0; d < rank - 2; ++d)
+    if (c.stride(d) == 0 && c.size(d) > 1) {
+      product = product.sum(d, /*keepdim=*/true);
+      out = out.narrow(d, 0, 1);
+    }
+  if (beta == 0.0) out.copy_(product);
+  else out.mul_(beta).add_(product);
 }
 
-}  // namespace remat::ops::detail
+}  // namespace remat::detail

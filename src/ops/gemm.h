@@ -9,12 +9,14 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace remat::ops::detail {
+namespace remat::detail {
 
 // c = alpha * op(a) @ op(b) + beta * c, batched over all leading dimensions.
 // a, b, c: tensors of equal rank >= 3 whose last dimension has stride 1 (any other strides);
-// op(x) = x^T (of the last two dimensions) when the matching flag is set.
+// op(x) = x^T (of the last two dimensions) when the matching flag is set. c may be expanded over a
+// batch dimension (stride 0) when beta is 1: the products over that dimension are added up, in
+// index order.
 void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
                   double alpha, double beta);
 
-}  // namespace remat::ops::detail
+}  // namespace remat::detail

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "parallel.h"
+#include "util/parallel.h"
 
 namespace remat::ops::kernels {
 
@@ -56,8 +56,6 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
-// Two 32-bit keys come from the whole 64-bit seed (splitmix64's finaliser), so nearby seeds give
-// unrelated masks rather than permutations of one another.
 // Keys of the mask hash from the whole 64-bit seed (splitmix64's finaliser), so nearby seeds give
 // unrelated masks rather than permutations of one another.
 struct MaskKeys {

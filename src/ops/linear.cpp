@@ -1,10 +1,14 @@
-// linear: y = x W^T + b. Backward reads x and W.
+// linear: y = x W^T + b, over the last dimension; the bias is optional.
+//   in: x (..., K)   out: y (..., N)   params: weight (N, K)[, bias (N)]
+//   backward reads x (and the weight); dx is a fresh tensor.
 #include <ATen/ATen.h>
 
+#include "core/builder.h"
 #include "ops/op_env.h"
-#include "remat/ops.h"
+#include "ops/op_testing.h"
 
 namespace remat::ops {
+namespace {
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
@@ -13,6 +17,10 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Te
   sizes.back() = w.size(0);
   return y.view(sizes);
 }
+
+struct LinearGrads {
+  at::Tensor dx, dw, db;  // dx undefined unless asked for; db undefined without a bias
+};
 
 LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, bool has_bias,
                             bool need_dx) {
@@ -28,23 +36,51 @@ LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& x, const at:
   return g;
 }
 
-}  // namespace remat::ops
-
-namespace remat::detail {
-namespace {
-
-void forward(OpEnv& e, const OpNode& op) {
-  e.set_out(op, 0, ops::linear_forward(e.in(op, 0), e.param(op, 0), e.has_param(op, 1) ? e.param(op, 1) : at::Tensor()));
+void forward(detail::OpEnv& e, const OpNode& op) {
+  e.set_out(op, 0, linear_forward(e.in(op, 0), e.param(op, 0), e.has_param(op, 1) ? e.param(op, 1) : at::Tensor()));
 }
 
-void backward(OpEnv& e, const OpNode& op) {
-  ops::LinearGrads g = ops::linear_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.param(op, 0), e.has_param(op, 1),
-                                            e.needs_grad(op, 0));
-  if (g.dx.defined()) e.add_grad(op, 0, std::move(g.dx));
+void backward(detail::OpEnv& e, const OpNode& op) {
+  LinearGrads g = linear_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.param(op, 0), e.has_param(op, 1),
+                                  e.needs_grad(op, 0));
+  if (g.dx.defined()) e.set_grad(op, 0, std::move(g.dx));
   e.add_param_grad(op, 0, std::move(g.dw));
   if (g.db.defined()) e.add_param_grad(op, 1, std::move(g.db));
 }
 
+OpFlops flops(const BlockSpec& b, const OpNode& n) {
+  const TensorSpec& x = b.tensors[n.in[0]];
+  const int64_t k = x.shape.back(), m = x.numel() / k, out = b.tensors[n.out[0]].shape.back();
+  return {2 * m * out * k, 4 * m * out * k};  // backward: dx and dW
+}
+
+BlockSpec example() {
+  ModelConfig cfg;
+  detail::Builder b(cfg, "test.linear");
+  const int x = b.input("x", {3, 4, 5}, DType::F32, "input");
+  const int y = b.op(OpKind::Linear, "y", {x}, {{"y", {3, 4, 6}}}, {{"y.weight", {6, 5}}, {"y.bias", {6}}})[0];
+  return b.finish(y);
+}
+
+std::vector<at::Tensor> reference(const OpNode&, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
+  return {at::linear(in[0], p[0], p.size() > 1 ? p[1] : at::Tensor())};
+}
+
+const detail::OpTestCase kTest{example, reference};
+
 }  // namespace
-extern const OpImpl kLinearImpl{forward, backward};
-}  // namespace remat::detail
+
+extern const OpDef kLinear = [] {
+  OpDef d;
+  d.name = "linear";
+  d.n_in = 1, d.n_out = 1, d.max_params = 2;
+  d.bwd_reads_in = 0b1;
+  d.grad_in[0] = GradKind::Fresh;
+  d.flops = flops;
+  d.forward = forward;
+  d.backward = backward;
+  d.test = &kTest;
+  return d;
+}();
+
+}  // namespace remat::ops

@@ -1,0 +1,70 @@
+// Op costs for the planner's time predictions: measured on this machine, or estimated from rates.
+//
+//   remat::CostModel c = remat::choose_costs(cfg, remat::CostSource::Auto, remat::default_threads());
+//   c.step_ms(plan)   // predicted step time of a compiled StepPlan
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "remat/block.h"
+#include "remat/config.h"
+#include "remat/runtime.h"
+#include "remat/schedule.h"
+
+namespace remat {
+
+struct OpTime {
+  double forward_ms = 0;   // also the cost of one recompute
+  double backward_ms = 0;
+};
+
+struct CostModel {
+  std::vector<OpTime> block;  // by op id of ModelSpec::block, one layer
+  double other_ms = 0;        // per step: stem, head, optimizer, framework
+  std::string source;         // "measured ..." or "estimated ..."
+  ScratchContext threads;     // the run these costs describe (sizes some scratch memory)
+
+  // Step time with every activation kept.
+  double none_step_ms(int64_t layers) const;
+  // Time the ops a schedule reruns take, for one layer.
+  double recompute_ms(const Schedule& schedule) const;
+  // none_step_ms plus every block's recompute.
+  double step_ms(const StepPlan& plan) const;
+};
+
+// Rates that turn FLOPs and bytes into time.
+struct MachineRates {
+  double matmul_gflops = 0;  // float32 GEMM
+  double memory_gbps = 0;    // streaming read + write
+};
+
+// Per-op time as a roofline: max(matmul FLOPs / matmul rate, bytes moved / memory rate). For
+// configs too large to run here; a measured profile is better where the model fits.
+CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates);
+
+// Times a one-layer model of `cfg` (policy none, Adam step included): per-op forward and backward
+// medians over `reps` steps after one warm-up, and the rest of a step scaled to cfg.layers. The
+// result is cached as JSON in `cache_dir` (default $REMAT_CACHE, else $XDG_CACHE_HOME/remat, else
+// ~/.cache/remat), keyed by the shapes, threads, BLAS and the executable's build; a cached profile
+// is reused only by the same build.
+CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int reps = 5,
+                        const std::string& cache_dir = "");
+
+// This machine's float32 GEMM rate (1024^3 at::mm) and streaming memory rate (a 64 MiB add).
+MachineRates measure_rates();
+
+enum class CostSource : uint8_t {
+  Auto,       // measured when one layer of the config runs here (fp32, math attention) in seconds
+  Measured,   // always measured; refused for configs the engine does not run here
+  Estimated,  // from this machine's rates
+};
+// "auto", "measured", "estimated". Throws remat::Error listing them otherwise.
+CostSource parse_cost_source(std::string_view text);
+
+// The one place that picks how op costs are obtained. Throws remat::Error for Measured on a config
+// the engine cannot run here.
+CostModel choose_costs(const ModelConfig& cfg, CostSource source, const ThreadConfig& threads);
+
+}  // namespace remat

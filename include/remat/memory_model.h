@@ -1,0 +1,67 @@
+// The memory model: the exact bytes of one training step, from the tensor table and the compiled
+// StepPlan alone, without running anything (no ATen here: a 175B shape is replayed in
+// milliseconds).
+//
+//   remat::StepMemory m = remat::simulate_memory(model->step_plan());
+//   m.total_peak()   // == MemoryTracker's peak of a real step on CPU, to the byte
+//
+// It is a fold over the same schedules the executor runs: each step's allocations and frees follow
+// from the step itself (an op's outputs, its gradient plan, its scratch), and the rules that are
+// LibTorch's own (autograd keeps the loss gradient until the backward ends; a tied parameter's
+// second gradient is added into the first) are written once, here. The memory tests hold it equal
+// to the tracker for every block kind and policy. See docs/design.md, NOTE [One plan].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "remat/block.h"
+#include "remat/policy.h"
+#include "remat/schedule.h"
+
+namespace remat {
+
+// Bytes of one training step as remat's engine and Adam run it. fp32: weights 4, gradients 4,
+// Adam moments 8 bytes per parameter. bf16/fp16 (planning only; mixed precision as Megatron):
+// weights 2, gradients 2, fp32 master weights and Adam moments 12.
+struct StepMemory {
+  int64_t params = 0;      // weights
+  int64_t grads = 0;       // parameter gradients, alive from the backward to the next step
+  int64_t optimizer = 0;   // optimizer state
+  int64_t data = 0;        // one batch: input and target
+  int64_t saved = 0;       // live after the forward, above base()
+  int64_t peak = 0;        // highest live during the step, above base()
+  std::string peak_at;     // where the peak falls: "backward of layer 5, op 'fc'"
+
+  // Live before a step: weights, optimizer state, data (gradients were freed).
+  int64_t base() const { return params + optimizer + data; }
+  int64_t total_peak() const { return base() + peak; }
+};
+
+// Levels of one simulated step, above base(), per stage; for the planner's constraints.
+struct MemoryTrace {
+  std::vector<int64_t> fwd_start, fwd_peak;  // per layer
+  std::vector<int64_t> bwd_start, bwd_peak;  // per layer
+  int64_t head_peak = 0;  // forward and backward of the head: grows with every layer's saved bytes
+  int64_t stem_peak = 0;  // forward and backward of the stem: no layer's saved bytes are alive
+};
+
+// Replays one step of `plan`: forward of every stage, backward in reverse, the optimizer step.
+// uniform:N chunks (plan.chunk > 0) are replayed as remat::checkpoint runs them. Fills `trace`
+// when given (REQUIRES: plan.chunk == 0 then).
+StepMemory simulate_memory(const StepPlan& plan, const ScratchContext& ctx = {}, MemoryTrace* trace = nullptr);
+
+// The same for `cfg` under `policy`.
+StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ScratchContext& ctx = {});
+
+// One block alone, fed a stand-in output gradient: the bytes it keeps after its forward and its
+// working sets above the level at its start.
+struct BlockMemory {
+  int64_t saved = 0;           // Schedule::saved_bytes
+  int64_t forward_extra = 0;   // peak above the start, during its forward
+  int64_t backward_extra = 0;  // peak above the start of its backward, during its backward
+};
+BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, const ScratchContext& ctx = {});
+
+}  // namespace remat

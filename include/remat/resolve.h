@@ -1,0 +1,40 @@
+// The one way a policy string becomes per-layer choices: bench, plan and train all call this.
+//
+//   remat::Resolution r = remat::resolve_policy(remat::Policy::parse("budget:60%"), cfg, {});
+//   remat::GPT model(cfg, r.policy);   // r.text: the plan as a policy; r.memory: its exact bytes
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "remat/config.h"
+#include "remat/costs.h"
+#include "remat/memory_model.h"
+#include "remat/planner.h"
+#include "remat/policy.h"
+#include "remat/runtime.h"
+
+namespace remat {
+
+struct ResolveOptions {
+  CostSource costs = CostSource::Auto;   // how a budget's plan gets op costs (costs.h)
+  const CostModel* given = nullptr;      // use these costs instead (the bench measures them once)
+  ThreadConfig threads = default_threads();  // the run's threads: scratch sizes, measured costs
+  std::function<void(const std::string&)> progress;  // told when planning starts; may be empty
+};
+
+struct Resolution {
+  ResolvedPolicy policy;               // per layer
+  std::string text;                    // the policy as given, or a budget's plan as a policy string
+  std::optional<Plan> plan;            // budget policies
+  StepMemory memory;                   // the predicted bytes of one step under `policy`
+  std::optional<CostModel> costs;      // budget policies: the op costs the plan was made with
+};
+
+// Resolves `policy` for `cfg`: a budget through the planner, anything else through
+// Policy::resolve. Throws remat::Error for a policy that does not resolve, and for a budget no
+// policy meets (naming the smallest peak any policy reaches and what it is made of).
+Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const ResolveOptions& options = {});
+
+}  // namespace remat

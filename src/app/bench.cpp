@@ -1,0 +1,464 @@
+#include "app/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+
+#include "app/report.h"
+#include "remat/block.h"
+#include "remat/error.h"
+#include "remat/memory.h"
+#include "remat/model.h"
+#include "remat/module_model.h"
+#include "remat/optim.h"
+#include "remat/planner.h"
+#include "remat/policy.h"
+#include "remat/resolve.h"
+#include "util/timing.h"
+
+namespace remat {
+
+namespace {
+
+using detail::Clock;
+using detail::median;
+using detail::ms_since;
+
+// A model, its fixed batch and its loss, behind one interface so that every engine is measured by
+// the same loop.
+class Subject {
+ public:
+  virtual ~Subject() = default;
+  virtual at::Tensor loss() = 0;
+  virtual std::vector<at::Tensor> parameters() = 0;
+};
+
+class ModuleSubject final : public Subject {
+ public:
+  ModuleSubject(const ModelConfig& cfg, const Policy& policy, uint64_t seed) {
+    at::manual_seed(seed);
+    model_ = std::make_unique<ModuleModel>(cfg, policy);
+    at::manual_seed(seed + 1);
+    x_ = at::randn({cfg.seq, cfg.batch, cfg.dim});
+    target_ = at::randn({cfg.seq, cfg.batch, cfg.dim});
+  }
+  // Reduction::None then mean(): LibTorch 1.13's Mean reduction returns a view that keeps the whole
+  // unreduced (T, B, C) buffer alive until backward (see ops::mse_forward).
+  at::Tensor loss() override { return at::mse_loss(model_->forward(x_), target_, at::Reduction::None).mean(); }
+  std::vector<at::Tensor> parameters() override { return model_->parameters(); }
+
+ private:
+  std::unique_ptr<ModuleModel> model_;
+  at::Tensor x_, target_;
+};
+
+class OpsSubject final : public Subject {
+ public:
+  OpsSubject(const ModelConfig& cfg, const ResolvedPolicy& policy, uint64_t seed, ExecOptions options) {
+    at::manual_seed(seed);
+    model_ = GPT(cfg, policy, std::move(options));
+    at::manual_seed(seed + 1);
+    std::tie(input_, target_) = random_batch(cfg);
+  }
+  at::Tensor loss() override { return model_->forward(input_, target_); }
+  std::vector<at::Tensor> parameters() override { return model_->parameters(); }
+  GPT& model() { return model_; }
+
+ private:
+  GPT model_{nullptr};
+  at::Tensor input_, target_;
+};
+
+std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, const Policy& policy,
+                                      const ResolvedPolicy& resolved, uint64_t seed, ExecOptions options = {}) {
+  switch (engine) {
+    case Engine::Module: return std::make_unique<ModuleSubject>(cfg, policy, seed);
+    case Engine::Ops: return std::make_unique<OpsSubject>(cfg, resolved, seed, std::move(options));
+  }
+  fail("unknown engine");
+}
+
+// Whether the module path can run `policy` (whole layers only).
+bool module_runs(const ModelConfig& cfg, const Policy& policy) {
+  try {
+    ModuleModel::check(cfg, policy);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The gradients of one forward/backward at the initial weights, cloned.
+std::vector<at::Tensor> first_grads(Subject& s) {
+  at::Tensor loss = s.loss();
+  loss.backward();
+  std::vector<at::Tensor> grads;
+  for (at::Tensor& p : s.parameters()) {
+    grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+    p.mutable_grad() = at::Tensor();
+  }
+  return grads;
+}
+
+// The largest absolute difference; NaN when any gradient holds a NaN or one side has no gradient
+// where the other has (infinity), so a broken gradient never reads as 0.
+double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].defined() != b[i].defined()) return std::numeric_limits<double>::infinity();
+    if (!a[i].defined()) continue;
+    const double d = (a[i].to(at::kDouble) - b[i].to(at::kDouble)).abs().max().item<double>();
+    if (std::isnan(d)) return d;
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+
+std::string fmt_ms(double ms) { return fmt::format("{:.1f}", ms); }
+std::string fmt_ratio(double r) { return fmt::format("{:.2f}x", r); }
+std::string fmt_mib(int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / (1 << 20)); }
+
+const BenchRow* find_none(const std::vector<BenchRow>& rows, Engine engine) {
+  for (const BenchRow& r : rows)
+    if (r.engine == engine && r.policy == "none") return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view to_string(Engine e) {
+  switch (e) {
+    case Engine::Module: return "module";
+    case Engine::Ops: return "ops";
+  }
+  return "?";
+}
+
+Engine parse_engine(std::string_view s) {
+  if (s == "module") return Engine::Module;
+  if (s == "ops") return Engine::Ops;
+  fail("unknown --engine '{}'; allowed: module, ops", s);
+}
+
+std::vector<Engine> default_engines(const std::string& arch) {
+  if (arch == "seed") return {Engine::Module, Engine::Ops};
+  return {Engine::Ops};
+}
+
+BenchResult run_bench(const BenchOptions& o) {
+  validate(o.model);
+  if (o.steps < 1) fail("BenchOptions.steps must be >= 1, got {}", o.steps);
+  if (o.warmup < 0) fail("BenchOptions.warmup must be >= 0, got {}", o.warmup);
+  if (o.policies.empty()) fail("BenchOptions.policies is empty; give at least one policy, e.g. none,full");
+  if (o.engines.empty()) fail("BenchOptions.engines is empty; allowed: module, ops");
+  const bool has_ops = std::find(o.engines.begin(), o.engines.end(), Engine::Ops) != o.engines.end();
+  const bool has_module = std::find(o.engines.begin(), o.engines.end(), Engine::Module) != o.engines.end();
+  if (has_ops) check_engine(o.model);
+  MemoryTracker::install();
+  apply_threads(o.threads);
+  auto say = [&](const std::string& line) {
+    if (o.progress) o.progress(line);
+  };
+
+  // Every policy is parsed and resolved once, before anything runs: a bad name or an impossible
+  // budget fails here. Budget plans measure op costs on one layer of this config (cached).
+  const ModelSpec spec = make_model(o.model);
+  std::vector<Policy> policies;
+  std::vector<Resolution> resolved;
+  ResolveOptions ro;
+  ro.costs = CostSource::Measured;
+  ro.threads = o.threads;
+  ro.progress = o.progress;
+  std::optional<CostModel> costs;
+  for (const std::string& text : o.policies) policies.push_back(Policy::parse(text));
+  for (size_t i = 0; i < policies.size(); ++i) {
+    if (has_module && !has_ops) ModuleModel::check(o.model, policies[i]);
+    if (!has_ops) continue;
+    if (costs) ro.given = &*costs;
+    resolved.push_back(resolve_policy(policies[i], o.model, ro));
+    if (resolved.back().costs && !costs) costs = resolved.back().costs;
+  }
+  if (has_ops && o.frontier && !costs) {
+    say("measuring op costs on one layer (for the planner)");
+    costs = choose_costs(o.model, CostSource::Measured, o.threads);
+  }
+
+  BenchResult result;
+  result.options = o;
+  result.blas = blas_name();
+  if (costs) result.costs = costs->source;
+  result.flops_per_step = spec.step_flops();
+
+  // Every (engine, policy) gets its own model and optimizer. Steps then go round-robin, one step of
+  // each in turn, so that drifting machine load touches all policies alike.
+  struct Entry {
+    BenchRow row;
+    std::unique_ptr<Subject> subject;
+    std::unique_ptr<Adam> adam;
+    ExecOptions exec;
+    std::vector<double> step_ms, fwd_ms, bwd_ms;
+  };
+  std::vector<Entry> entries;
+  const Policy none_policy = Policy::parse("none");
+  const ResolvedPolicy none_resolved = none_policy.resolve(spec.block, o.model.layers);
+  for (Engine engine : o.engines) {
+    std::vector<at::Tensor> reference;
+    {
+      say(fmt::format("{}: reference gradients (none)", to_string(engine)));
+      auto subject = make_subject(engine, o.model, none_policy, none_resolved, o.seed);
+      reference = first_grads(*subject);
+    }
+    for (size_t i = 0; i < policies.size(); ++i) {
+      const Policy& policy = policies[i];
+      const std::string& text = o.policies[i];
+      if (engine == Engine::Module && !module_runs(o.model, policy)) {
+        result.notes.push_back(fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
+        continue;
+      }
+      say(fmt::format("{} {}: gradient check", to_string(engine), text));
+      Entry e;
+      const ResolvedPolicy r = engine == Engine::Ops ? resolved[i].policy : ResolvedPolicy();
+      if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
+      e.subject = make_subject(engine, o.model, policy, r, o.seed, e.exec);
+      e.adam = std::make_unique<Adam>(e.subject->parameters(), AdamOptions{o.lr});
+      e.row.policy = text;
+      e.row.engine = engine;
+      e.row.flops_per_step = result.flops_per_step;
+      e.row.grad_max_abs_diff = max_abs_diff(first_grads(*e.subject), reference);
+      if (engine == Engine::Ops) {
+        const GPT& model = static_cast<OpsSubject&>(*e.subject).model();
+        e.row.predicted_saved_bytes = model->predicted_saved_bytes();
+        if (r.chunk == 0) e.row.predicted_peak_bytes = resolved[i].memory.peak;
+        if (costs) e.row.predicted_step_ms = costs->step_ms(model->step_plan());
+        if (resolved[i].plan) e.row.plan = resolved[i].text;
+        if (o.verify) {
+          say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
+          ExecOptions v;
+          v.verify = true;
+          auto checked = make_subject(engine, o.model, policy, r, o.seed, v);
+          first_grads(*checked);  // throws, naming the tensor, on the first mismatch
+          e.row.verified = true;
+        }
+      }
+      entries.push_back(std::move(e));
+    }
+  }
+
+  // The matmul rate drifts with the machine's load as much as step times do: it is measured in every
+  // round, beside the steps it is compared with, and the median is the floor's rate.
+  std::vector<double> rates;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const bool timed = s >= o.warmup;
+    if (timed) rates.push_back(matmul_gflops(1024, 5));
+    for (Entry& e : entries) {
+      if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
+      e.adam->zero_grad();
+      const int64_t before = MemoryTracker::live();
+      MemoryTracker::reset_peak();
+      const auto t0 = Clock::now();
+      double fwd, bwd;
+      {
+        at::Tensor loss = e.subject->loss();
+        fwd = ms_since(t0);
+        const int64_t saved = MemoryTracker::live() - before;
+        const auto t1 = Clock::now();
+        loss.backward();
+        bwd = ms_since(t1);
+        if (timed) e.row.saved_bytes = std::max(e.row.saved_bytes, saved);
+      }
+      e.adam->step();
+      const double step = ms_since(t0);
+      if (timed) {
+        e.row.peak_bytes = std::max(e.row.peak_bytes, MemoryTracker::peak() - before);
+        e.step_ms.push_back(step);
+        e.fwd_ms.push_back(fwd);
+        e.bwd_ms.push_back(bwd);
+      }
+      say(fmt::format("{} {}/{}: {} {} {:.0f} ms", timed ? "step" : "warm-up", timed ? s - o.warmup + 1 : s + 1,
+                      timed ? o.steps : o.warmup, to_string(e.row.engine), e.row.policy, step));
+    }
+  }
+
+  result.matmul_gflops = median(rates);
+  result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
+  for (Entry& e : entries) {
+    BenchRow& row = e.row;
+    row.step_ms_median = median(e.step_ms);
+    row.step_ms_min = *std::min_element(e.step_ms.begin(), e.step_ms.end());
+    row.fwd_ms_median = median(e.fwd_ms);
+    row.bwd_ms_median = median(e.bwd_ms);
+    row.floor_ratio = row.step_ms_median / result.floor_ms;
+    if (e.exec.timer) {
+      OpProfile prof;
+      prof.policy = row.policy;
+      for (size_t op = 0; op < spec.block.ops.size(); ++op) {
+        prof.ops.push_back(spec.block.ops[op].name);
+        prof.forward_ms.push_back(e.exec.timer->forward_ms[op] / o.steps);
+        prof.recompute_ms.push_back(e.exec.timer->recompute_ms[op] / o.steps);
+        prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
+      }
+      result.profiles.push_back(std::move(prof));
+    }
+    result.rows.push_back(row);
+  }
+  if (o.frontier && costs) {
+    // The planner's curve: plans at budgets from the least memory to none's peak.
+    const Planner planner(o.model, *costs, keep_everything(spec.block));
+    const Plan least = planner.plan(Budget{planner.none_memory().base() + 1, 0});
+    const int64_t lo = least.min_budget, hi = planner.none_memory().total_peak();
+    for (int i = 0; i <= 24; ++i) {
+      const Plan p = planner.plan(Budget{lo + (hi - lo) * i / 24, 0});
+      if (p.fits) result.frontier.push_back({p.step_ms, p.memory.peak});
+    }
+  }
+  const BenchRow* module_none = find_none(result.rows, Engine::Module);
+  const BenchRow* ops_none = find_none(result.rows, Engine::Ops);
+  if (module_none && ops_none)
+    result.notes.push_back(fmt::format("ops engine none / module path none step time: {:.3f}",
+                                       ops_none->step_ms_median / module_none->step_ms_median));
+  return result;
+}
+
+std::string BenchResult::markdown() const {
+  Table t;
+  bool timed_predictions = false;
+  for (const BenchRow& r : rows) timed_predictions = timed_predictions || r.predicted_step_ms >= 0;
+  t.header = {"policy", "engine", "step ms", "min ms", "fwd ms", "bwd ms", "time vs none", "saved MiB",
+              "predicted", "peak MiB", "predicted", "peak vs none", "step / floor", "grad diff"};
+  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true, true};
+  if (timed_predictions) {
+    t.header.insert(t.header.begin() + 3, "predicted");
+    t.numeric.insert(t.numeric.begin() + 3, true);
+  }
+  auto or_dash = [](bool ok, const std::string& s) { return ok ? s : std::string("-"); };
+  for (const BenchRow& r : rows) {
+    const BenchRow* none = find_none(rows, r.engine);
+    std::vector<std::string> row = {
+        r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median), fmt_ms(r.step_ms_min),
+        fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
+        none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-", fmt_mib(r.saved_bytes),
+        or_dash(r.predicted_saved_bytes >= 0, fmt_mib(r.predicted_saved_bytes)), fmt_mib(r.peak_bytes),
+        or_dash(r.predicted_peak_bytes >= 0, fmt_mib(r.predicted_peak_bytes)),
+        none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
+        fmt_ratio(r.floor_ratio), fmt::format("{:g}", r.grad_max_abs_diff)};
+    if (timed_predictions) row.insert(row.begin() + 3, or_dash(r.predicted_step_ms >= 0, fmt_ms(r.predicted_step_ms)));
+    t.rows.push_back(std::move(row));
+  }
+  std::string out = t.markdown();
+  for (const BenchRow& r : rows)
+    if (!r.plan.empty()) out += fmt::format("\n{}: the planner chose {}", r.policy, r.plan);
+  if (!costs.empty()) out += "\nop costs for predictions: " + costs + "\n";
+  for (const std::string& n : notes) out += "\n" + n;
+  if (!notes.empty()) out += "\n";
+  return out;
+}
+
+std::string BenchResult::profile_markdown() const {
+  std::string out;
+  for (const OpProfile& p : profiles) {
+    Table t;
+    t.header = {"op", "forward ms", "recompute ms", "backward ms"};
+    t.numeric = {false, true, true, true};
+    double f = 0, r = 0, b = 0;
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      t.rows.push_back({p.ops[i], fmt::format("{:.2f}", p.forward_ms[i]), fmt::format("{:.2f}", p.recompute_ms[i]),
+                        fmt::format("{:.2f}", p.backward_ms[i])});
+      f += p.forward_ms[i];
+      r += p.recompute_ms[i];
+      b += p.backward_ms[i];
+    }
+    t.rows.push_back({"all blocks", fmt::format("{:.2f}", f), fmt::format("{:.2f}", r), fmt::format("{:.2f}", b)});
+    out += fmt::format("\nper-op time of the blocks, ms per step (ops engine, {}):\n\n", p.policy) + t.markdown();
+  }
+  return out;
+}
+
+std::string BenchResult::csv() const {
+  std::string s =
+      "policy,engine,step_ms_median,step_ms_min,fwd_ms_median,bwd_ms_median,saved_bytes,predicted_saved_bytes,"
+      "peak_bytes,grad_max_abs_diff,flops_per_step,floor_ratio\n";
+  for (const BenchRow& r : rows)
+    s += fmt::format("\"{}\",{},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f}\n", r.policy, to_string(r.engine),
+                     r.step_ms_median, r.step_ms_min, r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
+                     r.predicted_saved_bytes >= 0 ? std::to_string(r.predicted_saved_bytes) : "", r.peak_bytes,
+                     r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio);
+  return s;
+}
+
+std::string BenchResult::json() const {
+  const ModelConfig& m = options.model;
+  nlohmann::json config = {
+      {"arch", m.arch},              {"layers", m.layers},
+      {"dim", m.dim},                {"heads", m.heads},
+      {"kv_heads", m.kv()},
+      {"batch", m.batch},            {"seq", m.seq},
+      {"hidden", m.hidden()},        {"dtype", to_string(m.dtype)},
+      {"vocab", m.vocab},            {"dropout", m.dropout},
+      {"steps", options.steps},      {"warmup", options.warmup},
+      {"seed", options.seed},        {"lr", options.lr},
+      {"threads", to_string(options.threads)},
+      {"blas", blas},                {"matmul_gflops", matmul_gflops},
+      {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
+      {"libtorch", TORCH_VERSION},
+  };
+  nlohmann::json engines = nlohmann::json::array();
+  for (Engine e : options.engines) engines.push_back(to_string(e));
+  config["engines"] = engines;
+  nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}, {"notes", notes}};
+  for (const BenchRow& r : rows) {
+    out["rows"].push_back({{"policy", r.policy},
+                           {"engine", to_string(r.engine)},
+                           {"step_ms_median", r.step_ms_median},
+                           {"step_ms_min", r.step_ms_min},
+                           {"fwd_ms_median", r.fwd_ms_median},
+                           {"bwd_ms_median", r.bwd_ms_median},
+                           {"saved_bytes", r.saved_bytes},
+                           {"predicted_saved_bytes", r.predicted_saved_bytes >= 0
+                                                         ? nlohmann::json(r.predicted_saved_bytes)
+                                                         : nlohmann::json(nullptr)},
+                           {"peak_bytes", r.peak_bytes},
+                           {"grad_max_abs_diff", r.grad_max_abs_diff},
+                           {"flops_per_step", r.flops_per_step},
+                           {"floor_ratio", r.floor_ratio},
+                           {"verified", r.verified},
+                           {"predicted_peak_bytes", r.predicted_peak_bytes >= 0 ? nlohmann::json(r.predicted_peak_bytes)
+                                                                                : nlohmann::json(nullptr)},
+                           {"predicted_step_ms", r.predicted_step_ms >= 0 ? nlohmann::json(r.predicted_step_ms)
+                                                                          : nlohmann::json(nullptr)},
+                           {"plan", r.plan}});
+  }
+  return out.dump(2) + "\n";
+}
+
+void BenchResult::write_chart(const std::string& path) const {
+  Chart chart;
+  if (!frontier.empty()) {
+    ChartSeries line;
+    line.title = "planner frontier (predicted: fastest plan at each peak)";
+    line.line = true;
+    for (const FrontierPoint& f : frontier)
+      line.points.push_back({"", f.step_ms, static_cast<double>(f.peak_bytes) / (1 << 20)});
+    chart.series.push_back(std::move(line));
+  }
+  chart.title = "remat bench: " + describe(options.model);
+  chart.xlabel = "step time, median (ms)";
+  chart.ylabel = "peak memory above weights and optimizer state (MiB)";
+  for (Engine e : options.engines) {
+    ChartSeries series;
+    series.title = e == Engine::Module ? "module path (torch::nn + remat::checkpoint)" : "ops engine (remat::GPT)";
+    for (const BenchRow& r : rows)
+      if (r.engine == e)
+        series.points.push_back({r.policy, r.step_ms_median, static_cast<double>(r.peak_bytes) / (1 << 20)});
+    chart.series.push_back(std::move(series));
+  }
+  render_chart(chart, path);
+}
+
+}  // namespace remat

@@ -1,0 +1,98 @@
+// remat bench: run a sweep of policies on one model and measure each.
+//
+// For every policy: the same initial weights and data; one untimed step whose gradients are
+// compared with those of `none`; warm-up steps; timed steps (forward + loss, backward, Adam step).
+// Policies take their steps round-robin, one each in turn, so drifting machine load hits all alike.
+// Memory comes from MemoryTracker: saved_bytes = live after forward - live before it; peak_bytes =
+// peak during the step - live before it (weights, optimizer state and data are in "before";
+// gradients are freed before each step, as PyTorch's zero_grad(set_to_none=True)).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "remat/config.h"
+#include "remat/runtime.h"
+
+namespace remat {
+
+enum class Engine : uint8_t {
+  Module,  // the seed model on torch::nn modules, whole layers checkpointed (seed arch only)
+  Ops,     // remat::GPT on the op-level engine: any policy, any arch
+};
+std::string_view to_string(Engine e);
+Engine parse_engine(std::string_view s);
+
+struct BenchOptions {
+  ModelConfig model;
+  std::vector<std::string> policies = {"none", "full", "every:2", "every:3"};
+  std::vector<Engine> engines = {Engine::Module};  // default_engines(arch) from the CLI
+  int steps = 5;              // timed steps per policy
+  int warmup = 2;             // untimed steps before them
+  uint64_t seed = 1234;       // weights and data
+  double lr = 1e-4;           // Adam learning rate
+  ThreadConfig threads = default_threads();
+  bool verify = false;        // ops engine: one extra step checking every recompute bitwise
+  bool profile = false;       // ops engine: per-op forward / recompute / backward times
+  bool frontier = false;      // ops engine: measure op costs and draw the planner's frontier
+  std::function<void(const std::string&)> progress;  // one line per event; may be empty
+};
+
+struct BenchRow {
+  std::string policy;
+  Engine engine = Engine::Module;
+  double step_ms_median = 0, step_ms_min = 0;
+  double fwd_ms_median = 0, bwd_ms_median = 0;
+  int64_t saved_bytes = 0;          // measured: live after forward - live before
+  int64_t predicted_saved_bytes = -1;  // ops engine: from the tensor table; -1 when not predicted
+  int64_t predicted_peak_bytes = -1;   // ops engine: the planner's memory model; -1 when not predicted
+  double predicted_step_ms = -1;       // ops engine with measured costs; -1 when not predicted
+  std::string plan;                    // budget policies: the plan the planner chose
+  int64_t peak_bytes = 0;           // measured: peak in the step - live before
+  double grad_max_abs_diff = 0;     // against `none` on the same engine, first step
+  int64_t flops_per_step = 0;       // model matmul FLOPs, recompute not counted
+  double floor_ratio = 0;           // step_ms_median / (flops_per_step / matmul rate)
+  bool verified = false;            // --verify passed for this row
+  std::string note;                 // e.g. why a row is missing on an engine
+};
+
+// Per-op times of one ops-engine row, per step, summed over layers (--profile).
+struct OpProfile {
+  std::string policy;
+  std::vector<std::string> ops;
+  std::vector<double> forward_ms, recompute_ms, backward_ms;
+};
+
+struct BenchResult {
+  BenchOptions options;
+  std::string blas;
+  double matmul_gflops = 0;         // 1024^3 float32 at::mm rate: median over the timed rounds
+  int64_t flops_per_step = 0;
+  double floor_ms = 0;              // flops_per_step at the matmul rate
+  std::vector<BenchRow> rows;
+  std::vector<OpProfile> profiles;  // --profile
+  std::string costs;                // the cost model's source, when one was measured
+  struct FrontierPoint {
+    double step_ms;
+    int64_t peak_bytes;  // above the step's start, as peak_bytes
+  };
+  std::vector<FrontierPoint> frontier;  // the planner's predicted (time, peak) curve
+  std::vector<std::string> notes;   // lines printed under the table
+
+  std::string markdown() const;     // the table `remat bench` prints
+  std::string profile_markdown() const;  // --profile: one table per policy
+  std::string csv() const;
+  std::string json() const;         // {"config": {...}, "rows": [{...}, ...]}
+  void write_chart(const std::string& path) const;  // peak memory against step time
+};
+
+// module and ops for the seed arch, ops for the others.
+std::vector<Engine> default_engines(const std::string& arch);
+
+// Runs the sweep. Throws remat::Error for an invalid config or policy, or a budget no policy meets,
+// before running anything.
+BenchResult run_bench(const BenchOptions& options);
+
+}  // namespace remat

@@ -1,0 +1,96 @@
+// The training text: Debian's fortunes or a file, split into training and held-out bytes.
+#include "app/corpus.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "remat/error.h"
+
+namespace remat {
+
+namespace {
+
+constexpr const char* kFortunes = "/usr/share/games/fortunes";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read --data '{}': {}", path, std::strerror(errno));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Debian's English fortunes: every text file in the folder (not the .dat indexes or .u8 links),
+// in name order, with the "%" separator lines turned into blank lines.
+std::string fortunes() {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(kFortunes, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || e.is_symlink() || name.find('.') != std::string::npos) continue;
+    files.push_back(e.path().string());
+  }
+  if (ec || files.empty())
+    fail("no fortunes in {} (install Debian's fortunes package: make setup), or give --data FILE", kFortunes);
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const std::string& f : files) {
+    std::istringstream lines(read_file(f));
+    for (std::string line; std::getline(lines, line);) text += (line == "%" ? "" : line) + "\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
+  const std::string text = path.empty() ? fortunes() : read_file(path);
+  const int64_t n = static_cast<int64_t>(text.size());
+  const int64_t val = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
+  if (n - val < 2 * (seq + 1) || val < seq + 1)
+    fail("--data '{}' has {} bytes; with --seq {} and {:g}% held out it needs at least {}", path.empty() ? kFortunes : path,
+         n, seq, 100 * val_fraction, static_cast<int64_t>(3 * (seq + 1) / std::min(val_fraction, 1 - val_fraction)));
+  Corpus c;
+  c.train = text.substr(0, n - val);
+  c.val = text.substr(n - val);
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
+  c.id = fmt::format("{}:{}:{:016x}", path.empty() ? "fortunes" : path, n, h);
+  return c;
+}
+
+// (B, T) inputs and next-byte targets from windows starting at `starts`.
+std::pair<at::Tensor, at::Tensor> windows(const std::string& text, const std::vector<int64_t>& starts, int64_t seq) {
+  const int64_t b = static_cast<int64_t>(starts.size());
+  at::Tensor x = at::empty({b, seq}, at::kLong), y = at::empty({b, seq}, at::kLong);
+  int64_t* px = x.data_ptr<int64_t>();
+  int64_t* py = y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t t = 0; t < seq; ++t) {
+      px[i * seq + t] = static_cast<unsigned char>(text[starts[i] + t]);
+      py[i * seq + t] = static_cast<unsigned char>(text[starts[i] + t + 1]);
+    }
+  return {x, y};
+}
+
+// The batch of (step, micro): a pure function of the seed, so a resumed run draws the same ones.
+std::pair<at::Tensor, at::Tensor> train_batch(const Corpus& c, const ModelConfig& m, uint64_t seed, int64_t step,
+                                              int64_t micro) {
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(step),
+                    static_cast<uint32_t>(micro), 0x7261u};
+  std::mt19937_64 rng(seq);
+  std::uniform_int_distribution<int64_t> pick(0, static_cast<int64_t>(c.train.size()) - m.seq - 1);
+  std::vector<int64_t> starts(m.batch);
+  for (int64_t& s : starts) s = pick(rng);
+  return windows(c.train, starts, m.seq);
+}
+
+
+}  // namespace remat

@@ -1,0 +1,58 @@
+// remat sample: text from a trained model's saved weights.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <ATen/ATen.h>
+
+#include "app/train.h"
+#include "app/train_state.h"
+#include "remat/error.h"
+#include "remat/model.h"
+
+namespace remat {
+
+std::string sample(const std::string& dir, const SampleOptions& o) {
+  if (!(o.temperature > 0)) fail("--temperature must be > 0, got {}", o.temperature);
+  if (o.top_k < 0 || o.top_k > 256) fail("--top-k must be in 0..256 (0 = all), got {}", o.top_k);
+  if (o.tokens < 0) fail("--tokens must be >= 0, got {}", o.tokens);
+  const TrainState s = load_train_state(dir);
+  const TrainOptions defaults;
+  TrainOptions t = options_from(s.header.at("options"), defaults);
+  t.model.vocab = 256;
+  t.model.batch = 1;
+  GPT model(t.model, Policy::parse("none"));
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& item : model->named_parameters()) item.value().copy_(s.tensor("param:" + item.key()));
+  }
+  model->eval();
+  std::mt19937_64 rng(o.seed);
+  std::string text = o.prompt.empty() ? std::string("\n") : o.prompt;
+  const int64_t seq = t.model.seq;
+  for (int64_t n = 0; n < o.tokens; ++n) {
+    // The last `seq` bytes, left-aligned; causal attention makes the padding after them irrelevant.
+    const int64_t len = std::min<int64_t>(seq, static_cast<int64_t>(text.size()));
+    at::Tensor x = at::zeros({1, seq}, at::kLong);
+    for (int64_t i = 0; i < len; ++i)
+      x[0][i] = static_cast<int64_t>(static_cast<unsigned char>(text[text.size() - len + i]));
+    const at::Tensor logits = model->logits(x)[0][len - 1].to(at::kDouble) / o.temperature;
+    std::vector<double> w(256);
+    for (int64_t v = 0; v < 256; ++v) w[v] = logits[v].item<double>();
+    if (o.top_k > 0) {
+      std::vector<double> sorted = w;
+      std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
+      const double cut = sorted[o.top_k - 1];
+      for (double& v : w)
+        if (v < cut) v = -std::numeric_limits<double>::infinity();
+    }
+    const double mx = *std::max_element(w.begin(), w.end());
+    for (double& v : w) v = std::exp(v - mx);
+    std::discrete_distribution<int> pick(w.begin(), w.end());
+    text += static_cast<char>(pick(rng));
+  }
+  return text;
+}
+
+}  // namespace remat

@@ -1,0 +1,104 @@
+// remat train: train a GPT (gpt2 blocks, byte tokens) on text with any recompute policy.
+//
+//   remat::TrainOptions o;                       // defaults: ~10 minutes on 2 cores
+//   o.policy = "attn+mlp-act";
+//   o.save_dir = "runs/a";
+//   remat::TrainResult r = remat::train(o);      // r.log: loss, val loss, tokens/s, peak memory
+//
+// The policy changes memory and time, never the result: the loss trajectory is bitwise the same
+// under every policy, and a run resumed from its saved state continues it bitwise.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "remat/config.h"
+#include "remat/runtime.h"
+
+namespace remat {
+
+struct TrainProgress {
+  int64_t step = 0, steps = 0;
+  double loss = 0;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  // the latest, NaN before the first
+  double tokens_per_s = 0;
+  int64_t peak_bytes = 0;   // this step's true peak: weights, optimizer, activations, gradients
+  double eta_s = 0;
+};
+
+struct TrainOptions {
+  ModelConfig model;            // a token model (gpt2, llama); vocab 256 (bytes) is forced; see default_train_model()
+  std::string policy = "none";  // any policy, budget: included
+  std::string data;             // a text file; "" = Debian's English fortunes (/usr/share/games/fortunes)
+  int64_t steps = 1500;         // optimizer steps
+  int64_t accum = 1;            // micro-batches per step, gradients accumulated
+  double lr = 3e-3;             // peak learning rate
+  double min_lr = 3e-4;         // the cosine schedule's floor
+  int64_t warmup = 100;         // linear warm-up steps
+  double weight_decay = 0.1;    // AdamW, on weight matrices only
+  double beta1 = 0.9, beta2 = 0.95;
+  double clip = 1.0;            // global gradient-norm clip; 0 = off
+  int64_t eval_every = 100;     // validation loss every N steps and at the end; 0 = only at the end
+  int64_t eval_batches = 8;     // batches of the held-out text per validation
+  double val_fraction = 0.1;    // the corpus tail held out for validation
+  uint64_t seed = 1234;         // weights, batches, dropout
+  std::string save_dir;         // where the train state goes ("" = nowhere)
+  int64_t save_every = 0;       // steps between saves; 0 = only at the end
+  ThreadConfig threads = default_threads();
+  std::function<void(const TrainProgress&)> progress;  // called after every step; may be empty
+};
+
+// The default shape for `remat train`: 4 layers, dim 256, 8 heads, batch 16, seq 128.
+ModelConfig default_train_model();
+
+struct TrainRecord {
+  int64_t step = 0;             // optimizer steps done
+  double lr = 0;
+  double loss = 0;              // mean over the step's micro-batches
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  double tokens_per_s = 0;
+  int64_t peak_bytes = 0;
+  double elapsed_s = 0;
+};
+
+struct TrainResult {
+  std::vector<TrainRecord> log;  // one record per step run in this call
+  double final_val_loss = 0;
+  std::string weights_digest;    // remat::digest of the final weights
+  std::string policy_text;       // the policy as resolved (a budget shows the plan)
+  int64_t predicted_peak = 0;    // the memory model's total peak for one step
+
+  std::string csv() const;
+  // Training and validation loss against step (.png or .svg).
+  void write_chart(const std::string& path, const std::string& title) const;
+};
+
+// Runs training, or continues the run saved in `resume_dir`. When resuming, the saved options
+// are used; `explicit_flags` names the options the user gave on the command line ("dim", "lr"), and
+// any of them that would change the trajectory must equal the saved value. The policy, the saving
+// and the validation cadence may change. Throws remat::Error for bad options, a corrupt or
+// mismatched train state, a policy whose predicted peak does not fit this machine's memory (the
+// message suggests a budget), and a NaN or infinite loss (the last good state is kept).
+TrainResult train(const TrainOptions& options, const std::string& resume_dir = "",
+                  const std::vector<std::string>& explicit_flags = {});
+
+// The options a train state recorded (its header's "options"), over `base` for the rest.
+TrainOptions options_from(const nlohmann::json& saved, TrainOptions base);
+
+struct SampleOptions {
+  std::string prompt;           // "" starts from a newline
+  int64_t tokens = 300;         // bytes to generate
+  double temperature = 0.8;     // > 0
+  int64_t top_k = 40;           // 0 = all 256
+  uint64_t seed = 1;
+};
+
+// Generates text with the weights saved in `dir`. Returns the prompt followed by the new bytes.
+std::string sample(const std::string& dir, const SampleOptions& options);
+
+}  // namespace remat

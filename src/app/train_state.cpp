@@ -1,0 +1,139 @@
+#include "app/train_state.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "remat/error.h"
+#include "util/atomic_file.h"
+
+namespace remat {
+
+namespace {
+
+constexpr char kMagic[8] = {'R', 'E', 'M', 'A', 'T', 'T', 'S', '1'};
+constexpr uint64_t kFnvOffset = 1469598103934665603ULL, kFnvPrime = 1099511628211ULL;
+
+uint64_t fnv(const void* data, size_t n, uint64_t h = kFnvOffset) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
+  return h;
+}
+
+std::string path_of(const std::string& dir) { return dir + "/state.bin"; }
+
+void put_u64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+
+uint64_t get_u64(const std::string& in, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, in.data() + at, 8);
+  return v;
+}
+
+at::ScalarType dtype_of(const std::string& name, const std::string& file) {
+  if (name == "float32") return at::kFloat;
+  if (name == "uint8") return at::kByte;
+  if (name == "int64") return at::kLong;
+  fail("train state '{}' is corrupt: unknown tensor dtype '{}'", file, name);
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kByte: return "uint8";
+    case at::kLong: return "int64";
+    default: fail_runtime("train state: cannot store dtype {}", c10::toString(t));
+  }
+}
+
+}  // namespace
+
+const at::Tensor& TrainState::tensor(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  fail("train state has no tensor '{}'; it was written by another model or version", name);
+}
+
+void save_train_state(const std::string& dir, const TrainState& state) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail_runtime("cannot create '{}': {}", dir, ec.message());
+  nlohmann::json header = state.header;
+  header["tensors"] = nlohmann::json::array();
+  uint64_t offset = 0;
+  std::vector<at::Tensor> contiguous;
+  for (const auto& [name, t] : state.tensors) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    header["tensors"].push_back({{"name", name}, {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()},
+                                 {"offset", offset}, {"bytes", c.nbytes()}});
+    offset += c.nbytes();
+    contiguous.push_back(std::move(c));
+  }
+  const std::string json = header.dump();
+  std::string out(kMagic, 8);
+  put_u64(out, json.size());
+  out += json;
+  out.reserve(out.size() + offset + 8);
+  for (const at::Tensor& c : contiguous) out.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  put_u64(out, fnv(out.data(), out.size()));
+  write_file_atomic(path_of(dir), out);
+  // Make the rename itself durable.
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+TrainState load_train_state(const std::string& dir) {
+  const std::string file = path_of(dir);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail("cannot read train state '{}': {}; give the folder passed to --save", file, std::strerror(errno));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string data = buf.str();
+  if (data.size() < 8 + 8 + 8 || std::memcmp(data.data(), kMagic, 8) != 0)
+    fail("'{}' is not a remat train state (bad magic or too short: {} bytes)", file, data.size());
+  const uint64_t stored = get_u64(data, data.size() - 8);
+  if (fnv(data.data(), data.size() - 8) != stored)
+    fail("train state '{}' is corrupt or truncated (checksum mismatch); resume from an earlier copy or start over",
+         file);
+  const uint64_t json_len = get_u64(data, 8);
+  if (16 + json_len + 8 > data.size()) fail("train state '{}' is corrupt: header length {} past the end", file, json_len);
+  TrainState state;
+  try {
+    state.header = nlohmann::json::parse(data.substr(16, json_len));
+  } catch (const std::exception& e) {
+    fail("train state '{}' is corrupt: unreadable header ({})", file, e.what());
+  }
+  const uint64_t payload = 16 + json_len, payload_end = data.size() - 8;
+  for (const auto& e : state.header.at("tensors")) {
+    const uint64_t off = e.at("offset").get<uint64_t>(), bytes = e.at("bytes").get<uint64_t>();
+    if (payload + off + bytes > payload_end)
+      fail("train state '{}' is corrupt: tensor '{}' past the end", file, e.at("name").get<std::string>());
+    at::Tensor t = at::empty(e.at("shape").get<std::vector<int64_t>>(),
+                             at::TensorOptions().dtype(dtype_of(e.at("dtype").get<std::string>(), file)));
+    if (t.nbytes() != bytes) fail("train state '{}' is corrupt: tensor '{}' has the wrong size", file, e.at("name").get<std::string>());
+    std::memcpy(t.data_ptr(), data.data() + payload + off, bytes);
+    state.tensors.emplace_back(e.at("name").get<std::string>(), std::move(t));
+  }
+  return state;
+}
+
+std::string digest(const std::vector<at::Tensor>& tensors) {
+  uint64_t h = kFnvOffset;
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    h = fnv(c.data_ptr(), c.nbytes(), h);
+  }
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace remat

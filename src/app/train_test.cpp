@@ -1,0 +1,234 @@
+#include "app/train.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "remat/error.h"
+#include "app/train_state.h"
+#include "test_util.h"
+
+namespace remat {
+namespace {
+
+using testing::temp_dir;
+
+// A few kilobytes of varied English-like text.
+std::string corpus_file(const std::string& dir) {
+  const std::string path = dir + "/text.txt";
+  std::ofstream out(path);
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "then",
+                         "sleeps", "under", "tree", "while", "birds", "sing"};
+  uint32_t x = 12345;
+  for (int i = 0; i < 4000; ++i) {
+    x = x * 1664525u + 1013904223u;
+    out << words[(x >> 16) % 17] << ((x >> 8) % 7 == 0 ? ".\n" : " ");
+  }
+  return path;
+}
+
+TrainOptions tiny(const std::string& data) {
+  TrainOptions o;
+  o.model = default_train_model();
+  o.model.layers = 2;
+  o.model.dim = 32;
+  o.model.heads = 4;
+  o.model.batch = 4;
+  o.model.seq = 16;
+  o.model.attn_block = 8;  // two causal row blocks
+  o.model.dropout = 0.1;
+  o.data = data;
+  o.steps = 30;
+  o.warmup = 5;
+  o.eval_every = 10;
+  o.eval_batches = 2;
+  return o;
+}
+
+std::vector<double> losses(const TrainResult& r) {
+  std::vector<double> v;
+  for (const TrainRecord& rec : r.log) v.push_back(rec.loss);
+  return v;
+}
+
+TEST(Train, LossTrajectoryIsBitwiseTheSameUnderEveryPolicy) {
+  const std::string dir = temp_dir("policies");
+  const std::string data = corpus_file(dir);
+  TrainOptions o = tiny(data);
+  const TrainResult none = train(o);
+  ASSERT_EQ(none.log.size(), 30u);
+  EXPECT_LT(none.log.back().loss, none.log.front().loss);  // it learns
+  for (const char* p : {"full", "attn", "mlp-act", "every:2"}) {
+    o.policy = p;
+    const TrainResult r = train(o);
+    EXPECT_EQ(losses(r), losses(none)) << p;
+    EXPECT_EQ(r.weights_digest, none.weights_digest) << p;
+    EXPECT_EQ(r.final_val_loss, none.final_val_loss) << p;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Train, ResumeAfterACrashContinuesBitwise) {
+  const std::string dir = temp_dir("resume");
+  const std::string data = corpus_file(dir);
+  TrainOptions o = tiny(data);
+  const TrainResult straight = train(o);
+
+  o.save_dir = dir + "/run";
+  o.save_every = 10;
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 17) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(train(o), std::runtime_error);
+  EXPECT_EQ(load_train_state(o.save_dir).header.at("step").get<int64_t>(), 10);
+  o.progress = nullptr;
+  const TrainResult resumed = train(o, o.save_dir);
+  ASSERT_EQ(resumed.log.size(), 20u);
+  EXPECT_EQ(resumed.weights_digest, straight.weights_digest);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(resumed.log[i].loss, straight.log[10 + i].loss) << "step " << 11 + i;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Train, ResumeMayChangeThePolicyButNotTheTrajectory) {
+  const std::string dir = temp_dir("resume_policy");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 20;
+  o.save_dir = dir + "/run";
+  o.save_every = 10;
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 12) throw std::runtime_error("stop");
+  };
+  const TrainResult straight = [&] {
+    TrainOptions s = o;
+    s.save_dir.clear();
+    s.progress = nullptr;
+    return train(s);
+  }();
+  EXPECT_THROW(train(o), std::runtime_error);
+  o.progress = nullptr;
+  o.policy = "full";
+  EXPECT_EQ(train(o, o.save_dir, {"policy"}).weights_digest, straight.weights_digest);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Train, RefusesAMismatchedResume) {
+  const std::string dir = temp_dir("mismatch");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 5;
+  o.save_dir = dir + "/run";
+  o.save_every = 2;
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 3) throw std::runtime_error("stop");
+  };
+  EXPECT_THROW(train(o), std::runtime_error);
+  o.progress = nullptr;
+  TrainOptions other = o;
+  other.model.dim = 64;
+  try {
+    train(other, o.save_dir, {"dim"});
+    FAIL() << "accepted --dim 64 for a dim 32 run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dim 64 differs from the run saved in"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Trains two steps of the tiny model, saving to dir/run; returns that folder.
+std::string saved_run(const std::string& dir) {
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 2;
+  o.save_dir = dir + "/run";
+  train(o);
+  return o.save_dir;
+}
+
+TEST(TrainState, CorruptFileIsRefused) {
+  const std::string dir = temp_dir("corrupt");
+  const std::string run = saved_run(dir);
+  const std::string file = run + "/state.bin";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(file) / 2));
+    f.put('\x5a');
+  }
+  try {
+    load_train_state(run);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is corrupt or truncated"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainState, TruncatedFileIsRefused) {
+  const std::string dir = temp_dir("truncated");
+  const std::string run = saved_run(dir);
+  const std::string file = run + "/state.bin";
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+  EXPECT_THROW(load_train_state(run), Error);
+  std::filesystem::resize_file(file, 10);
+  EXPECT_THROW(load_train_state(run), Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainState, MissingFolderNamesTheFile) {
+  try {
+    load_train_state("/nonexistent/run");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot read train state '/nonexistent/run/state.bin'"), std::string::npos);
+  }
+}
+
+TEST(Train, NanLossStopsAndKeepsTheLastGoodState) {
+  const std::string dir = temp_dir("nan");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 30;
+  o.warmup = 0;
+  o.lr = 1e30;
+  o.min_lr = 1e30;
+  o.clip = 0;
+  o.save_dir = dir + "/run";
+  o.save_every = 1;
+  try {
+    train(o);
+    FAIL() << "a 1e30 learning rate trained without a NaN";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Runtime);
+    EXPECT_NE(std::string(e.what()).find("stopped before the update"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(load_train_state(o.save_dir));  // the last good state still loads
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Sample, ContinuesThePromptDeterministically) {
+  const std::string dir = temp_dir("sample");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 20;
+  o.save_dir = dir + "/run";
+  train(o);
+  SampleOptions s;
+  s.prompt = "the quick";
+  s.tokens = 40;
+  const std::string a = sample(o.save_dir, s), b = sample(o.save_dir, s);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.size(), s.prompt.size() + 40);
+  EXPECT_EQ(a.substr(0, s.prompt.size()), s.prompt);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Train, BadOptionsAreRefused) {
+  TrainOptions o = tiny("");
+  o.steps = 0;
+  EXPECT_THROW(train(o), Error);
+  o = tiny("/nonexistent/text.txt");
+  EXPECT_THROW(train(o), Error);
+  o = tiny("");
+  o.policy = "attn+";
+  EXPECT_THROW(train(o), Error);
+}
+
+}  // namespace
+}  // namespace remat

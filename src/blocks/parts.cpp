@@ -1,0 +1,100 @@
+#include "blocks/parts.h"
+
+namespace remat::blocks {
+
+int linear(Builder& b, const std::string& name, int x, int64_t out, uint32_t tags, const std::string& doc, bool bias,
+           Init init) {
+  const int64_t in = b.tensor(x).shape.back();
+  std::vector<int64_t> shape = b.tensor(x).shape;
+  shape.back() = out;
+  std::vector<ParamSpec> params = {{name + ".weight", {out, in}, init}};
+  if (bias) params.push_back({name + ".bias", {out}, Init::Zeros, 0.0, /*decay=*/false});
+  return b.op(OpKind::Linear, name, {x}, {{name, shape, b.cfg().dtype, tags, doc}}, std::move(params))[0];
+}
+
+int tied_linear(Builder& b, const std::string& name, int x, int64_t out, const std::string& tied_to,
+                const std::string& doc) {
+  const int64_t in = b.tensor(x).shape.back();
+  std::vector<int64_t> shape = b.tensor(x).shape;
+  shape.back() = out;
+  ParamSpec w{name + ".weight", {out, in}};
+  w.tied_to = tied_to;
+  return b.op(OpKind::Linear, name, {x}, {{name, shape, b.cfg().dtype, 0, doc}}, {w})[0];
+}
+
+int layer_norm(Builder& b, const std::string& name, int x, const std::string& doc) {
+  const ModelConfig& c = b.cfg();
+  std::vector<int64_t> stat = b.tensor(x).shape;
+  stat.back() = 1;
+  const int64_t width = b.tensor(x).shape.back();
+  const int y = b.op(OpKind::LayerNorm, name, {x},
+                     {{name, b.tensor(x).shape, c.dtype, tag::kNormOut, doc},
+                      {name + "_mean", stat, DType::F32, tag::kNormStat, "LayerNorm mean per token"},
+                      {name + "_rstd", stat, DType::F32, tag::kNormStat, "LayerNorm 1/std per token"}},
+                     {{name + ".weight", {width}, Init::Ones, 0.0, false}, {name + ".bias", {width}, Init::Zeros, 0.0, false}})[0];
+  b.last().eps = c.norm_eps;
+  return y;
+}
+
+int unary(Builder& b, OpKind kind, const std::string& name, int x, uint32_t tags, const std::string& doc) {
+  return b.op(kind, name, {x}, {{name, b.tensor(x).shape, b.cfg().dtype, tags, doc}})[0];
+}
+
+int dropout(Builder& b, const std::string& name, int x, uint32_t tags, const std::string& what) {
+  const ModelConfig& c = b.cfg();
+  if (c.dropout <= 0.0) return x;
+  const std::vector<int64_t> shape = b.tensor(x).shape;
+  const int mask =
+      b.op(OpKind::DropoutMask, name + "_mask", {}, {{name + "_mask", shape, DType::Bool, tags | tag::kMask, "dropout keep-mask of " + what}})[0];
+  b.last().p = c.dropout;
+  const int y = b.op(OpKind::Dropout, name + "_drop", {x, mask}, {{name + "_drop", shape, c.dtype, tags, what + " after dropout"}})[0];
+  b.last().p = c.dropout;
+  return y;
+}
+
+int add(Builder& b, const std::string& name, int x, int y, const std::string& doc) {
+  return b.op(OpKind::Add, name, {x, y}, {{name, b.tensor(x).shape, b.cfg().dtype, 0, doc}})[0];
+}
+
+AttentionLayout attention_layout(const ModelConfig& cfg, bool causal, int64_t q_col, int64_t k_col, int64_t v_col) {
+  AttentionLayout l;
+  l.batch = cfg.batch;
+  l.heads = cfg.heads;
+  l.kv_heads = cfg.kv();
+  l.head_dim = cfg.head_dim();
+  l.seq = cfg.seq;
+  l.causal = causal;
+  l.block = causal ? std::min(cfg.attn_block, cfg.seq) : cfg.seq;
+  l.q_col = q_col;
+  l.k_col = k_col;
+  l.v_col = v_col;
+  return l;
+}
+
+int core_attention(Builder& b, int qk, int v, const AttentionLayout& layout) {
+  const ModelConfig& c = b.cfg();
+  const std::vector<int64_t> btc = b.btc(c.heads * c.head_dim());
+  if (c.attention == AttentionImpl::Flash) {
+    // One fused op: no T x T tensor is stored; the backward reruns the scores from q, k and the
+    // per-row log-sum-exp. Attention dropout happens inside, replayed from a seed: no mask.
+    AttentionLayout whole = layout;
+    whole.block = c.seq;  // FLOPs of the causal half of T x T, unpacked
+    const int atty = b.op(OpKind::FlashAttention, "atty", {qk, v},
+                          {{"atty", btc, c.dtype, 0, "attention output, heads merged"},
+                           {"lse", {c.batch, c.heads, c.seq}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
+    b.last().attn = whole;
+    b.last().p = c.dropout;
+    return atty;
+  }
+  const int scores =
+      b.op(OpKind::Scores, "scores", {qk}, {{"scores", layout.shape(), c.dtype, tag::kAttnCore, "attention scores q k^T / sqrt(D)"}})[0];
+  b.last().attn = layout;
+  int probs = unary(b, OpKind::Softmax, "probs", scores, tag::kAttnCore, "attention probabilities");
+  b.last().attn = layout;
+  probs = dropout(b, "probs", probs, tag::kAttnCore, "attention probabilities");
+  const int atty = b.op(OpKind::AttnValues, "atty", {probs, v}, {{"atty", btc, c.dtype, 0, "attention output, heads merged"}})[0];
+  b.last().attn = layout;
+  return atty;
+}
+
+}  // namespace remat::blocks

@@ -1,0 +1,47 @@
+// seed: the seed note's block. x + attn(x), then + ffn(.) with a Linear/ReLU/Linear FFN; no norm,
+// no mask, no dropout. The data (B, T, C) floats is the first block's input; the loss is MSE to a
+// target of the same shape, as the note's training function.
+#include "blocks/kinds.h"
+#include "blocks/parts.h"
+#include "remat/error.h"
+
+namespace remat::blocks {
+namespace {
+
+BlockSpec block(const ModelConfig& c) {
+  Builder b(c, "seed");
+  const int x = b.input("x", b.btc(c.dim), c.dtype, "block input (residual stream)");
+  const int qkv = linear(b, "qkv", x, 3 * c.dim, 0, "q, k, v projections");
+  const int atty = core_attention(b, qkv, qkv, attention_layout(c, /*causal=*/false, 0, c.dim, 2 * c.dim));
+  const int proj = linear(b, "proj", atty, c.dim, 0, "attention output projection", true, Init::ResidualNormal);
+  const int x2 = add(b, "x2", x, proj, "residual stream after attention");
+  const int fc = linear(b, "fc", x2, c.hidden(), tag::kMlpInner, "FFN first linear");
+  const int act = unary(b, OpKind::Relu, "act", fc, tag::kMlpAct | tag::kMlpInner, "FFN activation (ReLU)");
+  const int mlp = linear(b, "mlp", act, c.dim, 0, "FFN second linear", true, Init::ResidualNormal);
+  return b.finish(add(b, "y", x2, mlp, "block output"));
+}
+
+BlockSpec head(const ModelConfig& c, bool) {
+  Builder b(c, "seed.head");
+  const int y = b.input("y", b.btc(c.dim), c.dtype, "last block output");
+  const int target = b.input("target", b.btc(c.dim), c.dtype, "regression target");
+  return b.finish(b.op(OpKind::MseLoss, "loss", {y, target}, {{"loss", {}, DType::F32, 0, "mean squared error"}})[0]);
+}
+
+void check(const ModelConfig& c) {
+  if (c.dropout > 0.0)
+    fail("ModelConfig.dropout {} is not available for arch seed (the seed block has no dropout); use arch gpt2 or llama",
+         c.dropout);
+  if (c.kv() != c.heads)
+    fail("ModelConfig.kv_heads {} is for grouped-query attention, which seed blocks do not have; use arch llama",
+         c.kv_heads);
+  if (c.attention != AttentionImpl::Math)
+    fail("ModelConfig.attention flash is for causal blocks (gpt2, llama); the seed block attends to all positions");
+}
+
+}  // namespace
+
+extern const BlockKind kSeed{"seed", "the seed note's block: attention + Linear/ReLU/Linear FFN, residuals, no norm",
+                             nullptr, block, head, check, /*has_logits=*/false};
+
+}  // namespace remat::blocks

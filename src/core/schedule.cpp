@@ -1,0 +1,277 @@
+// compile_schedule: the one place where a stage's recompute order, tensor lifetimes and gradient
+// buffers are decided (docs/design.md, NOTE [Recompute order], NOTE [One plan]).
+#include "remat/schedule.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "remat/error.h"
+
+namespace remat {
+
+int64_t Schedule::saved_bytes(const BlockSpec& spec) const {
+  int64_t bytes = 0;
+  for (size_t t = 0; t < saved.size(); ++t)
+    if (saved[t] && !spec.is_input(static_cast<int>(t))) bytes += spec.tensors[t].bytes();
+  return bytes;
+}
+
+namespace {
+
+bool is_float(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
+// Gradient buffers as the compiler tracks them: who shares which memory. Buffer 0 is the stage's
+// incoming dy, which belongs to autograd.
+class GradState {
+ public:
+  struct Slot {
+    int buf = -1;
+    bool owned = false;  // made for this slot (not an alias): the slot may add into it in place
+  };
+
+  GradState(size_t tensors, int output) : slots_(tensors) {
+    refs_.push_back(1);
+    slots_[output] = {0, false};
+  }
+
+  Slot& slot(int t) { return slots_[t]; }
+  int fresh() {
+    refs_.push_back(1);
+    return static_cast<int>(refs_.size()) - 1;
+  }
+  void share(int buf) { ++refs_[buf]; }
+  void drop(int buf) {
+    if (buf >= 0) --refs_[buf];
+  }
+  // The slot's memory is its own and nothing else refers to it: it may be written over.
+  bool sole(const Slot& s) const { return s.buf > 0 && s.owned && refs_[s.buf] == 1; }
+
+ private:
+  std::vector<Slot> slots_;
+  std::vector<int> refs_;
+};
+
+}  // namespace
+
+Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std::vector<bool> need) {
+  const int n_tensors = static_cast<int>(spec.tensors.size());
+  const int n_ops = static_cast<int>(spec.ops.size());
+  if (static_cast<int>(policy.tensors.size()) != n_tensors)
+    fail_runtime("internal: policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors,
+                 spec.kind);
+  if (need.empty())
+    for (int in : spec.inputs) need.push_back(is_float(spec.tensors[in].dtype));
+  if (need.size() != spec.inputs.size())
+    fail_runtime("internal: need_input_grad has {} entries for {} inputs", need.size(), spec.inputs.size());
+  Schedule s;
+  s.need_input_grad = need;
+  s.saved.assign(n_tensors, false);
+  for (int t = 0; t < n_tensors; ++t)
+    s.saved[t] = spec.is_input(t) || (spec.tensors[t].read_by_backward && policy.saves(t));
+
+  // Forward: run each op; drop what neither a later op nor the backward needs.
+  std::vector<int> last_forward_use(n_tensors, -1);
+  for (int t = 0; t < n_tensors; ++t) last_forward_use[t] = spec.tensors[t].producer;
+  for (int o = 0; o < n_ops; ++o)
+    for (int t : spec.ops[o].in) last_forward_use[t] = std::max(last_forward_use[t], o);
+  for (int o = 0; o < n_ops; ++o) {
+    s.forward.push_back({Step::Kind::Forward, o});
+    for (int t = 0; t < n_tensors; ++t)
+      if (last_forward_use[t] == o && !s.saved[t] && t != spec.output && !spec.is_input(t))
+        s.forward.push_back({Step::Kind::Free, t});
+  }
+
+  // Backward, pass 1: before each op's backward, recompute what it reads and is missing
+  // (recursively, each op once). A recompute's outputs that are still held keep their forward value.
+  std::vector<bool> held = s.saved;
+  std::vector<Step> steps;
+  std::function<void(int)> ensure = [&](int t) {
+    if (held[t]) return;
+    const int p = spec.tensors[t].producer;
+    for (int u : spec.ops[p].in) ensure(u);
+    Step st{Step::Kind::Recompute, p};
+    const std::vector<int>& outs = spec.ops[p].out;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (held[outs[i]]) st.discard |= 1u << i;
+      held[outs[i]] = true;
+    }
+    steps.push_back(st);
+    s.recomputed.push_back(p);
+  };
+  for (int o = n_ops - 1; o >= 0; --o) {
+    for (int t : spec.bwd_reads(o)) ensure(t);
+    steps.push_back({Step::Kind::Backward, o});
+  }
+
+  // Pass 2: each tensor's last use, and where each gradient dies (after its producer's backward).
+  std::vector<int> last_use(n_tensors, -1), grad_last_use(n_tensors, -1);
+  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+    const Step& step = steps[i];
+    const OpNode& op = spec.ops[step.index];
+    if (step.kind == Step::Kind::Recompute) {
+      for (int t : op.in) last_use[t] = i;
+      for (int t : op.out) last_use[t] = std::max(last_use[t], i);  // unused outputs die at once
+    } else {
+      for (int t : spec.bwd_reads(step.index)) last_use[t] = i;
+      for (int t : op.out) grad_last_use[t] = i;
+    }
+  }
+
+  // Pass 3, in step order: each backward's gradient plan, decided on the buffers as they stand at
+  // that step; then the frees. A backward with no output gradient is left out.
+  GradState g(n_tensors, spec.output);
+  std::vector<bool> adopted(n_tensors, false);  // memory taken over by an OverInput gradient
+  auto needs_grad = [&](int t) {
+    if (!is_float(spec.tensors[t].dtype)) return false;
+    const int k = spec.input_index(t);
+    return k < 0 || need[k];
+  };
+  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+    Step step = steps[i];
+    bool emit = true;
+    if (step.kind == Step::Kind::Backward) {
+      const OpNode& op = spec.ops[step.index];
+      const OpDef& def = op_def(op.kind);
+      bool any = false;
+      for (int t : op.out) any = any || g.slot(t).buf >= 0;
+      emit = any;
+      if (any) {
+        // The op produces every gradient first...
+        std::vector<GradState::Slot> incoming(op.in.size());
+        for (size_t k = 0; k < op.in.size(); ++k) {
+          const int t = op.in[k];
+          GradStep& gs = step.grads[k];
+          const GradKind kind = def.grad_in[k];
+          if (kind == GradKind::None || !needs_grad(t)) continue;
+          GradState::Slot& out0 = g.slot(op.out[0]);
+          if (kind == GradKind::OverDy && g.sole(out0)) {
+            gs.source = GradSource::OverDy;
+            incoming[k] = out0;
+            out0 = {};
+          } else if (kind == GradKind::OverInput && last_use[t] == i && !spec.is_input(t)) {
+            gs.source = GradSource::OverInput;
+            incoming[k] = {g.fresh(), true};
+            adopted[t] = true;
+          } else if (kind == GradKind::Alias) {
+            gs.source = GradSource::Alias;
+            g.share(out0.buf);
+            incoming[k] = {out0.buf, false};
+          } else if (kind == GradKind::Slot) {
+            gs.source = GradSource::Slot;
+            GradState::Slot& mine = g.slot(t);
+            if (mine.buf < 0) {
+              gs.prep = SlotPrep::Zeros;
+              mine = {g.fresh(), true};
+            } else if (!g.sole(mine)) {
+              gs.prep = SlotPrep::Copy;
+              g.drop(mine.buf);
+              mine = {g.fresh(), true};
+            } else {
+              gs.prep = SlotPrep::Existing;
+            }
+          } else {  // Fresh, and the fallback of OverDy and OverInput
+            gs.source = GradSource::Fresh;
+            incoming[k] = {g.fresh(), true};
+          }
+        }
+        // ...then each joins its input's slot.
+        for (size_t k = 0; k < op.in.size(); ++k) {
+          GradStep& gs = step.grads[k];
+          if (gs.source == GradSource::None || gs.source == GradSource::Slot) continue;
+          GradState::Slot& slot = g.slot(op.in[k]);
+          const GradState::Slot in = incoming[k];
+          if (slot.buf < 0) {
+            gs.merge = GradMerge::Set;
+            slot = in;
+          } else if (g.sole(slot)) {
+            gs.merge = GradMerge::AddIntoSlot;
+            g.drop(in.buf);
+          } else if (in.owned) {
+            gs.merge = GradMerge::AddSlotIntoIt;
+            g.drop(slot.buf);
+            slot = in;
+          } else {
+            gs.merge = GradMerge::Sum;
+            g.drop(slot.buf);
+            g.drop(in.buf);
+            slot = {g.fresh(), true};
+          }
+        }
+      }
+    }
+    if (emit) s.backward.push_back(step);
+    for (int t = 0; t < n_tensors; ++t) {
+      if (last_use[t] == i && !adopted[t]) s.backward.push_back({Step::Kind::Free, t});
+      if (grad_last_use[t] == i && !spec.is_input(t)) {
+        GradState::Slot& slot = g.slot(t);
+        if (slot.buf >= 0) s.backward.push_back({Step::Kind::FreeGrad, t});
+        g.drop(slot.buf);
+        slot = {};
+      }
+    }
+  }
+  for (int in : spec.inputs) s.input_grad_is_dy.push_back(g.slot(in).buf == 0);
+  return s;
+}
+
+std::shared_ptr<const Schedule> ScheduleCache::get(const BlockSpec& spec, const LayerPolicy& policy,
+                                                   const std::vector<bool>& need) {
+  std::vector<bool> saves(spec.tensors.size());
+  for (size_t t = 0; t < saves.size(); ++t) saves[t] = policy.saves(static_cast<int>(t));
+  for (const Entry& e : entries_)
+    if (e.spec == &spec && e.saves == saves && e.need == need) return e.schedule;
+  auto s = std::make_shared<const Schedule>(compile_schedule(spec, policy, need));
+  entries_.push_back({&spec, std::move(saves), need, s});
+  return s;
+}
+
+StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy, ScheduleCache* cache) {
+  const ModelSpec& m = *model;
+  if (static_cast<int64_t>(policy.layers.size()) != m.layers)
+    fail("the policy has {} layers; the model has {}", policy.layers.size(), m.layers);
+  ScheduleCache local;
+  ScheduleCache& c = cache ? *cache : local;
+  StepPlan plan;
+  plan.chunk = policy.chunk;
+  // Parameters by model name: the stem's and the head's as they are, block l's as "h<l>.<name>".
+  auto add_stage = [&](StagePlan::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp) {
+    StagePlan st;
+    st.role = role;
+    st.layer = layer;
+    st.spec = &spec;
+    const bool first = plan.stages.empty();
+    for (size_t k = 0; k < spec.inputs.size(); ++k) {
+      // Data the caller owns: the first stage's input, and the head's targets.
+      st.external.push_back((first && k == 0) || (role == StagePlan::Role::Head && k > 0));
+    }
+    std::vector<bool> need;
+    for (size_t k = 0; k < spec.inputs.size(); ++k)
+      need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
+    st.schedule = c.get(spec, lp, need);
+    const std::string prefix = role == StagePlan::Role::Block ? fmt::format("h{}.", layer) : std::string();
+    for (const ParamSpec& p : spec.params) {
+      const std::string name = p.tied_to.empty() ? prefix + p.name : p.tied_to;
+      int id = -1;
+      for (size_t i = 0; i < plan.params.size(); ++i)
+        if (plan.params[i].name == name) id = static_cast<int>(i);
+      if (!p.tied_to.empty() && id < 0)
+        fail_runtime("internal: '{}' in '{}' is tied to '{}', which no earlier stage has", p.name, spec.kind, p.tied_to);
+      if (p.tied_to.empty() && id >= 0)
+        fail_runtime("internal: two parameters of the model are named '{}'", name);
+      if (id < 0) {
+        plan.params.push_back({name, &p, 0});
+        id = static_cast<int>(plan.params.size()) - 1;
+      }
+      ++plan.params[id].uses;
+      st.params.push_back(id);
+    }
+    plan.stages.push_back(std::move(st));
+  };
+  if (m.has_stem) add_stage(StagePlan::Role::Stem, m.stem, -1, keep_everything(m.stem));
+  for (int64_t l = 0; l < m.layers; ++l) add_stage(StagePlan::Role::Block, m.block, l, policy.layers[l]);
+  add_stage(StagePlan::Role::Head, m.head, m.layers, keep_everything(m.head));
+  plan.model = std::move(model);
+  return plan;
+}
+
+}  // namespace remat

@@ -1,0 +1,136 @@
+// BlockExecutor: carries a compiled Schedule out on real tensors (NOTE [One plan]).
+#include "remat/executor.h"
+
+#include <chrono>
+
+#include <ATen/ATen.h>
+
+#include "ops/op_env.h"
+#include "remat/error.h"
+
+namespace remat {
+
+void OpTimes::resize(size_t ops) {
+  forward_ms.assign(ops, 0.0);
+  recompute_ms.assign(ops, 0.0);
+  backward_ms.assign(ops, 0.0);
+  calls.assign(ops, 0);
+}
+
+void OpTimes::zero() { resize(forward_ms.size()); }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// A policy that saves exactly what `saved` says (to compile another variant of a schedule).
+LayerPolicy policy_of(const BlockSpec& spec, const std::vector<bool>& saved) {
+  LayerPolicy lp = keep_everything(spec);
+  for (int t : spec.choosable())
+    if (!saved[t]) lp.tensors[t] = {Choice::Recompute, Strength::Prefer};
+  return lp;
+}
+
+}  // namespace
+
+BlockExecutor::BlockExecutor(BlockSpec spec, LayerPolicy policy, ExecOptions options)
+    : spec_(std::move(spec)), policy_(std::move(policy)), options_(std::move(options)) {
+  schedule_ = std::make_shared<const Schedule>(compile_schedule(spec_, policy_));
+  if (options_.timer && options_.timer->forward_ms.size() != spec_.ops.size()) options_.timer->resize(spec_.ops.size());
+}
+
+BlockExecutor::BlockExecutor(const BlockSpec& spec, std::shared_ptr<const Schedule> schedule, ExecOptions options)
+    : spec_(spec), schedule_(std::move(schedule)), options_(std::move(options)) {
+  policy_ = policy_of(spec_, schedule_->saved);
+  if (options_.timer && options_.timer->forward_ms.size() != spec_.ops.size()) options_.timer->resize(spec_.ops.size());
+}
+
+const Schedule& BlockExecutor::schedule_for(const std::vector<bool>& need) const {
+  if (need == schedule_->need_input_grad) return *schedule_;
+  if (!other_ || other_->need_input_grad != need)
+    other_ = std::make_shared<const Schedule>(compile_schedule(spec_, policy_, need));
+  return *other_;
+}
+
+at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx,
+                                  int64_t layer) const {
+  if (inputs.size() != spec_.inputs.size() || params.size() != spec_.params.size())
+    fail_runtime("internal: '{}' stage takes {} inputs and {} params, got {} and {}", spec_.kind,
+                 spec_.inputs.size(), spec_.params.size(), inputs.size(), params.size());
+  const Schedule& s = *schedule_;
+  ctx.tensors.assign(spec_.tensors.size(), at::Tensor());
+  ctx.seeds.assign(spec_.ops.size(), 0);
+  ctx.reference.assign(options_.verify ? spec_.tensors.size() : 0, at::Tensor());
+  for (size_t i = 0; i < inputs.size(); ++i) ctx.tensors[spec_.inputs[i]] = inputs[i];
+
+  detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, nullptr, params, layer);
+  for (const Step& step : s.forward) {
+    if (step.kind == Step::Kind::Free) {
+      ctx.tensors[step.index] = at::Tensor();
+      continue;
+    }
+    const OpNode& op = spec_.ops[step.index];
+    const auto t0 = Clock::now();
+    env.begin(step);
+    op_def(op.kind).forward(env, op);
+    if (options_.timer) {
+      options_.timer->forward_ms[step.index] += ms(t0);
+      options_.timer->calls[step.index] += 1;
+    }
+    if (options_.verify)
+      for (int t : op.out)
+        if (spec_.tensors[t].read_by_backward && !s.saved[t]) ctx.reference[t] = ctx.tensors[t].clone();
+  }
+  at::Tensor y = ctx.tensors[spec_.output];
+  if (!s.saved[spec_.output]) ctx.tensors[spec_.output] = at::Tensor();
+  return y;
+}
+
+BlockExecutor::Grads BlockExecutor::backward(const at::Tensor& dy, at::TensorList params, BlockContext& ctx,
+                                             const std::vector<bool>& need_input_grad, int64_t layer) const {
+  const Schedule& s = schedule_for(need_input_grad);
+  detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, options_.verify ? &ctx.reference : nullptr, params, layer,
+                    &options_.after_recompute);
+  env.grads.assign(spec_.tensors.size(), at::Tensor());
+  env.param_grads.assign(spec_.params.size(), at::Tensor());
+  env.grads[spec_.output] = dy;
+
+  for (const Step& step : s.backward) {
+    switch (step.kind) {
+      case Step::Kind::Free:
+        ctx.tensors[step.index] = at::Tensor();
+        break;
+      case Step::Kind::FreeGrad:
+        env.grads[step.index] = at::Tensor();
+        break;
+      case Step::Kind::Recompute: {
+        const OpNode& op = spec_.ops[step.index];
+        const auto t0 = Clock::now();
+        env.begin(step);
+        op_def(op.kind).forward(env, op);
+        if (options_.timer) options_.timer->recompute_ms[step.index] += ms(t0);
+        break;
+      }
+      case Step::Kind::Backward: {
+        const OpNode& op = spec_.ops[step.index];
+        const auto t0 = Clock::now();
+        env.begin(step);
+        op_def(op.kind).backward(env, op);
+        if (options_.timer) options_.timer->backward_ms[step.index] += ms(t0);
+        break;
+      }
+      case Step::Kind::Forward:
+        break;
+    }
+  }
+  ctx = BlockContext();
+  Grads g;
+  for (size_t i = 0; i < spec_.inputs.size(); ++i)
+    g.inputs.push_back(need_input_grad[i] ? env.grads[spec_.inputs[i]] : at::Tensor());
+  g.params = std::move(env.param_grads);
+  return g;
+}
+
+}  // namespace remat

@@ -1,0 +1,205 @@
+// remat::GPT: runs a StepPlan. Parameters are made from their roles in the tensor table; stages
+// run in the plan's order; nothing here knows a tensor's or a parameter's name.
+#include "remat/model.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "remat/checkpoint.h"
+#include "remat/error.h"
+
+namespace remat {
+
+namespace {
+
+// A parameter registered under its model name ("h0.qkv.weight" -> "h0_qkv_weight"; dots are reserved).
+std::string module_name(const std::string& name) {
+  std::string s = name;
+  for (char& c : s)
+    if (c == '.') c = '_';
+  return s;
+}
+
+at::Tensor init_param(const ParamSpec& p, int64_t layers) {
+  switch (p.init) {
+    case Init::Zeros: return at::zeros(p.shape);
+    case Init::Ones: return at::ones(p.shape);
+    case Init::Normal: return at::randn(p.shape).mul_(p.std);
+    case Init::ResidualNormal: return at::randn(p.shape).mul_(p.std / std::sqrt(2.0 * static_cast<double>(layers)));
+  }
+  return at::Tensor();
+}
+
+ResolvedPolicy resolve_for_engine(const ModelConfig& cfg, const Policy& policy) {
+  return policy.resolve(make_block(cfg), cfg.layers);
+}
+
+}  // namespace
+
+GPTImpl::GPTImpl(const ModelConfig& cfg, const Policy& policy, ExecOptions options)
+    : GPTImpl(cfg, resolve_for_engine(cfg, policy), std::move(options)) {}
+
+void check_engine(const ModelConfig& cfg) {
+  validate(cfg);
+  if (cfg.dtype != DType::F32)
+    fail("the engine runs ModelConfig.dtype fp32 on this build, got {}; other dtypes are for `remat plan`",
+         to_string(cfg.dtype));
+  if (cfg.attention != AttentionImpl::Math)
+    fail("ModelConfig.attention {} is planned, not run, by this build; the engine runs math attention",
+         to_string(cfg.attention));
+}
+
+GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options)
+    : cfg_(cfg), options_(std::move(options)) {
+  check_engine(cfg_);
+  spec_ = std::make_shared<const ModelSpec>(make_model(cfg_));
+  policy_ = policy;
+  plan_ = compile_step(spec_, policy_);
+  for (const ModelParam& p : plan_.params)
+    params_.push_back(register_parameter(module_name(p.name), init_param(*p.spec, cfg_.layers)));
+  build_executors();
+}
+
+void GPTImpl::build_executors() {
+  ExecOptions untimed = options_;  // the timer is sized for the block's ops
+  untimed.timer = nullptr;
+  execs_.clear();
+  std::vector<const Schedule*> seen;
+  for (const StagePlan& st : plan_.stages) {
+    // Layers that share a compiled schedule share one executor.
+    std::shared_ptr<const BlockExecutor> same;
+    for (size_t i = 0; i < execs_.size() && !same; ++i)
+      if (seen[i] == st.schedule.get()) same = execs_[i];
+    execs_.push_back(same ? same
+                          : std::make_shared<BlockExecutor>(*st.spec, st.schedule,
+                                                            st.role == StagePlan::Role::Block ? options_ : untimed));
+    seen.push_back(st.schedule.get());
+  }
+  // Eval mode: the dropout-free twin of the model, keeping everything. Its parameters are ours, in
+  // the same order.
+  eval_execs_.clear();
+  ModelConfig no_dropout = cfg_;
+  no_dropout.dropout = 0;
+  auto eval_spec = std::make_shared<const ModelSpec>(make_model(no_dropout));
+  ResolvedPolicy keep;
+  keep.layers.assign(cfg_.layers, keep_everything(eval_spec->block));
+  eval_plan_ = compile_step(eval_spec, keep);
+  for (size_t i = 0; i < eval_plan_.params.size(); ++i)
+    if (eval_plan_.params[i].name != plan_.params[i].name)
+      fail_runtime("internal: the dropout-free model's parameter {} is '{}', not '{}'", i, eval_plan_.params[i].name,
+                   plan_.params[i].name);
+  for (const StagePlan& st : eval_plan_.stages)
+    eval_execs_.push_back(std::make_shared<BlockExecutor>(*st.spec, st.schedule, untimed));
+  if (!eval_spec->logits.kind.empty())
+    logits_exec_ = std::make_shared<BlockExecutor>(eval_spec->logits, keep_everything(eval_spec->logits), untimed);
+}
+
+void GPTImpl::set_policy(const Policy& policy) { set_policy(policy.resolve(spec_->block, cfg_.layers)); }
+
+void GPTImpl::set_policy(const ResolvedPolicy& policy) {
+  policy_ = policy;
+  StepPlan plan = compile_step(spec_, policy_);
+  for (size_t i = 0; i < plan.params.size(); ++i)
+    if (plan.params[i].name != plan_.params[i].name) fail_runtime("internal: the parameters changed with the policy");
+  plan_ = std::move(plan);
+  build_executors();
+}
+
+std::vector<at::Tensor> GPTImpl::stage_params(const StagePlan& stage) const {
+  std::vector<at::Tensor> ps;
+  for (int id : stage.params) ps.push_back(params_[id]);
+  return ps;
+}
+
+std::vector<at::Tensor> GPTImpl::block_params(int64_t layer) const { return stage_params(plan_.block(layer)); }
+
+std::vector<bool> GPTImpl::decays() const {
+  std::vector<bool> d;
+  for (const ModelParam& p : plan_.params) d.push_back(p.spec->decay);
+  return d;
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
+  const bool eval = !is_training();
+  const StepPlan& plan = eval ? eval_plan_ : plan_;
+  const auto& execs = eval ? eval_execs_ : execs_;
+  const size_t n = plan.stages.size();
+  at::Tensor x = input;
+  for (size_t i = 0; i < n;) {
+    const StagePlan& st = plan.stages[i];
+    if (st.role == StagePlan::Role::Head) {
+      x = run_stage(execs[i], {x, target}, stage_params(st), st.layer);
+      ++i;
+      continue;
+    }
+    if (st.role == StagePlan::Role::Stem || plan.chunk == 0 || eval) {
+      x = run_stage(execs[i], {x}, stage_params(st), st.layer);
+      ++i;
+      continue;
+    }
+    // uniform:N: a chunk of N blocks under remat::checkpoint keeps only its input.
+    const size_t last = std::min(i + static_cast<size_t>(plan.chunk), n - 1);
+    std::vector<at::Tensor> params;
+    std::vector<std::vector<at::Tensor>> per_stage;
+    std::vector<std::shared_ptr<const BlockExecutor>> chunk_execs;
+    std::vector<int64_t> layers;
+    for (size_t j = i; j < last; ++j) {
+      per_stage.push_back(stage_params(plan.stages[j]));
+      params.insert(params.end(), per_stage.back().begin(), per_stage.back().end());
+      chunk_execs.push_back(execs[j]);
+      layers.push_back(plan.stages[j].layer);
+    }
+    x = checkpoint(
+        [chunk_execs, per_stage, layers](const at::Tensor& h) {
+          at::Tensor t = h;
+          for (size_t j = 0; j < chunk_execs.size(); ++j) t = run_stage(chunk_execs[j], {t}, per_stage[j], layers[j]);
+          return t;
+        },
+        x, params);
+    i = last;
+  }
+  return x;
+}
+
+at::Tensor GPTImpl::logits(const at::Tensor& tokens) {
+  if (!logits_exec_) fail("logits() needs a token model (gpt2, llama); this one is {}", cfg_.arch);
+  at::NoGradGuard no_grad;
+  at::Tensor x = tokens;
+  for (size_t i = 0; i + 1 < eval_plan_.stages.size(); ++i)
+    x = run_stage(eval_execs_[i], {x}, stage_params(eval_plan_.stages[i]), eval_plan_.stages[i].layer);
+  return run_stage(logits_exec_, {x}, stage_params(eval_plan_.stages.back()), cfg_.layers);
+}
+
+std::pair<at::Tensor, at::Tensor> random_batch(const ModelConfig& cfg) {
+  const ModelSpec spec = make_model(cfg);
+  const BlockSpec& first = spec.has_stem ? spec.stem : spec.block;
+  const TensorSpec& in = first.tensors[first.inputs[0]];
+  const TensorSpec& target = spec.head.tensors[spec.head.inputs[1]];
+  auto draw = [&](const TensorSpec& t) {
+    return t.dtype == DType::I64 ? at::randint(0, cfg.vocab, t.shape, at::kLong) : at::randn(t.shape);
+  };
+  at::Tensor input = draw(in);
+  return {input, draw(target)};
+}
+
+int64_t GPTImpl::predicted_saved_bytes() const {
+  auto output_bytes = [](const BlockSpec& s) { return s.tensors[s.output].bytes(); };
+  int64_t bytes = 0;
+  const int64_t rng = static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
+  for (size_t i = 0; i < plan_.stages.size(); ++i) {
+    const StagePlan& st = plan_.stages[i];
+    if (st.role != StagePlan::Role::Block || plan_.chunk == 0) {
+      bytes += st.schedule->saved_bytes(*st.spec) + output_bytes(*st.spec);
+      continue;
+    }
+    // A checkpointed chunk keeps its input (counted as the previous output), its output and the
+    // CPU RNG state.
+    if (st.layer % plan_.chunk == 0) bytes += rng;
+    if (st.layer % plan_.chunk == plan_.chunk - 1 || st.layer == cfg_.layers - 1) bytes += output_bytes(*st.spec);
+  }
+  return bytes;
+}
+
+}  // namespace remat

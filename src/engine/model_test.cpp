@@ -1,0 +1,219 @@
+// The engine's promise, for every block kind: any policy gives gradients bitwise equal to none's,
+// and the bytes forward() keeps are the ones predicted from the table.
+#include "remat/model.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include <ATen/ATen.h>
+#include <torch/optim/adam.h>
+
+#include "remat/error.h"
+#include "remat/memory.h"
+#include "remat/module_model.h"
+#include "test_util.h"
+
+namespace remat {
+namespace {
+
+using testing::tiny;
+
+struct Outcome {
+  at::Tensor loss;
+  std::vector<at::Tensor> grads;
+  int64_t saved_bytes = 0, predicted = 0;
+};
+
+Outcome run(const ModelConfig& c, const ResolvedPolicy& policy, ExecOptions opts = {}) {
+  at::manual_seed(1);
+  GPT model(c, policy, opts);
+  at::manual_seed(2);
+  auto [input, target] = random_batch(c);
+  at::manual_seed(3);  // dropout seeds
+  Outcome o;
+  const int64_t before = MemoryTracker::live();
+  o.loss = model->forward(input, target);
+  o.saved_bytes = MemoryTracker::live() - before;
+  o.predicted = model->predicted_saved_bytes();
+  o.loss.backward();
+  for (const at::Tensor& p : model->parameters()) o.grads.push_back(p.grad());
+  return o;
+}
+
+Outcome run(const ModelConfig& c, const std::string& policy, ExecOptions opts = {}) {
+  return run(c, Policy::parse(policy).resolve(make_block(c), c.layers), std::move(opts));
+}
+
+void expect_bitwise(const Outcome& a, const Outcome& b, const std::string& what) {
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  EXPECT_TRUE(testing::bitwise_equal(a.loss, b.loss)) << what << ": loss";
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    EXPECT_TRUE(testing::bitwise_equal(b.grads[i], a.grads[i])) << what << ": parameter " << i;
+}
+
+// A random per-tensor policy for each layer.
+std::string random_policy(const BlockSpec& b, int64_t layers, std::mt19937& rng) {
+  std::string policy = "layers:";
+  for (int64_t l = 0; l < layers; ++l) {
+    std::string names;
+    for (int t : b.choosable())
+      if (rng() % 2) names += (names.empty() ? "" : ",") + b.tensors[t].name;
+    policy += fmt::format("{}{}={}", l ? "," : "", l, names.empty() ? "none" : "drop:" + names);
+  }
+  return policy;
+}
+
+// Every block kind, dropout on where the kind has it.
+class EngineKinds : public ::testing::TestWithParam<std::string> {
+ protected:
+  ModelConfig cfg() const { return tiny(GetParam(), GetParam() == "seed" ? 0.0 : 0.1); }
+};
+
+TEST_P(EngineKinds, EveryPresetAndFormGivesBitwiseEqualGradients) {
+  const ModelConfig c = cfg();
+  const Outcome none = run(c, "none");
+  for (const char* p : {"full", "attn", "mlp-act", "mlp", "attn+mlp-act", "every:2", "every:3=attn", "block:2",
+                        "uniform:2", "uniform:4", "layers:0-1=attn,2=full,3=mlp-act"})
+    expect_bitwise(none, run(c, p), p);
+  if (GetParam() != "seed") expect_bitwise(none, run(c, "norm"), "norm");
+}
+
+TEST_P(EngineKinds, RandomPerTensorPoliciesGiveBitwiseEqualGradients) {
+  const ModelConfig c = cfg();
+  const BlockSpec b = make_block(c);
+  const Outcome none = run(c, "none");
+  std::mt19937 rng(2024);
+  for (int trial = 0; trial < 8; ++trial) {
+    const std::string policy = random_policy(b, c.layers, rng);
+    expect_bitwise(none, run(c, policy), policy);
+  }
+}
+
+TEST_P(EngineKinds, PredictedSavedBytesEqualTheTracker) {
+  const ModelConfig c = cfg();
+  for (const char* p : {"none", "full", "attn", "mlp-act", "every:2", "uniform:2"}) {
+    const Outcome o = run(c, p);
+    EXPECT_EQ(o.saved_bytes, o.predicted) << GetParam() << " " << p;
+  }
+}
+
+TEST_P(EngineKinds, BackwardLeavesNothingBehind) {
+  const ModelConfig c = cfg();
+  at::manual_seed(1);
+  GPT model(c, Policy::parse("attn+mlp-act"));
+  auto [input, target] = random_batch(c);
+  const int64_t before = MemoryTracker::live();
+  model->forward(input, target).backward();
+  int64_t grads = 0;
+  for (at::Tensor& p : model->parameters()) {
+    grads += p.grad().nbytes();
+    p.mutable_grad() = at::Tensor();
+  }
+  EXPECT_GT(grads, 0);
+  EXPECT_EQ(MemoryTracker::live(), before);
+}
+
+TEST_P(EngineKinds, VerifyPassesEveryCorrectRecompute) {
+  ExecOptions verify;
+  verify.verify = true;
+  EXPECT_NO_THROW(run(cfg(), "full", verify));
+  EXPECT_NO_THROW(run(cfg(), "attn+mlp-act", verify));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds, ::testing::ValuesIn(testing::all_kinds()),
+                         [](const auto& info) { return info.param; });
+
+// A recompute that differs by one ulp in one tensor of one layer is named, with its layer.
+TEST(Engine, VerifyNamesAWrongRecomputeAndItsLayer) {
+  ExecOptions verify;
+  verify.verify = true;
+  verify.after_recompute = [](const TensorSpec& t, int64_t layer, at::Tensor& value) {
+    if (t.name == "probs" && layer == 2) value = value.clone().add_(1e-3);
+  };
+  try {
+    run(tiny("gpt2", 0.1), "attn", verify);
+    FAIL() << "a perturbed recompute passed --verify";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("recompute of 'probs' (layer 2) differs from its forward value"),
+              std::string::npos)
+        << e.what();
+  }
+  verify.verify = false;  // without --verify the same fault goes unnoticed: the check is what catches it
+  EXPECT_NO_THROW(run(tiny("gpt2", 0.1), "attn", verify));
+}
+
+TEST(Engine, SeedBlockComputesTheModulePathsFunction) {
+  const ModelConfig c = tiny("seed");
+  at::manual_seed(5);
+  ModuleModel module(c, Policy::parse("none"));
+  GPT engine(c, Policy::parse("none"));
+  {
+    at::NoGradGuard off;
+    const auto src = module.parameters();
+    const auto dst = engine->parameters();
+    ASSERT_EQ(src.size(), dst.size());
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  at::manual_seed(6);
+  auto [input, target] = random_batch(c);
+  // The module path takes (T, B, C), as torch::nn::MultiheadAttention does.
+  at::Tensor module_loss = at::mse_loss(module.forward(input.transpose(0, 1)), target.transpose(0, 1));
+  at::Tensor engine_loss = engine->forward(input, target);
+  module_loss.backward();
+  engine_loss.backward();
+  EXPECT_NEAR(module_loss.item<double>(), engine_loss.item<double>(), 1e-6);
+  const auto mp = module.parameters(), ep = engine->parameters();
+  for (size_t i = 0; i < mp.size(); ++i) EXPECT_TRUE(testing::close(ep[i].grad(), mp[i].grad(), 1e-5)) << "parameter " << i;
+}
+
+TEST(Engine, TrainsWithTorchOptim) {
+  for (const std::string& kind : testing::token_kinds()) {
+    const ModelConfig c = tiny(kind);
+    at::manual_seed(7);
+    GPT model(c, Policy::parse("attn+mlp-act"));
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [input, target] = random_batch(c);
+    double first = 0, last = 0;
+    for (int step = 0; step < 30; ++step) {
+      adam.zero_grad();
+      at::Tensor loss = model->forward(input, target);
+      loss.backward();
+      adam.step();
+      (step == 0 ? first : last) = loss.item<double>();
+    }
+    EXPECT_LT(last, 0.5 * first) << kind;  // memorises one batch
+  }
+}
+
+TEST(Engine, Gpt2EmbeddingIsTiedToTheHead) {
+  const ModelConfig c = tiny("gpt2");
+  GPT model(c, Policy::parse("none"));
+  size_t wte = 0;
+  for (const auto& item : model->named_parameters()) wte += item.key() == "wte";
+  EXPECT_EQ(wte, 1u);
+  EXPECT_EQ(model->parameters().size(), 2 + 12 * static_cast<size_t>(c.layers) + 2);
+}
+
+TEST(Engine, LogitsAreTheHeadWithoutItsLoss) {
+  for (const std::string& kind : testing::token_kinds()) {
+    const ModelConfig c = tiny(kind);
+    at::manual_seed(8);
+    GPT model(c, Policy::parse("none"));
+    model->eval();
+    auto [input, target] = random_batch(c);
+    const at::Tensor logits = model->logits(input);
+    ASSERT_EQ(logits.sizes(), (at::IntArrayRef{c.batch, c.seq, c.vocab})) << kind;
+    const at::Tensor loss = at::cross_entropy_loss(logits.view({-1, c.vocab}), target.view({-1}));
+    at::NoGradGuard off;
+    EXPECT_NEAR(loss.item<double>(), model->forward(input, target).item<double>(), 1e-5) << kind;
+  }
+}
+
+TEST(Engine, RejectsPoliciesThatDoNotResolve) {
+  EXPECT_THROW(GPT(tiny("seed"), Policy::parse("norm")), Error);
+  EXPECT_THROW(GPT(tiny("gpt2"), Policy::parse("layers:0-9=full")), Error);
+}
+
+}  // namespace
+}  // namespace remat

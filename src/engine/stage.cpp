@@ -1,0 +1,66 @@
+// run_stage: one stage as one autograd node. Its forward runs the executor with grad off; its
+// backward hands autograd's output gradient to the executor and returns the input and parameter
+// gradients (autograd accumulates the parameters' into .grad).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "remat/error.h"
+#include "remat/executor.h"
+
+namespace remat {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct StageClosure : torch::CustomClassHolder {
+  std::shared_ptr<const BlockExecutor> exec;
+  int64_t layer = 0;
+  BlockContext ctx;
+};
+
+class StageFunction : public torch::autograd::Function<StageFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<StageClosure> closure,
+                               at::TensorList inputs, at::TensorList params) {
+    std::vector<at::Tensor> in;
+    for (const at::Tensor& t : inputs) in.push_back(t.detach());
+    std::vector<at::Tensor> ps;
+    for (const at::Tensor& p : params) ps.push_back(p.detach());
+    at::Tensor y = closure->exec->forward(in, ps, closure->ctx, closure->layer);
+    ctx->saved_data["closure"] = c10::IValue::make_capsule(std::move(closure));
+    ctx->saved_data["n_inputs"] = static_cast<int64_t>(inputs.size());
+    ctx->save_for_backward(std::vector<at::Tensor>(params.begin(), params.end()));
+    ctx->set_materialize_grads(false);
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    if (at::GradMode::is_enabled()) fail("the remat engine does not support double backward (create_graph=true)");
+    auto closure = c10::static_intrusive_pointer_cast<StageClosure>(ctx->saved_data["closure"].toCapsule());
+    const int64_t n_inputs = ctx->saved_data["n_inputs"].toInt();
+    std::vector<at::Tensor> params;
+    for (const at::Tensor& p : ctx->get_saved_variables()) params.push_back(p.detach());
+    variable_list result(1 + n_inputs + params.size());
+    if (!grad_outputs[0].defined()) return result;
+    std::vector<bool> need(n_inputs);
+    for (int64_t i = 0; i < n_inputs; ++i) need[i] = ctx->needs_input_grad(i);  // edges: tensor args only
+    BlockExecutor::Grads g = closure->exec->backward(grad_outputs[0], params, closure->ctx, need, closure->layer);
+    for (int64_t i = 0; i < n_inputs; ++i) result[1 + i] = g.inputs[i];
+    for (size_t j = 0; j < g.params.size(); ++j) result[1 + n_inputs + j] = g.params[j];
+    return result;
+  }
+};
+
+}  // namespace
+
+at::Tensor run_stage(std::shared_ptr<const BlockExecutor> exec, at::TensorList inputs, at::TensorList params,
+                     int64_t layer) {
+  auto closure = c10::make_intrusive<StageClosure>();
+  closure->exec = std::move(exec);
+  closure->layer = layer;
+  return StageFunction::apply(std::move(closure), inputs, params)[0];
+}
+
+}  // namespace remat

@@ -1,1 +1,0 @@
-#include "remat/error.h"

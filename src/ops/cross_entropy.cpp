@@ -1,0 +1,78 @@
+// cross_entropy over the last dimension, mean over tokens.
+//   in: logits (..., V), targets (...) int64   out: loss (scalar float32), logp (log-probabilities)
+//   backward reads logp and targets; dlogits is a fresh tensor.
+#include <algorithm>
+
+#include <ATen/ATen.h>
+
+#include "core/builder.h"
+#include "ops/op_env.h"
+#include "ops/op_testing.h"
+
+namespace remat::ops {
+namespace {
+
+void forward(detail::OpEnv& e, const OpNode& op) {
+  const at::Tensor& logits = e.in(op, 0);
+  const int64_t v = logits.size(-1);
+  at::Tensor logp = at::_log_softmax(logits, -1, false);
+  at::Tensor loss = at::nll_loss(logp.view({-1, v}), e.in(op, 1).reshape({-1}));
+  e.set_out(op, 0, std::move(loss));
+  e.set_out(op, 1, std::move(logp));
+}
+
+void backward(detail::OpEnv& e, const OpNode& op) {
+  const at::Tensor& logp = e.saved_out(op, 1);
+  const at::Tensor& targets = e.saved_in(op, 1);
+  const int64_t v = logp.size(-1);
+  const int64_t n = logp.numel() / v;
+  at::Tensor dlogits = at::exp(logp);  // softmax
+  dlogits.view({-1, v}).scatter_add_(1, targets.reshape({-1, 1}), at::full({n, 1}, -1.0, dlogits.options()));
+  dlogits.mul_(e.grad_out(op, 0) / static_cast<double>(n));
+  e.set_grad(op, 0, std::move(dlogits));
+}
+
+// nll_loss's total_weight scalar.
+int64_t forward_scratch(const BlockSpec&, const OpNode&, const ScratchContext&) { return 4; }
+
+// A (tokens, 1) column of -1; the scaled loss gradient (4 bytes) comes after the column is freed.
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+  const TensorSpec& logp = b.tensors[n.out[1]];
+  return std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4);
+}
+
+BlockSpec example() {
+  ModelConfig cfg;
+  detail::Builder b(cfg, "test.cross_entropy");
+  const int logits = b.input("logits", {2, 3, 11}, DType::F32, "logits");
+  const int targets = b.input("targets", {2, 3}, DType::I64, "targets");
+  const std::vector<int> out = b.op(OpKind::CrossEntropy, "loss", {logits, targets},
+                                    {{"loss", {}, DType::F32}, {"logp", {2, 3, 11}}});
+  return b.finish(out[0]);
+}
+
+std::vector<at::Tensor> reference(const OpNode&, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
+  const at::Tensor logp = at::log_softmax(in[0], -1);
+  return {at::nll_loss(logp.reshape({-1, in[0].size(-1)}), in[1].reshape({-1})), logp};
+}
+
+const detail::OpTestCase kTest{example, reference, /*index_range=*/11};
+
+}  // namespace
+
+extern const OpDef kCrossEntropy = [] {
+  OpDef d;
+  d.name = "cross_entropy";
+  d.n_in = 2, d.n_out = 2;
+  d.bwd_reads_in = 0b10;
+  d.bwd_reads_out = 0b10;
+  d.grad_in[0] = GradKind::Fresh;
+  d.forward_scratch = forward_scratch;
+  d.backward_scratch = backward_scratch;
+  d.forward = forward;
+  d.backward = backward;
+  d.test = &kTest;
+  return d;
+}();
+
+}  // namespace remat::ops

@@ -1,0 +1,26 @@
+// What each op file gives the op tests (internal): a tiny example stage and the op's math written
+// in differentiable ATen ops. OpsTest runs every registered op through the executor against its
+// reference, forward and backward, in float64 and float32, so a new op is tested by being defined.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "remat/block.h"
+
+namespace remat::detail {
+
+struct OpTestCase {
+  // A stage of this one op whose inputs are the op's inputs, at small sizes (the tests fill it with
+  // float64 or float32 data).
+  BlockSpec (*example)() = nullptr;
+  // The op's outputs from its inputs and parameters, with autograd-differentiable ATen ops. Outputs
+  // that are not float (masks) may be returned as the op computes them.
+  std::vector<at::Tensor> (*reference)(const OpNode& node, const std::vector<at::Tensor>& in,
+                                       const std::vector<at::Tensor>& params) = nullptr;
+  int64_t index_range = 0;  // int64 inputs are drawn from [0, index_range)
+};
+
+}  // namespace remat::detail

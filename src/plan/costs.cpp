@@ -1,0 +1,102 @@
+// Op costs: the model of time the planner optimises, and the one place that picks its source.
+#include "remat/costs.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "remat/error.h"
+
+namespace remat {
+
+double CostModel::none_step_ms(int64_t layers) const {
+  double block_ms = 0;
+  for (const OpTime& t : block) block_ms += t.forward_ms + t.backward_ms;
+  return static_cast<double>(layers) * block_ms + other_ms;
+}
+
+double CostModel::recompute_ms(const Schedule& schedule) const {
+  double ms = 0;
+  for (int op : schedule.recomputed) ms += block[op].forward_ms;
+  return ms;
+}
+
+double CostModel::step_ms(const StepPlan& plan) const {
+  double ms = none_step_ms(plan.model->layers);
+  for (const StagePlan& st : plan.stages)
+    if (st.role == StagePlan::Role::Block) ms += recompute_ms(*st.schedule);
+  return ms;
+}
+
+namespace {
+
+// Bytes an op reads and writes: inputs, outputs and parameters forward; the backward reads what
+// it keeps and the output gradients, and writes the input and parameter gradients.
+std::pair<int64_t, int64_t> bytes_moved(const BlockSpec& b, int op) {
+  const OpNode& node = b.ops[op];
+  int64_t params = 0;
+  for (int p : node.params) params += b.param_bytes(p);
+  int64_t in = 0, out = 0, reads = 0;
+  for (int t : node.in) in += b.tensors[t].bytes();
+  for (int t : node.out) out += b.tensors[t].bytes();
+  for (int t : b.bwd_reads(op)) reads += b.tensors[t].bytes();
+  return {in + out + params, reads + out + in + 2 * params};
+}
+
+double roofline_ms(int64_t flops, int64_t bytes, const MachineRates& r) {
+  return std::max(static_cast<double>(flops) / (r.matmul_gflops * 1e6), static_cast<double>(bytes) / (r.memory_gbps * 1e6));
+}
+
+}  // namespace
+
+CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates) {
+  if (!(rates.matmul_gflops > 0) || !(rates.memory_gbps > 0))
+    fail("MachineRates must be positive, got {} GFLOP/s and {} GB/s", rates.matmul_gflops, rates.memory_gbps);
+  auto op_time = [&](const BlockSpec& b, size_t op) {
+    const OpFlops f = b.flops(static_cast<int>(op));
+    const auto [fwd_bytes, bwd_bytes] = bytes_moved(b, static_cast<int>(op));
+    return OpTime{roofline_ms(f.forward, fwd_bytes, rates), roofline_ms(f.backward, bwd_bytes, rates)};
+  };
+  CostModel c;
+  for (size_t op = 0; op < spec.block.ops.size(); ++op) c.block.push_back(op_time(spec.block, op));
+  auto stage_ms = [&](const BlockSpec& b) {
+    double ms = 0;
+    for (size_t op = 0; op < b.ops.size(); ++op) {
+      const OpTime t = op_time(b, op);
+      ms += t.forward_ms + t.backward_ms;
+    }
+    return ms;
+  };
+  // Adam reads and writes weights, gradients and two moments: about 7 float passes per parameter.
+  c.other_ms = stage_ms(spec.head) + (spec.has_stem ? stage_ms(spec.stem) : 0.0) +
+               static_cast<double>(spec.param_numel()) * 28.0 / (rates.memory_gbps * 1e6);
+  c.source = fmt::format("estimated: matmul FLOPs at {:.0f} GFLOP/s, bytes at {:.0f} GB/s", rates.matmul_gflops,
+                         rates.memory_gbps);
+  return c;
+}
+
+CostSource parse_cost_source(std::string_view text) {
+  if (text == "auto") return CostSource::Auto;
+  if (text == "measured") return CostSource::Measured;
+  if (text == "estimated") return CostSource::Estimated;
+  fail("unknown cost source '{}'; allowed: auto, measured, estimated", text);
+}
+
+CostModel choose_costs(const ModelConfig& cfg, CostSource source, const ThreadConfig& threads) {
+  // Measured where one layer runs here (the engine runs fp32 with math attention) in seconds.
+  const bool runnable = cfg.dtype == DType::F32 && cfg.attention == AttentionImpl::Math;
+  if (source == CostSource::Measured && !runnable)
+    fail("measured costs need ModelConfig.dtype fp32 and ModelConfig.attention math (what the engine runs here)");
+  const ModelSpec spec = make_model(cfg);
+  apply_threads(threads);
+  if (source != CostSource::Measured) {
+    CostModel est = estimate_costs(spec, measure_rates());
+    est.threads.aten_threads = threads.aten;
+    est.threads.kernel_threads = threads.blas;
+    const double layer_ms = est.none_step_ms(1) - est.other_ms;
+    if (source == CostSource::Estimated || !runnable || layer_ms >= 5000) return est;
+  }
+  return measure_costs(cfg, threads);
+}
+
+}  // namespace remat

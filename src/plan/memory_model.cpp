@@ -1,0 +1,319 @@
+// The memory model: a fold over a StepPlan's schedules on byte sizes (NOTE [One plan]).
+//
+// Every decision (what is saved, what is recomputed, how each gradient buffer is made and merged)
+// is read from the schedule. What is written here is what memory does as a consequence: an
+// allocation counts its bytes, a buffer shared by several gradient slots is released with its last
+// reference, and three rules of LibTorch's autograd that no schedule can say:
+//   1. autograd's gradient of the loss (the backward's root) lives until the whole backward ends;
+//   2. a stage's incoming gradient lives until the stage returns, unless the stage hands it back
+//      as its own input's gradient (a residual add), when it lives on as the next one's;
+//   3. a parameter used by two stages (the tied LM head) gets its two gradients summed by the
+//      autograd engine once the second stage returns (and its dy is gone): LibTorch 1.13's
+//      InputBuffer adds them out of place, into a new tensor, then frees both.
+#include "remat/memory_model.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "remat/error.h"
+
+namespace remat {
+
+namespace {
+
+struct Where {
+  const char* pass = "";  // "forward", "backward", "recompute"
+  const StagePlan* stage = nullptr;
+  int op = -1;
+};
+
+class Sim {
+ public:
+  void alloc(int64_t n) {
+    live_ += n;
+    peak_ = std::max(peak_, live_);
+    if (live_ > top_) {
+      top_ = live_;
+      peak_at_ = where_;
+    }
+  }
+  void free(int64_t n) { live_ -= n; }
+  void at(const char* pass, const StagePlan* stage, int op) { where_ = {pass, stage, op}; }
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  // Where the highest level of the whole run was reached.
+  const Where& peak_at() const { return peak_at_; }
+  // Starts a new peak measurement at the current level (peak_at keeps the run's highest).
+  void restart_peak() { peak_ = live_; }
+
+ private:
+  int64_t live_ = 0, peak_ = 0, top_ = 0;
+  Where where_, peak_at_;
+};
+
+std::string describe(const Where& w) {
+  if (w.stage == nullptr) return "start of the step";
+  const std::string stage = w.stage->role == StagePlan::Role::Stem   ? "the embedding"
+                            : w.stage->role == StagePlan::Role::Head ? "the head"
+                                                                     : fmt::format("layer {}", w.stage->layer);
+  if (w.op < 0) return fmt::format("{} after the backward of {}", w.pass, stage);
+  return fmt::format("{} of {}, op '{}'", w.pass, stage, w.stage->spec->ops[w.op].name);
+}
+
+void forward_stage(Sim& sim, const StagePlan& st, const ScratchContext& ctx) {
+  const BlockSpec& b = *st.spec;
+  for (const Step& step : st.schedule->forward) {
+    if (step.kind == Step::Kind::Free) {
+      sim.free(b.tensors[step.index].bytes());
+      continue;
+    }
+    sim.at("forward", &st, step.index);
+    for (int t : b.ops[step.index].out) sim.alloc(b.tensors[t].bytes());
+    const int64_t scratch = b.forward_scratch(step.index, ctx);
+    sim.alloc(scratch);
+    sim.free(scratch);
+  }
+}
+
+// Gradient memory: buffers that several slots may share, released with their last reference.
+class Buffers {
+ public:
+  static constexpr int kNone = -1;
+  explicit Buffers(Sim& sim) : sim_(sim) {}
+  int external() { return add(0, false); }  // a tensor someone else owns (autograd's dy)
+  int fresh(int64_t bytes) {
+    sim_.alloc(bytes);
+    return add(bytes, true);
+  }
+  int adopt(int64_t bytes) { return add(bytes, true); }  // memory already counted, owned from now on
+  int share(int buf) {
+    ++refs_[buf];
+    return buf;
+  }
+  void drop(int buf) {
+    if (buf != kNone && --refs_[buf] == 0 && counted_[buf]) sim_.free(bytes_[buf]);
+  }
+
+ private:
+  int add(int64_t bytes, bool counted) {
+    bytes_.push_back(bytes);
+    refs_.push_back(1);
+    counted_.push_back(counted);
+    return static_cast<int>(bytes_.size()) - 1;
+  }
+  Sim& sim_;
+  std::vector<int64_t> bytes_;
+  std::vector<int> refs_;
+  std::vector<bool> counted_;
+};
+
+// Parameters that already have a gradient this step (rule 3).
+struct ParamGrads {
+  std::vector<bool> has;
+  int64_t pending_sum = 0;  // bytes of second gradients made by the running stage
+};
+
+// One stage's backward, with its incoming gradient owned by the caller.
+void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ScratchContext& ctx) {
+  const BlockSpec& b = *st.spec;
+  const Schedule& s = *st.schedule;
+  Buffers bufs(sim);
+  std::vector<int> slot(b.tensors.size(), Buffers::kNone);
+  slot[b.output] = bufs.external();
+  std::vector<bool> held = s.saved;
+  auto bytes = [&](int t) { return b.tensors[t].bytes(); };
+  for (const Step& step : s.backward) {
+    switch (step.kind) {
+      case Step::Kind::Free: {
+        const int k = b.input_index(step.index);
+        if (held[step.index] && !(k >= 0 && st.external[k])) sim.free(bytes(step.index));
+        held[step.index] = false;
+        break;
+      }
+      case Step::Kind::FreeGrad:
+        bufs.drop(slot[step.index]);
+        slot[step.index] = Buffers::kNone;
+        break;
+      case Step::Kind::Recompute: {
+        const OpNode& op = b.ops[step.index];
+        sim.at("recompute", &st, step.index);
+        for (int t : op.out) sim.alloc(bytes(t));
+        const int64_t scratch = b.forward_scratch(step.index, ctx);
+        sim.alloc(scratch);
+        sim.free(scratch);
+        for (size_t i = 0; i < op.out.size(); ++i) {
+          if (step.discard & (1u << i)) sim.free(bytes(op.out[i]));  // the forward's value is kept
+          held[op.out[i]] = true;
+        }
+        break;
+      }
+      case Step::Kind::Backward: {
+        const OpNode& op = b.ops[step.index];
+        sim.at("backward", &st, step.index);
+        // The op makes its gradients...
+        std::vector<int> incoming(op.in.size(), Buffers::kNone);
+        for (size_t i = 0; i < op.in.size(); ++i) {
+          const int t = op.in[i];
+          const GradStep& g = step.grads[i];
+          switch (g.source) {
+            case GradSource::None: break;
+            case GradSource::Fresh: incoming[i] = bufs.fresh(bytes(t)); break;
+            case GradSource::OverDy:
+              incoming[i] = slot[op.out[0]];
+              slot[op.out[0]] = Buffers::kNone;
+              break;
+            case GradSource::OverInput:
+              incoming[i] = bufs.adopt(bytes(t));
+              held[t] = false;
+              break;
+            case GradSource::Alias: incoming[i] = bufs.share(slot[op.out[0]]); break;
+            case GradSource::Slot:
+              if (g.prep == SlotPrep::Zeros) {
+                slot[t] = bufs.fresh(bytes(t));
+              } else if (g.prep == SlotPrep::Copy) {
+                const int mine = bufs.fresh(bytes(t));
+                bufs.drop(slot[t]);
+                slot[t] = mine;
+              }
+              break;
+          }
+        }
+        for (size_t p = 0; p < op.params.size(); ++p) {
+          sim.alloc(b.param_bytes(op.params[p]));
+          const int id = st.params[op.params[p]];
+          if (pg.has[id]) pg.pending_sum += b.param_bytes(op.params[p]);
+          pg.has[id] = true;
+        }
+        const int64_t scratch = b.backward_scratch(step.index, ctx);
+        sim.alloc(scratch);
+        sim.free(scratch);
+        // ...then each joins its input's slot.
+        for (size_t i = 0; i < op.in.size(); ++i) {
+          const GradStep& g = step.grads[i];
+          if (g.source == GradSource::None || g.source == GradSource::Slot) continue;
+          int& dst = slot[op.in[i]];
+          switch (g.merge) {
+            case GradMerge::Set: dst = incoming[i]; break;
+            case GradMerge::AddIntoSlot: bufs.drop(incoming[i]); break;
+            case GradMerge::AddSlotIntoIt:
+              bufs.drop(dst);
+              dst = incoming[i];
+              break;
+            case GradMerge::Sum: {
+              const int sum = bufs.fresh(bytes(op.in[i]));
+              bufs.drop(dst);
+              bufs.drop(incoming[i]);
+              dst = sum;
+              break;
+            }
+          }
+        }
+        break;
+      }
+      case Step::Kind::Forward: break;
+    }
+  }
+}
+
+// Rule 3, after a stage has returned: each parameter gradient it made for a parameter that already
+// had one is summed with that one into a new tensor, and both are freed.
+void sum_tied(Sim& sim, ParamGrads& pg) {
+  sim.alloc(pg.pending_sum);
+  sim.free(2 * pg.pending_sum);
+  pg.pending_sum = 0;
+}
+
+}  // namespace
+
+StepMemory simulate_memory(const StepPlan& plan, const ScratchContext& ctx, MemoryTrace* out) {
+  if (plan.chunk > 0)
+    fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
+  const ModelSpec& spec = *plan.model;
+  StepMemory m;
+  int64_t numel = 0;
+  for (const ModelParam& p : plan.params) numel += p.spec->numel();
+  const DType dtype = spec.block.dtype;
+  const bool mixed = dtype != DType::F32;
+  m.params = numel * dtype_size(dtype);
+  m.grads = m.params;
+  m.optimizer = numel * (mixed ? 12 : 8);
+  const StagePlan& first = plan.stages.front();
+  const StagePlan& head = plan.stages.back();
+  m.data = first.spec->tensors[first.spec->inputs[0]].bytes() + head.spec->tensors[head.spec->inputs[1]].bytes();
+
+  const int64_t L = spec.layers;
+  MemoryTrace t{std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), 0, 0};
+  Sim sim;
+  int64_t top = 0;
+  // Runs one phase, recording where it started and its peak.
+  auto phase = [&](const StagePlan& st, bool backward, auto body) {
+    int64_t scratch_peak = 0, *peak = &scratch_peak;
+    if (st.role == StagePlan::Role::Block) {
+      (backward ? t.bwd_start : t.fwd_start)[st.layer] = sim.live();
+      peak = &(backward ? t.bwd_peak : t.fwd_peak)[st.layer];
+    } else {
+      peak = st.role == StagePlan::Role::Head ? &t.head_peak : &t.stem_peak;
+    }
+    sim.restart_peak();
+    body();
+    *peak = std::max(*peak, sim.peak());
+    top = std::max(top, sim.peak());
+  };
+
+  for (const StagePlan& st : plan.stages) phase(st, false, [&] { forward_stage(sim, st, ctx); });
+  m.saved = sim.live();
+
+  // Backward, stages in reverse. The root gradient first (rule 1); each stage's dy is the gradient
+  // the stage after it returned (rule 2).
+  ParamGrads pg{std::vector<bool>(plan.params.size(), false), 0};
+  const int64_t root = head.spec->tensors[head.spec->output].bytes();
+  int64_t dy = 0;  // bytes of the running stage's incoming gradient (none for the head: the root)
+  for (size_t i = plan.stages.size(); i-- > 0;) {
+    const StagePlan& st = plan.stages[i];
+    phase(st, true, [&] {
+      if (st.role == StagePlan::Role::Head) sim.alloc(root);
+      backward_stage(sim, st, pg, ctx);
+      const bool keeps_dy = !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] &&
+                            !st.external[0];
+      if (!keeps_dy) sim.free(dy);
+      sim.at("summing a tied parameter's gradients", &st, -1);
+      sum_tied(sim, pg);
+    });
+    dy = st.spec->tensors[st.spec->inputs[0]].bytes();
+  }
+  sim.free(root);
+
+  m.peak = top;
+  m.peak_at = describe(sim.peak_at());
+  if (out) *out = std::move(t);
+  return m;
+}
+
+StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ScratchContext& ctx) {
+  auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
+  return simulate_memory(compile_step(spec, policy), ctx);
+}
+
+BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, const ScratchContext& ctx) {
+  StagePlan st;
+  st.spec = &spec;
+  st.schedule = std::shared_ptr<const Schedule>(&schedule, [](const Schedule*) {});
+  st.params.resize(spec.params.size());
+  for (size_t i = 0; i < st.params.size(); ++i) st.params[i] = static_cast<int>(i);
+  st.external.assign(spec.inputs.size(), false);
+  BlockMemory o;
+  o.saved = schedule.saved_bytes(spec);
+  Sim sim;
+  forward_stage(sim, st, ctx);
+  o.forward_extra = sim.peak();
+  sim.restart_peak();
+  const int64_t start = sim.live();
+  ParamGrads pg{std::vector<bool>(spec.params.size(), false), 0};
+  backward_stage(sim, st, pg, ctx);
+  sum_tied(sim, pg);
+  o.backward_extra = sim.peak() - start;
+  return o;
+}
+
+}  // namespace remat

@@ -1,0 +1,168 @@
+#include "remat/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include <ATen/ATen.h>
+
+#include "remat/error.h"
+#include "remat/memory.h"
+#include "remat/model.h"
+#include "remat/optim.h"
+#include "remat/resolve.h"
+#include "test_util.h"
+
+namespace remat {
+namespace {
+
+using testing::tiny;
+
+// A cost model where every op costs its matmul FLOPs plus one unit per tensor byte: deterministic.
+CostModel unit_costs(const ModelSpec& spec) { return estimate_costs(spec, MachineRates{1.0, 1.0}); }
+
+TEST(Frontier, EqualsBruteForce) {
+  for (double dropout : {0.0, 0.1}) {
+    const ModelConfig c = tiny("gpt2", dropout);
+    const ModelSpec spec = make_model(c);
+    const CostModel costs = unit_costs(spec);
+    const LayerPolicy pins = keep_everything(spec.block);
+    const auto fast = block_frontier(spec.block, costs, pins);
+    const auto brute = block_frontier_brute_force(spec.block, costs, pins);
+    ASSERT_EQ(fast.size(), brute.size()) << "dropout " << dropout;
+    for (size_t i = 0; i < fast.size(); ++i) {
+      EXPECT_EQ(fast[i].saved, brute[i].saved);
+      EXPECT_EQ(fast[i].recompute_ms, brute[i].recompute_ms);
+      EXPECT_EQ(fast[i].backward_extra, brute[i].backward_extra);
+    }
+  }
+}
+
+TEST(Frontier, SpansNoneToTheLeastMemory) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  const ModelSpec spec = make_model(c);
+  const LayerPolicy pins = keep_everything(spec.block);
+  const auto front = block_frontier(spec.block, unit_costs(spec), pins);
+  EXPECT_EQ(front.front().text, "none");
+  EXPECT_EQ(front.front().recompute_ms, 0.0);
+  for (size_t i = 1; i < front.size(); ++i) EXPECT_LE(front[i].saved, front[i - 1].saved);
+}
+
+TEST(Plan, FitsTheBudgetOrNamesTheMinimum) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  const ModelSpec spec = make_model(c);
+  const CostModel costs = unit_costs(spec);
+  const LayerPolicy pins = keep_everything(spec.block);
+  const Plan none = make_plan(c, Budget{0, 100.0}, costs, pins);
+  ASSERT_TRUE(none.fits);
+  EXPECT_EQ(none.step_ms, none.none_step_ms);  // 100% of none's peak: nothing to recompute
+  for (double pct : {95.0, 85.0, 75.0}) {
+    const Plan p = make_plan(c, Budget{0, pct}, costs, pins);
+    if (!p.fits) continue;
+    EXPECT_LE(p.memory.total_peak(), p.budget) << pct;
+    const StepMemory check = simulate_memory(c, p.policy);
+    EXPECT_EQ(check.total_peak(), p.memory.total_peak());
+  }
+  const Plan tight = make_plan(c, Budget{none.none_memory.base() + 1, 0}, costs, pins);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_GT(tight.min_budget, tight.budget);
+  EXPECT_TRUE(make_plan(c, Budget{tight.min_budget, 0}, costs, pins).fits);
+}
+
+TEST(Plan, StepTimeNeverGrowsWithTheBudget) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  const ModelSpec spec = make_model(c);
+  const CostModel costs = unit_costs(spec);
+  const LayerPolicy pins = keep_everything(spec.block);
+  const Planner planner(c, costs, pins);
+  const Plan least = planner.plan(Budget{planner.none_memory().base() + 1, 0});
+  double last = std::numeric_limits<double>::infinity();
+  for (int i = 0; i <= 20; ++i) {
+    const int64_t b = least.min_budget + (planner.none_memory().total_peak() - least.min_budget) * i / 20;
+    const Plan p = planner.plan(Budget{b, 0});
+    ASSERT_TRUE(p.fits) << b;
+    EXPECT_LE(p.step_ms, last) << b;
+    last = p.step_ms;
+  }
+}
+
+TEST(Plan, PinsAreKept) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  const ModelSpec spec = make_model(c);
+  const CostModel costs = unit_costs(spec);
+  ResolveOptions o;
+  o.given = &costs;
+  const Resolution res = resolve_policy(Policy::parse("budget:90%+keep:probs+drop:fc"), c, o);
+  const ResolvedPolicy& r = res.policy;
+  const Plan& plan = *res.plan;
+  for (const LayerPolicy& lp : r.layers) {
+    EXPECT_TRUE(lp.saves(spec.block.find("probs")));
+    EXPECT_FALSE(lp.saves(spec.block.find("fc")));
+  }
+  EXPECT_LE(plan.memory.total_peak(), plan.budget);
+}
+
+TEST(Plan, PercentagesAreOfNoneWithoutThePins) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  const ModelSpec spec = make_model(c);
+  const CostModel costs = unit_costs(spec);
+  const Planner plain(c, costs, keep_everything(spec.block));
+  const Planner pinned(c, costs, Policy::parse("drop:probs,fc").resolve(spec.block, 1).layers[0]);
+  EXPECT_EQ(pinned.none_memory().total_peak(), plain.none_memory().total_peak());
+  EXPECT_EQ(pinned.plan(Budget{0, 80.0}).budget, plain.plan(Budget{0, 80.0}).budget);
+}
+
+TEST(Plan, RefusesWithTheSmallestBudget) {
+  const ModelConfig c = tiny("gpt2");
+  try {
+    const CostModel costs = unit_costs(make_model(c));
+    ResolveOptions o;
+    o.given = &costs;
+    resolve_policy(Policy::parse("budget:1KiB"), c, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("budget 1.0 KiB cannot be met: the smallest peak any policy reaches is"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Korthikanti et al. 2022, Table 2: activation bytes per layer of a GPT block in fp16 with
+// dropout and unfused attention: sbh(34 + 5as/h) with nothing recomputed, 34sbh with selective
+// (core attention) recompute, 2sbh with full recompute. The paper leaves out the LayerNorm
+// statistics (two fp32 numbers per token per norm); they are subtracted here.
+TEST(Table2, ReproducesKorthikanti) {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.dtype = DType::F16;
+  c.dropout = 0.1;
+  c.layers = 2; c.dim = 64; c.heads = 4; c.batch = 3; c.seq = 32;
+  c.attn_block = c.seq;  // unfused attention: the full T x T
+  const BlockSpec b = make_block(c);
+  const int64_t s = c.seq, bt = c.batch, h = c.dim, a = c.heads;
+  const int64_t stats = 2 * 2 * s * bt * 4;
+  const int64_t x = b.tensors[b.inputs[0]].bytes();  // the layer input, kept by every policy
+  auto per_layer = [&](const char* policy) {
+    const Schedule sch = compile_schedule(b, Policy::parse(policy).resolve(b, 1).layers[0]);
+    return sch.saved_bytes(b) + x - (sch.saved[b.find("ln1_mean")] ? stats : 0);
+  };
+  EXPECT_EQ(per_layer("none"), s * bt * h * 34 + 5 * a * s * s * bt);
+  EXPECT_EQ(per_layer("attn"), 34 * s * bt * h);
+  EXPECT_EQ(per_layer("full"), 2 * s * bt * h);
+}
+
+TEST(Plan, AnswersForGpt3Shapes) {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.layers = 96; c.dim = 12288; c.heads = 96; c.batch = 1; c.seq = 2048; c.vocab = 50257;
+  c.dtype = DType::F16; c.dropout = 0.1;
+  const ModelSpec spec = make_model(c);
+  const CostModel costs = estimate_costs(spec, MachineRates{180, 20});
+  const LayerPolicy pins = keep_everything(spec.block);
+  const Plan p = make_plan(c, parse_budget("80GB"), costs, pins);
+  EXPECT_FALSE(p.fits);                         // 175B parameters do not fit one 80 GB device
+  EXPECT_GT(p.min_budget, 170'000'000'000LL * 16);  // 174.6B parameters at 16 B (weights, grads, Adam)
+}
+
+}  // namespace
+}  // namespace remat

@@ -1,0 +1,36 @@
+// resolve_policy: the one way a policy string becomes per-layer choices.
+#include "remat/resolve.h"
+
+#include "remat/error.h"
+#include "remat/units.h"
+
+namespace remat {
+
+Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const ResolveOptions& o) {
+  auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
+  const ScratchContext threads{o.threads.aten, o.threads.blas};
+  Resolution r;
+  if (!policy.is_budget()) {
+    r.policy = policy.resolve(spec->block, cfg.layers);
+    r.text = policy.text();
+    if (r.policy.chunk == 0) r.memory = simulate_memory(compile_step(spec, r.policy), threads);
+    return r;
+  }
+  const LayerPolicy pins = policy.pins(spec->block);  // name errors before any measuring
+  if (o.progress) o.progress(fmt::format("planning {}", policy.text()));
+  const CostModel costs = o.given ? *o.given : choose_costs(cfg, o.costs, o.threads);
+  const Plan plan = make_plan(cfg, policy.budget(), costs, pins);
+  if (!plan.fits)
+    fail("budget {} cannot be met: the smallest peak any policy reaches is {} (weights {}, optimizer {}, data {}, "
+         "activations and gradients {})",
+         to_string(policy.budget()), bytes_str(plan.min_budget), bytes_str(plan.memory.params),
+         bytes_str(plan.memory.optimizer), bytes_str(plan.memory.data), bytes_str(plan.memory.peak));
+  r.policy = plan.policy;
+  r.text = plan.policy_text;
+  r.memory = plan.memory;
+  r.costs = costs;
+  r.plan = plan;
+  return r;
+}
+
+}  // namespace remat

@@ -1,0 +1,75 @@
+#include "test_util.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include <ATen/ATen.h>
+
+#include "remat/block.h"
+#include "remat/units.h"
+
+namespace remat::testing {
+
+ModelConfig tiny(const std::string& arch, double dropout) {
+  ModelConfig c;
+  c.arch = arch;
+  c.layers = 4;
+  c.dim = 16;
+  c.heads = 4;
+  c.batch = 2;
+  c.seq = 8;
+  c.vocab = 11;
+  c.dropout = dropout;
+  c.attn_block = 4;
+  return c;
+}
+
+std::vector<std::string> all_kinds() { return block_kinds(); }
+
+std::vector<std::string> token_kinds() {
+  std::vector<std::string> out;
+  for (const std::string& k : block_kinds())
+    if (make_model(tiny(k)).has_stem) out.push_back(k);
+  return out;
+}
+
+namespace {
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+}  // namespace
+
+::testing::AssertionResult bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined())
+    return ::testing::AssertionFailure() << (a.defined() ? "second" : "first") << " tensor is undefined";
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type())
+    return ::testing::AssertionFailure() << shape_str(a.sizes().vec()) << " " << a.scalar_type() << " vs "
+                                         << shape_str(b.sizes().vec()) << " " << b.scalar_type();
+  const at::Tensor x = a.contiguous(), y = b.contiguous();
+  if (std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "not bitwise equal: max abs diff " << max_diff(x, y);
+}
+
+::testing::AssertionResult close(const at::Tensor& got, const at::Tensor& want, double tol) {
+  if (!got.defined() || !want.defined()) return ::testing::AssertionFailure() << "an undefined tensor";
+  if (got.sizes() != want.sizes())
+    return ::testing::AssertionFailure() << shape_str(got.sizes().vec()) << " vs " << shape_str(want.sizes().vec());
+  if (got.numel() == 0) return ::testing::AssertionSuccess();
+  const double scale = std::max(1.0, want.to(at::kDouble).abs().max().item<double>());
+  const double diff = max_diff(got, want);
+  if (diff <= tol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max abs diff " << diff << " over " << tol << " x " << scale;
+}
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("remat_test_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+}  // namespace remat::testing

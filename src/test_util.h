@@ -1,0 +1,31 @@
+// What the tests share (internal): one tiny config per block kind, and comparisons that say by how
+// much two tensors differ.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <gtest/gtest.h>
+
+#include "remat/config.h"
+
+namespace remat::testing {
+
+// A model of `arch` that runs in milliseconds: 4 layers, width 16, 4 heads, batch 2, sequence 8,
+// vocabulary 11, causal attention in two row blocks of 4 (the packed layout end to end).
+ModelConfig tiny(const std::string& arch, double dropout = 0.0);
+
+// Every registered block kind, and those that take tokens (have a stem).
+std::vector<std::string> all_kinds();
+std::vector<std::string> token_kinds();
+
+// Same shape, dtype and bytes; otherwise says the largest difference.
+::testing::AssertionResult bitwise_equal(const at::Tensor& a, const at::Tensor& b);
+// |got - want| <= tol * max(1, max |want|) everywhere; otherwise says the largest difference.
+::testing::AssertionResult close(const at::Tensor& got, const at::Tensor& want, double tol);
+
+// A fresh folder under the system's temporary directory, removed first if it exists.
+std::string temp_dir(const std::string& name);
+
+}  // namespace remat::testing

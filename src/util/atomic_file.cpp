@@ -1,0 +1,101 @@
+#include "util/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "remat/error.h"
+
+namespace remat {
+
+namespace {
+
+std::string temp_name(const std::string& path) { return fmt::format("{}.tmp.{}", path, getpid()); }
+
+// Where the bytes go: a link's target, resolved; the path itself otherwise.
+std::string target_of(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char buf[PATH_MAX];
+    if (::realpath(path.c_str(), buf) != nullptr) return buf;
+  }
+  return path;
+}
+
+enum class Kind { Missing, Regular, Stream, Other };
+
+Kind kind_of(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Kind::Missing;
+  if (S_ISREG(st.st_mode)) return Kind::Regular;
+  if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) return Kind::Stream;
+  return Kind::Other;
+}
+
+// Writes all of `content` to fd; returns 0 or an errno.
+int write_all(int fd, std::string_view content) {
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& given, std::string_view content) {
+  const std::string path = target_of(given);
+  const Kind kind = kind_of(path);
+  if (kind == Kind::Other) fail_runtime("cannot write '{}': it is not a regular file or a device", given);
+  if (kind == Kind::Stream) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail_runtime("cannot write '{}': {}", given, std::strerror(errno));
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    const int err = write_all(fd, content);
+    ::close(fd);
+    if (err != 0) fail_runtime("cannot write '{}': {}", given, std::strerror(err));
+    return;
+  }
+  const std::string tmp = temp_name(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail_runtime("cannot write '{}': {}", given, std::strerror(errno));
+  int err = write_all(fd, content);
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    fail_runtime("cannot write '{}': {}", given, std::strerror(err));
+  }
+}
+
+void check_writable(const std::string& given) {
+  if (given.empty()) fail("empty output path; give a file name");
+  const std::string path = target_of(given);
+  const Kind kind = kind_of(path);
+  if (kind == Kind::Other) fail("cannot write '{}': it is a directory or another non-file", given);
+  if (kind == Kind::Stream) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail("cannot write '{}': {}", given, std::strerror(errno));
+    ::close(fd);
+    return;
+  }
+  const std::string tmp = temp_name(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot write '{}': {}", given, std::strerror(errno));
+  ::close(fd);
+  ::unlink(tmp.c_str());
+}
+
+}  // namespace remat

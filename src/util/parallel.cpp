@@ -1,0 +1,121 @@
+#include "util/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace remat::detail {
+
+namespace {
+
+thread_local bool t_inside = false;  // set while this thread runs chunks of a job
+
+class Pool {
+ public:
+  ~Pool() { resize(1); }
+
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void resize(int threads) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    for (std::thread& w : workers_) w.join();
+    workers_.clear();
+    stop_ = false;
+    for (int i = 1; i < std::max(1, threads); ++i) workers_.emplace_back([this] { work(); });
+  }
+
+  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
+    const int64_t chunks = (n + grain - 1) / grain;
+    if (!busy.owns_lock() || workers_.empty() || chunks <= 1 || t_inside) {
+      for (int64_t c = 0; c < chunks; ++c) fn(c * grain, std::min(n, (c + 1) * grain));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn_ = &fn;
+      n_ = n;
+      grain_ = grain;
+      chunks_ = chunks;
+      next_.store(0);
+      done_ = 0;
+      ++generation_;
+    }
+    wake_.notify_all();
+    const int64_t mine = chunks_run();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_ += mine;
+    // Every chunk done and every worker that joined gone: none can touch this job after we return.
+    finished_.wait(lock, [&] { return done_ == chunks_ && active_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  // Takes chunks until none is left; returns how many this thread ran.
+  int64_t chunks_run() {
+    t_inside = true;
+    int64_t ran = 0;
+    for (int64_t c = next_.fetch_add(1); c < chunks_; c = next_.fetch_add(1), ++ran)
+      (*fn_)(c * grain_, std::min(n_, (c + 1) * grain_));
+    t_inside = false;
+    return ran;
+  }
+
+  void work() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (stop_) return;
+        if (fn_ == nullptr) continue;  // woke after the job ended
+        ++active_;
+      }
+      const int64_t ran = chunks_run();
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ += ran;
+      --active_;
+      if (done_ == chunks_ && active_ == 0) finished_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;  // one job at a time; a second caller runs its job inline
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, grain_ = 1, chunks_ = 0, done_ = 0;
+  int active_ = 0;  // workers inside the current job
+  std::atomic<int64_t> next_{0};
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+void set_kernel_threads(int threads) {
+  if (threads != pool().threads()) pool().resize(threads);
+}
+
+int kernel_threads() { return pool().threads(); }
+
+void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  pool().run(n, std::max<int64_t>(grain, 1), fn);
+}
+
+}  // namespace remat::detail

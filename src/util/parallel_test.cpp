@@ -1,0 +1,78 @@
+#include "util/parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "ops/kernels.h"
+
+namespace remat::detail {
+namespace {
+
+// Restores the kernel thread count a test changed.
+class KernelThreads {
+ public:
+  explicit KernelThreads(int n) : saved_(kernel_threads()) { set_kernel_threads(n); }
+  ~KernelThreads() { set_kernel_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+TEST(Parallel, EveryIndexOnceInFixedChunks) {
+  const KernelThreads two(2);
+  std::vector<std::atomic<int>> hits(1000);
+  std::mutex m;
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  parallel_chunks(1000, 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[i]++;
+    std::lock_guard<std::mutex> lock(m);
+    chunks.emplace_back(b, e);
+  });
+  for (const auto& h : hits) EXPECT_EQ(h.load(), 1);
+  EXPECT_EQ(chunks.size(), 16u);  // 15 of 64 and one of 40
+  for (const auto& [b, e] : chunks) {
+    EXPECT_EQ(b % 64, 0);
+    EXPECT_EQ(e, std::min<int64_t>(b + 64, 1000));
+  }
+}
+
+TEST(Parallel, NestedCallsRunInline) {
+  const KernelThreads two(2);
+  std::atomic<int64_t> total{0};
+  parallel_chunks(8, 1, [&](int64_t, int64_t) {
+    parallel_chunks(100, 10, [&](int64_t b, int64_t e) { total += e - b; });
+  });
+  EXPECT_EQ(total.load(), 800);
+}
+
+// The kernels split work into fixed chunks: one thread or two give the same bits.
+TEST(Parallel, KernelsGiveTheSameBitsOnOneThreadOrTwo) {
+  const int64_t rows = 300, cols = 1000, n = rows * cols;  // several chunks, and a partial one
+  std::vector<float> x(n), dy(n);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < n; ++i) x[i] = normal(rng), dy[i] = normal(rng);
+  auto run = [&](int threads) {
+    const KernelThreads pool(threads);
+    std::vector<float> out(4 * n);
+    std::unique_ptr<bool[]> keep(new bool[n]);
+    ops::kernels::gelu_forward(x.data(), out.data(), n);
+    ops::kernels::gelu_backward(dy.data(), x.data(), out.data() + n, n);
+    ops::kernels::softmax_rows(x.data(), out.data() + 2 * n, rows, cols);
+    ops::kernels::dropout_mask(keep.get(), n, 0.1, 42);
+    ops::kernels::dropout_apply(x.data(), keep.get(), 1.0f / 0.9f, out.data() + 3 * n, n);
+    return out;
+  };
+  const std::vector<float> one = run(1), two = run(2);
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace remat::detail

@@ -1,0 +1,84 @@
+#include "remat/runtime.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "util/parallel.h"
+#include "remat/error.h"
+
+namespace remat {
+
+namespace {
+
+template <typename F>
+F openblas_symbol(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+int positive_int(std::string_view s, std::string_view text) {
+  int v = 0;
+  if (s.empty() || s.size() > 4) v = -1;
+  for (char c : s) {
+    if (c < '0' || c > '9') { v = -1; break; }
+    v = v * 10 + (c - '0');
+  }
+  if (v <= 0) fail("ThreadConfig '{}': expected N or A/B with positive integers (e.g. 1/2: ATen 1, BLAS 2)", text);
+  return v;
+}
+
+}  // namespace
+
+ThreadConfig default_threads() {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return {1, static_cast<int>(cores)};
+}
+
+ThreadConfig parse_threads(std::string_view text) {
+  const size_t slash = text.find('/');
+  if (slash == std::string_view::npos) {
+    const int n = positive_int(text, text);
+    return {n, n};
+  }
+  return {positive_int(text.substr(0, slash), text), positive_int(text.substr(slash + 1), text)};
+}
+
+void apply_threads(const ThreadConfig& t) {
+  at::set_num_threads(t.aten);
+  if (auto set = openblas_symbol<void (*)(int)>("openblas_set_num_threads")) set(t.blas);
+  detail::set_kernel_threads(t.blas);
+}
+
+std::string to_string(const ThreadConfig& t) { return std::to_string(t.aten) + "/" + std::to_string(t.blas); }
+
+std::string blas_name() {
+  auto config = openblas_symbol<char* (*)()>("openblas_get_config");
+  if (config == nullptr) return "unknown (not OpenBLAS)";
+  std::string name = config();
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
+    name += std::string(" (kernels forced by OPENBLAS_CORETYPE=") + forced + ")";
+  return name;
+}
+
+double matmul_gflops(int n, int reps) {
+  const at::Tensor a = at::randn({n, n});
+  const at::Tensor b = at::randn({n, n});
+  at::Tensor c = at::mm(a, b);  // warm-up: BLAS threads, caches, pages
+  std::vector<double> seconds;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * n * n * static_cast<double>(n) / seconds[seconds.size() / 2] / 1e9;
+}
+
+}  // namespace remat

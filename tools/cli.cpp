@@ -1,0 +1,104 @@
+#include "cli.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "remat/block.h"
+#include "remat/error.h"
+
+namespace remat::cli {
+
+namespace {
+
+// Named shapes for `remat plan --model`.
+struct NamedShape {
+  const char* name;
+  const char* arch;
+  int64_t layers, dim, heads, kv_heads, ffn, seq, vocab;
+  const char* dtype;
+  double dropout;
+};
+constexpr NamedShape kShapes[] = {
+    {"gpt2-small", "gpt2", 12, 768, 12, 0, 0, 1024, 50257, "fp32", 0.1},
+    {"gpt3-175b", "gpt2", 96, 12288, 96, 0, 0, 2048, 50257, "fp16", 0.1},
+    {"llama-7b", "gpt2", 32, 4096, 32, 0, 11008, 4096, 32000, "bf16", 0.0},
+    {"llama-70b", "gpt2", 80, 8192, 64, 0, 28672, 4096, 32000, "bf16", 0.0},
+};
+
+std::string shape_names() {
+  std::string s;
+  for (const NamedShape& n : kShapes) s += (s.empty() ? "" : ", ") + std::string(n.name);
+  return s;
+}
+
+}  // namespace
+
+void ShapeFlags::add(CLI::App* a) {
+  app = a;
+  std::string kinds;
+  for (const std::string& k : block_kinds()) kinds += (kinds.empty() ? "" : ", ") + k;
+  a->add_option("--arch", cfg.arch, "block kind: " + kinds)->capture_default_str();
+  a->add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
+  a->add_option("--dim", cfg.dim, "model width")->capture_default_str();
+  a->add_option("--heads", cfg.heads, "attention heads (must divide --dim)")->capture_default_str();
+  a->add_option("--kv-heads", cfg.kv_heads, "llama: key/value heads (grouped-query attention); 0 = --heads")
+      ->capture_default_str();
+  a->add_option("--batch", cfg.batch, "sequences per step")->capture_default_str();
+  a->add_option("--seq", cfg.seq, "tokens per sequence")->capture_default_str();
+  a->add_option("--ffn", cfg.ffn, "MLP hidden width; 0 = 4 * dim")->capture_default_str();
+  a->add_option("--dropout", cfg.dropout, "gpt2, llama: dropout probability")->capture_default_str();
+  a->add_option("--attn-block", cfg.attn_block, "causal attention: query rows per stored block")->capture_default_str();
+}
+
+void ShapeFlags::add_planning(CLI::App* a) {
+  a->add_option("--model", model, "a named shape: " + shape_names() + " (flags override it)");
+  a->add_option("--vocab", cfg.vocab, "token models: vocabulary size")->capture_default_str();
+  a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
+  a->add_option("--attention", attention, "math (T x T scores) or flash (fused)")->capture_default_str();
+}
+
+ModelConfig ShapeFlags::resolve() {
+  if (!model.empty()) {
+    const NamedShape* shape = nullptr;
+    for (const NamedShape& s : kShapes)
+      if (model == s.name) shape = &s;
+    if (shape == nullptr) fail("unknown --model '{}'; allowed: {}", model, shape_names());
+    auto unset = [&](const char* flag) { return app->count(flag) == 0; };
+    if (unset("--arch")) cfg.arch = shape->arch;
+    if (unset("--layers")) cfg.layers = shape->layers;
+    if (unset("--dim")) cfg.dim = shape->dim;
+    if (unset("--heads")) cfg.heads = shape->heads;
+    if (unset("--kv-heads")) cfg.kv_heads = shape->kv_heads;
+    if (unset("--ffn")) cfg.ffn = shape->ffn;
+    if (unset("--seq")) cfg.seq = shape->seq;
+    if (unset("--vocab")) cfg.vocab = shape->vocab;
+    if (unset("--dtype")) dtype = shape->dtype;
+    if (unset("--dropout")) cfg.dropout = shape->dropout;
+    if (unset("--batch")) cfg.batch = 1;
+  }
+  cfg.dtype = parse_dtype(dtype);
+  cfg.attention = parse_attention(attention);
+  validate(cfg);
+  return cfg;
+}
+
+void progress(const std::string& line) {
+  static const bool tty = isatty(fileno(stderr));
+  if (tty) fmt::print(stderr, "\r\033[K{}", line);
+  else fmt::print(stderr, "{}\n", line);
+  std::fflush(stderr);
+}
+
+void end_progress() {
+  if (isatty(fileno(stderr))) fmt::print(stderr, "\r\033[K");
+}
+
+std::string duration(double s) {
+  const int64_t t = static_cast<int64_t>(s);
+  return t >= 60 ? fmt::format("{}m{:02d}s", t / 60, static_cast<int>(t % 60)) : fmt::format("{}s", t);
+}
+
+}  // namespace remat::cli

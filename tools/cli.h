@@ -1,0 +1,49 @@
+// The remat CLI's shared pieces: one file per subcommand (cmd_*.cpp) registers its flags and its
+// runner; main (remat.cpp) parses, runs, and maps errors to exit codes and library names to flags.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "remat/config.h"
+
+namespace remat::cli {
+
+// A subcommand: its parser and what runs when it is chosen (returns the exit code).
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command add_bench(CLI::App& parent);
+Command add_plan(CLI::App& parent);
+Command add_train(CLI::App& parent);
+Command add_sample(CLI::App& parent);
+
+// Flags that build a ModelConfig, shared by bench, plan and train.
+struct ShapeFlags {
+  std::string dtype = "fp32";
+  std::string attention = "math";
+  std::string model;  // plan: a named shape
+  ModelConfig cfg;
+  CLI::App* app = nullptr;
+
+  // --arch --layers --dim --heads --kv-heads --batch --seq --ffn --dropout --attn-block
+  void add(CLI::App* a);
+  // plan: --model --vocab --dtype --attention
+  void add_planning(CLI::App* a);
+  // The config the flags describe (a named shape first, flags over it), validated.
+  ModelConfig resolve();
+};
+
+// Progress on stderr: one rewritten line on a terminal, plain lines otherwise.
+void progress(const std::string& line);
+void end_progress();
+
+// "3m05s" or "42s".
+std::string duration(double seconds);
+
+}  // namespace remat::cli

@@ -1,0 +1,98 @@
+// remat bench: step time, saved and peak memory, and gradient checks for a list of policies.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "app/bench.h"
+#include "app/report.h"
+#include "cli.h"
+#include "remat/policy.h"
+
+namespace remat::cli {
+
+namespace {
+
+struct BenchFlags {
+  ShapeFlags shape;
+  std::string policies = "none,full,every:2,every:3";
+  std::vector<std::string> engines;  // empty: default_engines(arch)
+  int steps = 5, warmup = 2;
+  std::string threads, json, csv, markdown;
+  std::vector<std::string> charts;
+  uint64_t seed = 1234;
+  bool verify = false, profile = false, frontier = false;
+};
+
+int run(BenchFlags& f) {
+  BenchOptions o;
+  o.model = f.shape.resolve();
+  o.policies = split_policy_list(f.policies);
+  o.engines = default_engines(o.model.arch);
+  if (!f.engines.empty()) o.engines.clear();
+  for (const std::string& e : f.engines) o.engines.push_back(parse_engine(e));
+  o.verify = f.verify;
+  o.profile = f.profile;
+  o.frontier = f.frontier;
+  o.steps = f.steps;
+  o.warmup = f.warmup;
+  o.seed = f.seed;
+  if (!f.threads.empty()) o.threads = parse_threads(f.threads);
+  for (const std::string& p : {f.json, f.csv, f.markdown})
+    if (!p.empty()) check_writable(p);
+  for (const std::string& c : f.charts) {
+    check_chart_path(c);
+    check_writable(c);
+  }
+  o.progress = progress;
+
+  std::string engine_names;
+  for (Engine e : o.engines) engine_names += (engine_names.empty() ? "" : ",") + std::string(to_string(e));
+  fmt::print("remat bench: {}\n", describe(o.model));
+  fmt::print("  policies {} | engine {} | {} warm-up + {} timed steps | threads ATen/BLAS {} | seed {}\n",
+             fmt::join(o.policies, " "), engine_names, o.warmup, o.steps, to_string(o.threads), o.seed);
+  std::fflush(stdout);
+
+  const BenchResult r = run_bench(o);
+  end_progress();
+  fmt::print("  BLAS: {}\n  matmul {:.1f} GFLOP/s; model FLOPs per step {:.2f} G; floor {:.1f} ms\n\n", r.blas,
+             r.matmul_gflops, static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
+  const std::string table = r.markdown();
+  fmt::print("{}", table);
+  if (o.profile) fmt::print("{}", r.profile_markdown());
+  if (!f.json.empty()) write_file_atomic(f.json, r.json());
+  if (!f.csv.empty()) write_file_atomic(f.csv, r.csv());
+  if (!f.markdown.empty()) write_file_atomic(f.markdown, table);
+  for (const std::string& c : f.charts) r.write_chart(c);
+  for (const std::string& p : {f.json, f.csv, f.markdown})
+    if (!p.empty()) fmt::print("wrote {}\n", p);
+  for (const std::string& c : f.charts) fmt::print("wrote {}\n", c);
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& parent) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* a = parent.add_subcommand("bench", "measure step time and memory of recompute policies");
+  f->shape.add(a);
+  a->add_option("--policies", f->policies, "policies to compare, comma-separated (see README, Policies)")
+      ->capture_default_str();
+  a->add_option("--engine", f->engines,
+                "module (torch::nn + remat::checkpoint) and/or ops (remat::GPT); default: both for seed, ops otherwise")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  a->add_option("--steps", f->steps, "timed steps per policy")->capture_default_str();
+  a->add_option("--warmup", f->warmup, "untimed steps before them")->capture_default_str();
+  a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (default: 1/cores, measured fastest)");
+  a->add_option("--seed", f->seed, "weights and data")->capture_default_str();
+  a->add_flag("--verify", f->verify, "ops engine: check every recomputed tensor bitwise against the forward's");
+  a->add_flag("--profile", f->profile, "ops engine: print per-op forward, recompute and backward times");
+  a->add_flag("--frontier", f->frontier, "ops engine: draw the planner's predicted frontier on the chart");
+  a->add_option("--json", f->json, "write results as JSON");
+  a->add_option("--csv", f->csv, "write results as CSV");
+  a->add_option("--markdown", f->markdown, "write the table as Markdown");
+  a->add_option("--chart", f->charts, "write the trade-off chart (.png or .svg; repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  return {a, [f] { return run(*f); }};
+}
+
+}  // namespace remat::cli

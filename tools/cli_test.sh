@@ -29,7 +29,7 @@ expect_error 2 "--layers must be a positive integer, got 0" bench "${tiny[@]}" -
 expect_error 2 "--batch must be a positive integer, got -1" bench "${tiny[@]}" --batch -1
 expect_error 2 "cannot write '/nonexistent-dir/r.json'" bench "${tiny[@]}" --json /nonexistent-dir/r.json
 expect_error 2 "unknown format '.jpg'" bench "${tiny[@]}" --chart "$tmp/c.jpg"
-expect_error 2 "unknown --arch 'llama'" bench "${tiny[@]}" --arch llama
+expect_error 2 "unknown --arch 'gpt5'; allowed: seed, gpt2" bench "${tiny[@]}" --arch gpt5
 expect_error 2 "--threads 'x'" bench "${tiny[@]}" --threads x
 expect_error 2 "recomputes only some tensors" bench "${tiny[@]}" --policies attn --engine module
 expect_error 2 "The following argument was not expected: --bogus" bench --bogus

@@ -5,12 +5,12 @@
 
 namespace remat::blocks {
 
-extern const BlockKind kSeed, kGpt2;
+extern const BlockKind kSeed, kGpt2, kLlama;
 
 namespace {
 
 // The block kinds, in the order --arch lists them.
-const BlockKind* const kKinds[] = {&kSeed, &kGpt2};
+const BlockKind* const kKinds[] = {&kSeed, &kGpt2, &kLlama};
 
 std::string names() {
   std::string s;

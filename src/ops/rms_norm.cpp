@@ -1,0 +1,144 @@
+// rms_norm over the last dimension: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) (LLaMA).
+//   in: x (..., C)   out: y (..., C), rstd (..., 1) float32   params: weight (C)
+//   backward reads x and rstd; dx is a fresh tensor.
+// CPU float32 runs one loop per row on remat's kernel threads. The weight's gradient is summed in
+// fixed chunks of rows, then the chunks in order: the same bits on any thread count. Elsewhere
+// (float64, CUDA) the same math runs as ATen ops.
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "core/builder.h"
+#include "ops/op_env.h"
+#include "ops/op_testing.h"
+#include "util/parallel.h"
+
+namespace remat::ops {
+namespace {
+
+constexpr int64_t kRows = 64;  // rows per chunk of the weight gradient's partial sums
+
+bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
+
+int64_t chunks(int64_t rows) { return (rows + kRows - 1) / kRows; }
+
+void forward(detail::OpEnv& e, const OpNode& op) {
+  const at::Tensor& x = e.in(op, 0);
+  const at::Tensor& w = e.param(op, 0);
+  const int64_t c = x.size(-1), rows = x.numel() / c;
+  std::vector<int64_t> stat = x.sizes().vec();
+  stat.back() = 1;
+  if (!cpu_float(x) || !cpu_float(w)) {
+    at::Tensor rstd = x.pow(2).mean(-1, true).add(op.eps).rsqrt();  // in x's type (float64 in the tests)
+    e.set_out(op, 0, x * rstd * w);
+    e.set_out(op, 1, std::move(rstd));
+    return;
+  }
+  at::Tensor y = at::empty_like(x), rstd = at::empty(stat, x.options().dtype(at::kFloat));
+  const float *px = x.data_ptr<float>(), *pw = w.data_ptr<float>();
+  float *py = y.data_ptr<float>(), *pr = rstd.data_ptr<float>();
+  const float eps = static_cast<float>(op.eps);
+  detail::parallel_chunks(rows, kRows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* in = px + r * c;
+      float ss = 0;
+      for (int64_t j = 0; j < c; ++j) ss += in[j] * in[j];
+      const float s = 1.0f / std::sqrt(ss / static_cast<float>(c) + eps);
+      pr[r] = s;
+      float* out = py + r * c;
+      for (int64_t j = 0; j < c; ++j) out[j] = in[j] * s * pw[j];
+    }
+  });
+  e.set_out(op, 0, std::move(y));
+  e.set_out(op, 1, std::move(rstd));
+}
+
+void backward(detail::OpEnv& e, const OpNode& op) {
+  const at::Tensor& x = e.saved_in(op, 0);
+  const at::Tensor& rstd = e.saved_out(op, 1);
+  const at::Tensor& dy = e.grad_out(op, 0);
+  const at::Tensor& w = e.param(op, 0);
+  const int64_t c = x.size(-1), rows = x.numel() / c;
+  const bool need_dx = e.needs_grad(op, 0);
+  if (!cpu_float(x) || !cpu_float(dy) || !cpu_float(w)) {
+    const at::Tensor s = rstd.to(x.scalar_type());
+    const at::Tensor xhat = x * s;
+    at::Tensor dw = (dy * xhat).reshape({-1, c}).sum(0);
+    if (need_dx) {
+      const at::Tensor g = dy * w;
+      e.set_grad(op, 0, s * (g - xhat * (g * xhat).mean(-1, true)));
+    }
+    e.add_param_grad(op, 0, std::move(dw));
+    return;
+  }
+  at::Tensor dx = need_dx ? at::empty_like(x) : at::Tensor();
+  at::Tensor partial = at::empty({chunks(rows), c}, x.options());
+  const float *px = x.data_ptr<float>(), *pr = rstd.data_ptr<float>(), *pdy = dy.data_ptr<float>(),
+              *pw = w.data_ptr<float>();
+  float* pdx = need_dx ? dx.data_ptr<float>() : nullptr;
+  float* pp = partial.data_ptr<float>();
+  detail::parallel_chunks(rows, kRows, [&](int64_t begin, int64_t end) {
+    float* acc = pp + (begin / kRows) * c;
+    std::fill(acc, acc + c, 0.0f);
+    for (int64_t r = begin; r < end; ++r) {
+      const float *in = px + r * c, *g = pdy + r * c;
+      const float s = pr[r];
+      float dot = 0;  // sum of (dy * w) * xhat over the row
+      for (int64_t j = 0; j < c; ++j) {
+        const float xh = in[j] * s;
+        acc[j] += g[j] * xh;
+        dot += g[j] * pw[j] * xh;
+      }
+      if (pdx == nullptr) continue;
+      const float mean = dot / static_cast<float>(c);
+      float* out = pdx + r * c;
+      for (int64_t j = 0; j < c; ++j) out[j] = s * (g[j] * pw[j] - in[j] * s * mean);
+    }
+  });
+  at::Tensor dw = partial.sum(0);  // the chunks in order
+  if (need_dx) e.set_grad(op, 0, std::move(dx));
+  e.add_param_grad(op, 0, std::move(dw));
+}
+
+// The weight gradient's partial sums, one row of C per chunk of rows.
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+  const TensorSpec& x = b.tensors[n.in[0]];
+  const int64_t c = x.shape.back();
+  return chunks(x.numel() / c) * c * dtype_size(x.dtype);
+}
+
+BlockSpec example() {
+  ModelConfig cfg;
+  detail::Builder b(cfg, "test.rms_norm");
+  const int x = b.input("x", {2, 70, 8}, DType::F32, "input");  // 140 rows: three chunks
+  const std::vector<int> y = b.op(OpKind::RmsNorm, "y", {x}, {{"y", {2, 70, 8}}, {"y_rstd", {2, 70, 1}}},
+                                  {{"y.weight", {8}, Init::Ones, 0.0, false}});
+  b.last().eps = 1e-5;
+  return b.finish(y[0]);
+}
+
+std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
+  const at::Tensor rstd = in[0].pow(2).mean(-1, true).add(n.eps).rsqrt();
+  return {in[0] * rstd * p[0], rstd};
+}
+
+const detail::OpTestCase kTest{example, reference};
+
+}  // namespace
+
+extern const OpDef kRmsNorm = [] {
+  OpDef d;
+  d.name = "rms_norm";
+  d.n_in = 1, d.n_out = 2, d.max_params = 1;
+  d.bwd_reads_in = 0b1;
+  d.bwd_reads_out = 0b10;
+  d.grad_in[0] = GradKind::Fresh;
+  d.backward_scratch = backward_scratch;
+  d.forward = forward;
+  d.backward = backward;
+  d.test = &kTest;
+  return d;
+}();
+
+}  // namespace remat::ops

@@ -56,6 +56,10 @@ done
 grep -q '"grad_max_abs_diff": 0' "$tmp/r.json" || { echo "FAIL: gradients differ"; cat "$tmp/r.json"; failures=$((failures + 1)); }
 grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((failures + 1)); }
 
+# The llama block runs on the engine, every recompute verified bitwise.
+"$remat" bench --arch llama --kv-heads 2 --dropout 0.1 "${tiny[@]}" --policies none,attn,mlp-act,norm,full --verify \
+  --json "$tmp/llama.json" >"$tmp/out" 2>"$tmp/err" || { echo "FAIL: llama bench: $(cat "$tmp/err")"; failures=$((failures + 1)); }
+
 # A plan answers, in text and JSON, and its peak fits the budget.
 "$remat" plan --layers 2 --dim 16 --heads 4 --seq 64 --batch 4 --budget 90% --costs estimated --json "$tmp/plan.json" \
   >"$tmp/plan.out" 2>"$tmp/plan.err" || { echo "FAIL: plan exit $?"; cat "$tmp/plan.err"; failures=$((failures + 1)); }

@@ -70,6 +70,21 @@ TEST(Train, LossTrajectoryIsBitwiseTheSameUnderEveryPolicy) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Train, LlamaTrainsTheSameUnderEveryPolicy) {
+  const std::string dir = temp_dir("llama");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.model.arch = "llama";
+  o.model.kv_heads = 2;
+  o.steps = 12;
+  const TrainResult none = train(o);
+  EXPECT_LT(none.log.back().loss, none.log.front().loss);
+  for (const char* p : {"full", "attn+mlp-act", "norm"}) {
+    o.policy = p;
+    EXPECT_EQ(train(o).weights_digest, none.weights_digest) << p;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Train, ResumeAfterACrashContinuesBitwise) {
   const std::string dir = temp_dir("resume");
   const std::string data = corpus_file(dir);

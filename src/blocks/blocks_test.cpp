@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "remat/error.h"
 #include "remat/policy.h"
 #include "test_util.h"
 
@@ -116,6 +117,31 @@ TEST(Block, EveryKindBuildsItsStagesAndTheTiedHeadPointsBack) {
         EXPECT_TRUE(found) << kind << ": " << p.name << " is tied to '" << p.tied_to << "', which the stem lacks";
       }
   }
+}
+
+// LLaMA-2's published parameter counts, from the tensor table alone (nothing is allocated).
+TEST(Block, LlamaParameterCountsArePublished) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.dtype = DType::BF16;
+  c.batch = 1;
+  c.seq = 4096;
+  c.vocab = 32000;
+  c.layers = 32, c.dim = 4096, c.heads = 32, c.ffn = 11008;
+  EXPECT_EQ(make_model(c).param_numel(), 6'738'415'616);
+  c.layers = 80, c.dim = 8192, c.heads = 64, c.kv_heads = 8, c.ffn = 28672;
+  EXPECT_EQ(make_model(c).param_numel(), 68'976'648'192);
+}
+
+TEST(Block, LlamaSharesKeysAndValuesAcrossQueryHeads) {
+  ModelConfig c = tiny("llama");
+  c.kv_heads = 2;
+  const BlockSpec b = make_block(c);
+  EXPECT_EQ(b.tensors[b.find("qk_rot")].shape, (std::vector<int64_t>{2, 8, 16 + 8}));  // 4 q heads, 2 k heads of 4
+  EXPECT_EQ(b.tensors[b.find("v")].shape, (std::vector<int64_t>{2, 8, 8}));
+  EXPECT_EQ(b.tensors[b.find("qk")].read_by_backward, false);  // rope's backward reads nothing
+  c.kv_heads = 3;
+  EXPECT_THROW(make_block(c), Error);
 }
 
 }  // namespace

@@ -35,6 +35,22 @@ std::vector<std::string> token_kinds() {
   return out;
 }
 
+std::vector<EngineCase> engine_cases() {
+  std::vector<EngineCase> out;
+  for (const std::string& k : block_kinds()) {
+    ModelConfig c = tiny(k, k == "seed" ? 0.0 : 0.1);
+    out.push_back({k, c});
+    c.attention = AttentionImpl::Flash;
+    try {
+      validate(c);
+    } catch (const std::exception&) {
+      continue;  // a kind without causal attention
+    }
+    out.push_back({k + "_flash", c});
+  }
+  return out;
+}
+
 namespace {
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {

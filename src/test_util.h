@@ -20,6 +20,15 @@ ModelConfig tiny(const std::string& arch, double dropout = 0.0);
 std::vector<std::string> all_kinds();
 std::vector<std::string> token_kinds();
 
+// What the engine tests run on: every block kind with math attention, and the causal ones with
+// flash attention too, dropout on where the kind has it. Named "gpt2_flash" and so on.
+struct EngineCase {
+  std::string name;
+  ModelConfig cfg;
+};
+std::vector<EngineCase> engine_cases();
+inline void PrintTo(const EngineCase& c, std::ostream* os) { *os << c.name; }
+
 // Same shape, dtype and bytes; otherwise says the largest difference.
 ::testing::AssertionResult bitwise_equal(const at::Tensor& a, const at::Tensor& b);
 // |got - want| <= tol * max(1, max |want|) everywhere; otherwise says the largest difference.

@@ -51,13 +51,14 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--ffn", cfg.ffn, "MLP hidden width; 0 = 4 * dim")->capture_default_str();
   a->add_option("--dropout", cfg.dropout, "gpt2, llama: dropout probability")->capture_default_str();
   a->add_option("--attn-block", cfg.attn_block, "causal attention: query rows per stored block")->capture_default_str();
+  a->add_option("--attention", attention, "math (T x T scores and probabilities) or flash (one fused op, no T x T)")
+      ->capture_default_str();
 }
 
 void ShapeFlags::add_planning(CLI::App* a) {
   a->add_option("--model", model, "a named shape: " + shape_names() + " (flags override it)");
   a->add_option("--vocab", cfg.vocab, "token models: vocabulary size")->capture_default_str();
   a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
-  a->add_option("--attention", attention, "math (T x T scores) or flash (fused)")->capture_default_str();
 }
 
 ModelConfig ShapeFlags::resolve() {
@@ -80,7 +81,9 @@ ModelConfig ShapeFlags::resolve() {
     if (unset("--batch")) cfg.batch = 1;
   }
   cfg.dtype = parse_dtype(dtype);
-  cfg.attention = parse_attention(attention);
+  cfg.attention = parse_attention(attention.substr(0, attention.find(',')));
+  if (attention.find(',') != std::string::npos && !lists_attention)
+    fail("--attention takes one of math, flash here, got '{}'; remat bench takes a list", attention);
   validate(cfg);
   return cfg;
 }

@@ -30,10 +30,11 @@ struct ShapeFlags {
   std::string model;  // plan: a named shape
   ModelConfig cfg;
   CLI::App* app = nullptr;
+  bool lists_attention = false;  // bench: --attention math,flash runs both
 
-  // --arch --layers --dim --heads --kv-heads --batch --seq --ffn --dropout --attn-block
+  // --arch --layers --dim --heads --kv-heads --batch --seq --ffn --dropout --attn-block --attention
   void add(CLI::App* a);
-  // plan: --model --vocab --dtype --attention
+  // plan: --model --vocab --dtype
   void add_planning(CLI::App* a);
   // The config the flags describe (a named shape first, flags over it), validated.
   ModelConfig resolve();

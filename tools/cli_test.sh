@@ -60,6 +60,14 @@ grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((f
 "$remat" bench --arch llama --kv-heads 2 --dropout 0.1 "${tiny[@]}" --policies none,attn,mlp-act,norm,full --verify \
   --json "$tmp/llama.json" >"$tmp/out" 2>"$tmp/err" || { echo "FAIL: llama bench: $(cat "$tmp/err")"; failures=$((failures + 1)); }
 
+# Math and flash attention in one run, every recompute verified; attn has nothing to drop under flash.
+"$remat" bench --arch gpt2 --dropout 0.1 "${tiny[@]}" --attention math,flash --policies none,attn,full --verify \
+  >"$tmp/out" 2>"$tmp/err" || { echo "FAIL: flash bench: $(cat "$tmp/err")"; failures=$((failures + 1)); }
+grep -q "| full *| flash" "$tmp/out" || { echo "FAIL: no flash full row"; cat "$tmp/out"; failures=$((failures + 1)); }
+grep -q "flash attention: 'attn' left out" "$tmp/out" || { echo "FAIL: attn under flash not noted"; failures=$((failures + 1)); }
+expect_error 2 "--attention takes one of math, flash here, got 'math,flash'" train --attention math,flash
+expect_error 2 "unknown --attention 'sdpa'" bench "${tiny[@]}" --attention sdpa
+
 # A plan answers, in text and JSON, and its peak fits the budget.
 "$remat" plan --layers 2 --dim 16 --heads 4 --seq 64 --batch 4 --budget 90% --costs estimated --json "$tmp/plan.json" \
   >"$tmp/plan.out" 2>"$tmp/plan.err" || { echo "FAIL: plan exit $?"; cat "$tmp/plan.err"; failures=$((failures + 1)); }

@@ -1,4 +1,6 @@
 // remat bench: step time, saved and peak memory, and gradient checks for a list of policies.
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -25,6 +27,11 @@ struct BenchFlags {
 int run(BenchFlags& f) {
   BenchOptions o;
   o.model = f.shape.resolve();
+  for (size_t at = 0; at <= f.shape.attention.size();) {
+    const size_t comma = std::min(f.shape.attention.find(',', at), f.shape.attention.size());
+    o.attentions.push_back(parse_attention(f.shape.attention.substr(at, comma - at)));
+    at = comma + 1;
+  }
   o.policies = split_policy_list(f.policies);
   o.engines = default_engines(o.model.arch);
   if (!f.engines.empty()) o.engines.clear();
@@ -47,8 +54,10 @@ int run(BenchFlags& f) {
   std::string engine_names;
   for (Engine e : o.engines) engine_names += (engine_names.empty() ? "" : ",") + std::string(to_string(e));
   fmt::print("remat bench: {}\n", describe(o.model));
-  fmt::print("  policies {} | engine {} | {} warm-up + {} timed steps | threads ATen/BLAS {} | seed {}\n",
-             fmt::join(o.policies, " "), engine_names, o.warmup, o.steps, to_string(o.threads), o.seed);
+  std::string attentions;
+  for (AttentionImpl a : o.attentions) attentions += (attentions.empty() ? "" : ",") + std::string(to_string(a));
+  fmt::print("  policies {} | engine {} | attention {} | {} warm-up + {} timed steps | threads ATen/BLAS {} | seed {}\n",
+             fmt::join(o.policies, " "), engine_names, attentions, o.warmup, o.steps, to_string(o.threads), o.seed);
   std::fflush(stdout);
 
   const BenchResult r = run_bench(o);
@@ -73,6 +82,7 @@ int run(BenchFlags& f) {
 Command add_bench(CLI::App& parent) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* a = parent.add_subcommand("bench", "measure step time and memory of recompute policies");
+  f->shape.lists_attention = true;
   f->shape.add(a);
   a->add_option("--policies", f->policies, "policies to compare, comma-separated (see README, Policies)")
       ->capture_default_str();

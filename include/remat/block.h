@@ -24,6 +24,7 @@
 
 #include "remat/config.h"
 #include "remat/ops.h"
+#include "remat/runtime.h"
 
 namespace remat {
 
@@ -115,12 +116,6 @@ struct OpNode {
   AttentionLayout attn;         // attention ops: heads, causal mask, storage
 };
 
-// Threads that size some per-op scratch (LibTorch's LayerNorm backward keeps a per-thread buffer).
-struct ScratchContext {
-  int aten_threads = 1;    // at::get_num_threads()
-  int kernel_threads = 1;  // remat's own kernel pool (runtime.h)
-};
-
 struct BlockSpec {
   std::string kind;                  // "seed", "gpt2", "gpt2.stem", "gpt2.head", "llama.logits", ...
   DType dtype = DType::F32;          // activations and parameters
@@ -144,8 +139,10 @@ struct BlockSpec {
   OpFlops flops() const;
   // Bytes op `op` allocates and frees inside one call, beyond its outputs (forward) or beyond the
   // gradients of its inputs and parameters (backward): temporaries such as an unreduced loss.
-  int64_t forward_scratch(int op, const ScratchContext& ctx) const;
-  int64_t backward_scratch(int op, const ScratchContext& ctx) const;
+  // Some depend on the threads (LibTorch's LayerNorm backward and flash attention keep a buffer
+  // per thread).
+  int64_t forward_scratch(int op, const ThreadConfig& ctx) const;
+  int64_t backward_scratch(int op, const ThreadConfig& ctx) const;
   // Bytes of parameter `param` (and of its gradient).
   int64_t param_bytes(int param) const;
   // Elements in all parameters (tied ones included).

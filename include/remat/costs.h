@@ -24,7 +24,7 @@ struct CostModel {
   std::vector<OpTime> block;  // by op id of ModelSpec::block, one layer
   double other_ms = 0;        // per step: stem, head, optimizer, framework
   std::string source;         // "measured ..." or "estimated ..."
-  ScratchContext threads;     // the run these costs describe (sizes some scratch memory)
+  ThreadConfig threads;     // the run these costs describe (sizes some scratch memory)
 
   // Step time with every activation kept.
   double none_step_ms(int64_t layers) const;

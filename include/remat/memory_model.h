@@ -50,10 +50,10 @@ struct MemoryTrace {
 // Replays one step of `plan`: forward of every stage, backward in reverse, the optimizer step.
 // uniform:N chunks (plan.chunk > 0) are replayed as remat::checkpoint runs them. Fills `trace`
 // when given (REQUIRES: plan.chunk == 0 then).
-StepMemory simulate_memory(const StepPlan& plan, const ScratchContext& ctx = {}, MemoryTrace* trace = nullptr);
+StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx = {}, MemoryTrace* trace = nullptr);
 
 // The same for `cfg` under `policy`.
-StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ScratchContext& ctx = {});
+StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ThreadConfig& ctx = {});
 
 // One block alone, fed a stand-in output gradient: the bytes it keeps after its forward and its
 // working sets above the level at its start.
@@ -62,6 +62,6 @@ struct BlockMemory {
   int64_t forward_extra = 0;   // peak above the start, during its forward
   int64_t backward_extra = 0;  // peak above the start of its backward, during its backward
 };
-BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, const ScratchContext& ctx = {});
+BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, const ThreadConfig& ctx = {});
 
 }  // namespace remat

@@ -46,7 +46,7 @@ struct OpFlops {
 
 struct BlockSpec;
 struct OpNode;
-struct ScratchContext;
+struct ThreadConfig;
 namespace detail {
 class OpEnv;           // the executor's view of one stage run (src/ops/op_env.h)
 struct OpTestCase;     // a reference and a tiny example for the op tests (src/ops/op_testing.h)
@@ -65,8 +65,8 @@ struct OpDef {
   OpFlops (*flops)(const BlockSpec& spec, const OpNode& node) = nullptr;
   // Bytes allocated and freed inside one forward (beyond the outputs) or one backward (beyond the
   // input and parameter gradients); null: none. Checked against the tracker by the memory tests.
-  int64_t (*forward_scratch)(const BlockSpec& spec, const OpNode& node, const ScratchContext& ctx) = nullptr;
-  int64_t (*backward_scratch)(const BlockSpec& spec, const OpNode& node, const ScratchContext& ctx) = nullptr;
+  int64_t (*forward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
+  int64_t (*backward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
   void (*forward)(detail::OpEnv& env, const OpNode& node) = nullptr;
   void (*backward)(detail::OpEnv& env, const OpNode& node) = nullptr;
   // For the op tests: a one-op example stage and the op's math in differentiable ATen ops.

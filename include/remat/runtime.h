@@ -6,11 +6,13 @@
 
 namespace remat {
 
-// Threads for LibTorch's own kernels (OpenMP) and for the BLAS pool (OpenBLAS pthreads).
-// On a 2-core machine the two pools fight: idle libgomp workers spin on the cores OpenBLAS needs.
+// Threads for LibTorch's own kernels (OpenMP), and for the BLAS pool (OpenBLAS pthreads) and
+// remat's kernel pool, which take the same count. On a 2-core machine the pools fight: idle
+// libgomp workers spin on the cores OpenBLAS needs. Some per-op scratch is sized by these
+// (LayerNorm's backward, flash attention), so the memory model takes them too.
 struct ThreadConfig {
   int aten = 1;  // at::set_num_threads
-  int blas = 2;  // openblas_set_num_threads; ignored when the BLAS is not OpenBLAS
+  int blas = 1;  // openblas_set_num_threads (when the BLAS is OpenBLAS) and remat's kernel threads
 };
 
 // The default: ATen 1, BLAS = number of cores. Measured on the 2-core machine (README, "Threads").
@@ -25,6 +27,9 @@ void apply_threads(const ThreadConfig& t);
 
 // "1/2".
 std::string to_string(const ThreadConfig& t);
+
+// What this process runs with now: at::get_num_threads() and remat's kernel threads.
+ThreadConfig current_threads();
 
 // The loaded BLAS, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Cooperlake", or "unknown (not OpenBLAS)";
 // notes when OPENBLAS_CORETYPE in the environment forced the kernel choice.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -125,10 +126,21 @@ std::string fmt_ms(double ms) { return fmt::format("{:.1f}", ms); }
 std::string fmt_ratio(double r) { return fmt::format("{:.2f}x", r); }
 std::string fmt_mib(int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / (1 << 20)); }
 
-const BenchRow* find_none(const std::vector<BenchRow>& rows, Engine engine) {
+const BenchRow* find_none(const std::vector<BenchRow>& rows, Engine engine, AttentionImpl attention) {
   for (const BenchRow& r : rows)
-    if (r.engine == engine && r.policy == "none") return &r;
+    if (r.engine == engine && r.attention == attention && r.policy == "none") return &r;
   return nullptr;
+}
+
+bool several_attentions(const std::vector<BenchRow>& rows) {
+  for (const BenchRow& r : rows)
+    if (r.attention != rows.front().attention) return true;
+  return false;
+}
+
+// "flash none" when the run has several attention implementations, else "none".
+std::string row_name(const BenchRow& r, bool several) {
+  return several ? fmt::format("{} {}", to_string(r.attention), r.policy) : r.policy;
 }
 
 }  // namespace
@@ -160,96 +172,141 @@ BenchResult run_bench(const BenchOptions& o) {
   if (o.engines.empty()) fail("BenchOptions.engines is empty; allowed: module, ops");
   const bool has_ops = std::find(o.engines.begin(), o.engines.end(), Engine::Ops) != o.engines.end();
   const bool has_module = std::find(o.engines.begin(), o.engines.end(), Engine::Module) != o.engines.end();
-  if (has_ops) check_engine(o.model);
+  std::vector<AttentionImpl> attentions = o.attentions;
+  if (attentions.empty()) attentions.push_back(o.model.attention);
+  if (has_module && (attentions.size() > 1 || attentions[0] != AttentionImpl::Math))
+    fail("the module path runs math attention only; give BenchOptions.engines ops with ModelConfig.attention flash");
   MemoryTracker::install();
   apply_threads(o.threads);
   auto say = [&](const std::string& line) {
     if (o.progress) o.progress(line);
   };
 
-  // Every policy is parsed and resolved once, before anything runs: a bad name or an impossible
-  // budget fails here. Budget plans measure op costs on one layer of this config (cached).
-  const ModelSpec spec = make_model(o.model);
+  // Every policy is parsed, then resolved for each attention implementation, before anything runs:
+  // a bad name or an impossible budget fails here. A policy with nothing to drop under one
+  // implementation (attn under flash, which keeps no T x T tensor) is left out there, with a note.
+  // Budget plans measure op costs on one layer of the config (cached).
   std::vector<Policy> policies;
-  std::vector<Resolution> resolved;
-  ResolveOptions ro;
-  ro.costs = CostSource::Measured;
-  ro.threads = o.threads;
-  ro.progress = o.progress;
-  std::optional<CostModel> costs;
   for (const std::string& text : o.policies) policies.push_back(Policy::parse(text));
-  for (size_t i = 0; i < policies.size(); ++i) {
-    if (has_module && !has_ops) ModuleModel::check(o.model, policies[i]);
-    if (!has_ops) continue;
-    if (costs) ro.given = &*costs;
-    resolved.push_back(resolve_policy(policies[i], o.model, ro));
-    if (resolved.back().costs && !costs) costs = resolved.back().costs;
+  struct Variant {
+    ModelConfig cfg;
+    std::vector<std::optional<Resolution>> resolved;  // by policy
+    std::optional<CostModel> costs;
+  };
+  std::vector<Variant> variants;
+  BenchResult result;
+  for (AttentionImpl a : attentions) {
+    Variant v;
+    v.cfg = o.model;
+    v.cfg.attention = a;
+    if (has_ops) check_engine(v.cfg);
+    ResolveOptions ro;
+    ro.costs = CostSource::Measured;
+    ro.threads = o.threads;
+    ro.progress = o.progress;
+    for (const Policy& p : policies) {
+      if (has_module && !has_ops) ModuleModel::check(v.cfg, p);
+      if (!has_ops) {
+        v.resolved.emplace_back();
+        continue;
+      }
+      if (v.costs) ro.given = &*v.costs;
+      try {
+        v.resolved.push_back(resolve_policy(p, v.cfg, ro));
+      } catch (const Error& e) {
+        if (attentions.size() == 1) throw;
+        v.resolved.emplace_back();
+        result.notes.push_back(fmt::format("{} attention: '{}' left out: {}", to_string(a), p.text(), e.what()));
+        continue;
+      }
+      if (v.resolved.back()->costs && !v.costs) v.costs = v.resolved.back()->costs;
+    }
+    if (has_ops && o.frontier && !v.costs && variants.empty()) {
+      say("measuring op costs on one layer (for the planner)");
+      v.costs = choose_costs(v.cfg, CostSource::Measured, o.threads);
+    }
+    variants.push_back(std::move(v));
   }
-  if (has_ops && o.frontier && !costs) {
-    say("measuring op costs on one layer (for the planner)");
-    costs = choose_costs(o.model, CostSource::Measured, o.threads);
+  for (size_t i = 0; i < policies.size() && has_ops && attentions.size() > 1; ++i) {
+    bool any = false;
+    for (const Variant& v : variants) any = any || v.resolved[i].has_value();
+    if (!any) {  // it fails everywhere: the error of the first, as a single run would give it
+      ModelConfig c = o.model;
+      c.attention = attentions[0];
+      resolve_policy(policies[i], c, {});
+    }
   }
 
-  BenchResult result;
   result.options = o;
   result.blas = blas_name();
-  if (costs) result.costs = costs->source;
+  for (const Variant& v : variants)
+    if (v.costs && result.costs.empty()) result.costs = v.costs->source;
+  ModelConfig math = o.model;
+  math.attention = AttentionImpl::Math;
+  const ModelSpec spec = make_model(math);
   result.flops_per_step = spec.step_flops();
 
-  // Every (engine, policy) gets its own model and optimizer. Steps then go round-robin, one step of
-  // each in turn, so that drifting machine load touches all policies alike.
+  // Every (attention, engine, policy) gets its own model and optimizer. Steps then go round-robin,
+  // one step of each in turn, so that drifting machine load touches all of them alike.
   struct Entry {
     BenchRow row;
     std::unique_ptr<Subject> subject;
     std::unique_ptr<Adam> adam;
     ExecOptions exec;
-    std::vector<double> step_ms, fwd_ms, bwd_ms;
+    std::vector<double> fwd_ms, bwd_ms;
+    std::vector<std::string> ops;  // the block's op names (--profile)
   };
   std::vector<Entry> entries;
   const Policy none_policy = Policy::parse("none");
-  const ResolvedPolicy none_resolved = none_policy.resolve(spec.block, o.model.layers);
-  for (Engine engine : o.engines) {
-    std::vector<at::Tensor> reference;
-    {
-      say(fmt::format("{}: reference gradients (none)", to_string(engine)));
-      auto subject = make_subject(engine, o.model, none_policy, none_resolved, o.seed);
-      reference = first_grads(*subject);
-    }
-    for (size_t i = 0; i < policies.size(); ++i) {
-      const Policy& policy = policies[i];
-      const std::string& text = o.policies[i];
-      if (engine == Engine::Module && !module_runs(o.model, policy)) {
-        result.notes.push_back(fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
-        continue;
+  for (const Variant& v : variants)
+    for (Engine engine : o.engines) {
+      const ModelSpec vspec = make_model(v.cfg);
+      const ResolvedPolicy none_resolved = none_policy.resolve(vspec.block, v.cfg.layers);
+      std::vector<at::Tensor> reference;
+      {
+        say(fmt::format("{} {}: reference gradients (none)", to_string(engine), to_string(v.cfg.attention)));
+        auto subject = make_subject(engine, v.cfg, none_policy, none_resolved, o.seed);
+        reference = first_grads(*subject);
       }
-      say(fmt::format("{} {}: gradient check", to_string(engine), text));
-      Entry e;
-      const ResolvedPolicy r = engine == Engine::Ops ? resolved[i].policy : ResolvedPolicy();
-      if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
-      e.subject = make_subject(engine, o.model, policy, r, o.seed, e.exec);
-      e.adam = std::make_unique<Adam>(e.subject->parameters(), AdamOptions{o.lr});
-      e.row.policy = text;
-      e.row.engine = engine;
-      e.row.flops_per_step = result.flops_per_step;
-      e.row.grad_max_abs_diff = max_abs_diff(first_grads(*e.subject), reference);
-      if (engine == Engine::Ops) {
-        const GPT& model = static_cast<OpsSubject&>(*e.subject).model();
-        e.row.predicted_saved_bytes = model->predicted_saved_bytes();
-        if (r.chunk == 0) e.row.predicted_peak_bytes = resolved[i].memory.peak;
-        if (costs) e.row.predicted_step_ms = costs->step_ms(model->step_plan());
-        if (resolved[i].plan) e.row.plan = resolved[i].text;
-        if (o.verify) {
-          say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
-          ExecOptions v;
-          v.verify = true;
-          auto checked = make_subject(engine, o.model, policy, r, o.seed, v);
-          first_grads(*checked);  // throws, naming the tensor, on the first mismatch
-          e.row.verified = true;
+      for (size_t i = 0; i < policies.size(); ++i) {
+        const Policy& policy = policies[i];
+        const std::string& text = o.policies[i];
+        if (engine == Engine::Ops && !v.resolved[i]) continue;
+        if (engine == Engine::Module && !module_runs(v.cfg, policy)) {
+          result.notes.push_back(fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
+          continue;
         }
+        say(fmt::format("{} {}: gradient check", to_string(engine), text));
+        Entry e;
+        const ResolvedPolicy r = engine == Engine::Ops ? v.resolved[i]->policy : ResolvedPolicy();
+        if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
+        e.subject = make_subject(engine, v.cfg, policy, r, o.seed, e.exec);
+        e.adam = std::make_unique<Adam>(e.subject->parameters(), AdamOptions{o.lr});
+        e.row.policy = text;
+        e.row.engine = engine;
+        e.row.attention = v.cfg.attention;
+        e.row.flops_per_step = result.flops_per_step;
+        e.row.grad_max_abs_diff = max_abs_diff(first_grads(*e.subject), reference);
+        for (const OpNode& op : vspec.block.ops) e.ops.push_back(op.name);
+        if (engine == Engine::Ops) {
+          const GPT& model = static_cast<OpsSubject&>(*e.subject).model();
+          e.row.predicted_saved_bytes = model->predicted_saved_bytes();
+          if (r.chunk == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
+          if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(model->step_plan());
+          if (v.resolved[i]->plan) e.row.plan = v.resolved[i]->text;
+          if (o.verify) {
+            say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
+            ExecOptions check;
+            check.verify = true;
+            auto checked = make_subject(engine, v.cfg, policy, r, o.seed, check);
+            first_grads(*checked);  // throws, naming the tensor, on the first mismatch
+            e.row.verified = true;
+          }
+        }
+        entries.push_back(std::move(e));
       }
-      entries.push_back(std::move(e));
     }
-  }
+  const bool several = attentions.size() > 1;
 
   // The matmul rate drifts with the machine's load as much as step times do: it is measured in every
   // round, beside the steps it is compared with, and the median is the floor's rate.
@@ -277,12 +334,12 @@ BenchResult run_bench(const BenchOptions& o) {
       const double step = ms_since(t0);
       if (timed) {
         e.row.peak_bytes = std::max(e.row.peak_bytes, MemoryTracker::peak() - before);
-        e.step_ms.push_back(step);
+        e.row.step_ms.push_back(step);
         e.fwd_ms.push_back(fwd);
         e.bwd_ms.push_back(bwd);
       }
       say(fmt::format("{} {}/{}: {} {} {:.0f} ms", timed ? "step" : "warm-up", timed ? s - o.warmup + 1 : s + 1,
-                      timed ? o.steps : o.warmup, to_string(e.row.engine), e.row.policy, step));
+                      timed ? o.steps : o.warmup, to_string(e.row.engine), row_name(e.row, several), step));
     }
   }
 
@@ -290,16 +347,17 @@ BenchResult run_bench(const BenchOptions& o) {
   result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
   for (Entry& e : entries) {
     BenchRow& row = e.row;
-    row.step_ms_median = median(e.step_ms);
-    row.step_ms_min = *std::min_element(e.step_ms.begin(), e.step_ms.end());
+    row.step_ms_median = median(row.step_ms);
+    row.step_ms_min = *std::min_element(row.step_ms.begin(), row.step_ms.end());
+    row.step_ms_max = *std::max_element(row.step_ms.begin(), row.step_ms.end());
     row.fwd_ms_median = median(e.fwd_ms);
     row.bwd_ms_median = median(e.bwd_ms);
     row.floor_ratio = row.step_ms_median / result.floor_ms;
     if (e.exec.timer) {
       OpProfile prof;
-      prof.policy = row.policy;
-      for (size_t op = 0; op < spec.block.ops.size(); ++op) {
-        prof.ops.push_back(spec.block.ops[op].name);
+      prof.policy = row_name(row, several);
+      for (size_t op = 0; op < e.ops.size(); ++op) {
+        prof.ops.push_back(e.ops[op]);
         prof.forward_ms.push_back(e.exec.timer->forward_ms[op] / o.steps);
         prof.recompute_ms.push_back(e.exec.timer->recompute_ms[op] / o.steps);
         prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
@@ -308,9 +366,10 @@ BenchResult run_bench(const BenchOptions& o) {
     }
     result.rows.push_back(row);
   }
-  if (o.frontier && costs) {
+  const Variant& first = variants.front();
+  if (o.frontier && first.costs) {
     // The planner's curve: plans at budgets from the least memory to none's peak.
-    const Planner planner(o.model, *costs, keep_everything(spec.block));
+    const Planner planner(first.cfg, *first.costs, keep_everything(make_model(first.cfg).block));
     const Plan least = planner.plan(Budget{planner.none_memory().base() + 1, 0});
     const int64_t lo = least.min_budget, hi = planner.none_memory().total_peak();
     for (int i = 0; i <= 24; ++i) {
@@ -318,8 +377,8 @@ BenchResult run_bench(const BenchOptions& o) {
       if (p.fits) result.frontier.push_back({p.step_ms, p.memory.peak});
     }
   }
-  const BenchRow* module_none = find_none(result.rows, Engine::Module);
-  const BenchRow* ops_none = find_none(result.rows, Engine::Ops);
+  const BenchRow* module_none = find_none(result.rows, Engine::Module, AttentionImpl::Math);
+  const BenchRow* ops_none = find_none(result.rows, Engine::Ops, AttentionImpl::Math);
   if (module_none && ops_none)
     result.notes.push_back(fmt::format("ops engine none / module path none step time: {:.3f}",
                                        ops_none->step_ms_median / module_none->step_ms_median));
@@ -330,30 +389,40 @@ std::string BenchResult::markdown() const {
   Table t;
   bool timed_predictions = false;
   for (const BenchRow& r : rows) timed_predictions = timed_predictions || r.predicted_step_ms >= 0;
-  t.header = {"policy", "engine", "step ms", "min ms", "fwd ms", "bwd ms", "time vs none", "saved MiB",
+  const bool several = !rows.empty() && several_attentions(rows);
+  t.header = {"policy", "engine", "step ms", "min-max ms", "fwd ms", "bwd ms", "time vs none", "saved MiB",
               "predicted", "peak MiB", "predicted", "peak vs none", "step / floor", "grad diff"};
   t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true, true};
   if (timed_predictions) {
-    t.header.insert(t.header.begin() + 3, "predicted");
-    t.numeric.insert(t.numeric.begin() + 3, true);
+    t.header.insert(t.header.begin() + 3, {"predicted", "time error"});
+    t.numeric.insert(t.numeric.begin() + 3, {true, true});
+  }
+  if (several) {
+    t.header.insert(t.header.begin() + 1, "attention");
+    t.numeric.insert(t.numeric.begin() + 1, false);
   }
   auto or_dash = [](bool ok, const std::string& s) { return ok ? s : std::string("-"); };
   for (const BenchRow& r : rows) {
-    const BenchRow* none = find_none(rows, r.engine);
+    const BenchRow* none = find_none(rows, r.engine, r.attention);
     std::vector<std::string> row = {
-        r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median), fmt_ms(r.step_ms_min),
-        fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
+        r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median),
+        fmt::format("{:.0f}-{:.0f}", r.step_ms_min, r.step_ms_max), fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
         none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-", fmt_mib(r.saved_bytes),
         or_dash(r.predicted_saved_bytes >= 0, fmt_mib(r.predicted_saved_bytes)), fmt_mib(r.peak_bytes),
         or_dash(r.predicted_peak_bytes >= 0, fmt_mib(r.predicted_peak_bytes)),
         none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
         fmt_ratio(r.floor_ratio), fmt::format("{:g}", r.grad_max_abs_diff)};
-    if (timed_predictions) row.insert(row.begin() + 3, or_dash(r.predicted_step_ms >= 0, fmt_ms(r.predicted_step_ms)));
+    if (timed_predictions) {
+      const bool p = r.predicted_step_ms >= 0;
+      row.insert(row.begin() + 3, {or_dash(p, fmt_ms(r.predicted_step_ms)),
+                                   or_dash(p, fmt::format("{:+.1f}%", 100.0 * (r.predicted_step_ms / r.step_ms_median - 1)))});
+    }
+    if (several) row.insert(row.begin() + 1, std::string(to_string(r.attention)));
     t.rows.push_back(std::move(row));
   }
   std::string out = t.markdown();
   for (const BenchRow& r : rows)
-    if (!r.plan.empty()) out += fmt::format("\n{}: the planner chose {}", r.policy, r.plan);
+    if (!r.plan.empty()) out += fmt::format("\n{}: the planner chose {}", row_name(r, several), r.plan);
   if (!costs.empty()) out += "\nop costs for predictions: " + costs + "\n";
   for (const std::string& n : notes) out += "\n" + n;
   if (!notes.empty()) out += "\n";
@@ -382,11 +451,12 @@ std::string BenchResult::profile_markdown() const {
 
 std::string BenchResult::csv() const {
   std::string s =
-      "policy,engine,step_ms_median,step_ms_min,fwd_ms_median,bwd_ms_median,saved_bytes,predicted_saved_bytes,"
-      "peak_bytes,grad_max_abs_diff,flops_per_step,floor_ratio\n";
+      "policy,engine,attention,step_ms_median,step_ms_min,step_ms_max,fwd_ms_median,bwd_ms_median,saved_bytes,"
+      "predicted_saved_bytes,peak_bytes,grad_max_abs_diff,flops_per_step,floor_ratio\n";
   for (const BenchRow& r : rows)
-    s += fmt::format("\"{}\",{},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f}\n", r.policy, to_string(r.engine),
-                     r.step_ms_median, r.step_ms_min, r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
+    s += fmt::format("\"{}\",{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f}\n", r.policy,
+                     to_string(r.engine), to_string(r.attention), r.step_ms_median, r.step_ms_min, r.step_ms_max,
+                     r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
                      r.predicted_saved_bytes >= 0 ? std::to_string(r.predicted_saved_bytes) : "", r.peak_bytes,
                      r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio);
   return s;
@@ -415,8 +485,11 @@ std::string BenchResult::json() const {
   for (const BenchRow& r : rows) {
     out["rows"].push_back({{"policy", r.policy},
                            {"engine", to_string(r.engine)},
+                           {"attention", to_string(r.attention)},
                            {"step_ms_median", r.step_ms_median},
                            {"step_ms_min", r.step_ms_min},
+                           {"step_ms_max", r.step_ms_max},
+                           {"step_ms", r.step_ms},
                            {"fwd_ms_median", r.fwd_ms_median},
                            {"bwd_ms_median", r.bwd_ms_median},
                            {"saved_bytes", r.saved_bytes},
@@ -424,7 +497,8 @@ std::string BenchResult::json() const {
                                                          ? nlohmann::json(r.predicted_saved_bytes)
                                                          : nlohmann::json(nullptr)},
                            {"peak_bytes", r.peak_bytes},
-                           {"grad_max_abs_diff", r.grad_max_abs_diff},
+                           {"grad_max_abs_diff", std::isnan(r.grad_max_abs_diff) ? nlohmann::json("nan")
+                                                                                  : nlohmann::json(r.grad_max_abs_diff)},
                            {"flops_per_step", r.flops_per_step},
                            {"floor_ratio", r.floor_ratio},
                            {"verified", r.verified},
@@ -450,14 +524,17 @@ void BenchResult::write_chart(const std::string& path) const {
   chart.title = "remat bench: " + describe(options.model);
   chart.xlabel = "step time, median (ms)";
   chart.ylabel = "peak memory above weights and optimizer state (MiB)";
-  for (Engine e : options.engines) {
-    ChartSeries series;
-    series.title = e == Engine::Module ? "module path (torch::nn + remat::checkpoint)" : "ops engine (remat::GPT)";
-    for (const BenchRow& r : rows)
-      if (r.engine == e)
-        series.points.push_back({r.policy, r.step_ms_median, static_cast<double>(r.peak_bytes) / (1 << 20)});
-    chart.series.push_back(std::move(series));
-  }
+  const bool several = !rows.empty() && several_attentions(rows);
+  for (Engine e : options.engines)
+    for (AttentionImpl a : {AttentionImpl::Math, AttentionImpl::Flash}) {
+      ChartSeries series;
+      series.title = e == Engine::Module ? "module path (torch::nn + remat::checkpoint)" : "ops engine (remat::GPT)";
+      if (several) series.title += fmt::format(", {} attention", to_string(a));
+      for (const BenchRow& r : rows)
+        if (r.engine == e && r.attention == a)
+          series.points.push_back({r.policy, r.step_ms_median, static_cast<double>(r.peak_bytes) / (1 << 20)});
+      if (!series.points.empty()) chart.series.push_back(std::move(series));
+    }
   render_chart(chart, path);
 }
 

@@ -29,6 +29,9 @@ struct BenchOptions {
   ModelConfig model;
   std::vector<std::string> policies = {"none", "full", "every:2", "every:3"};
   std::vector<Engine> engines = {Engine::Module};  // default_engines(arch) from the CLI
+  // Attention implementations to run each policy with, round-robin in the same run; empty: the
+  // model's. A policy that has nothing to drop under one (attn under flash) is left out there.
+  std::vector<AttentionImpl> attentions;
   int steps = 5;              // timed steps per policy
   int warmup = 2;             // untimed steps before them
   uint64_t seed = 1234;       // weights and data
@@ -43,7 +46,9 @@ struct BenchOptions {
 struct BenchRow {
   std::string policy;
   Engine engine = Engine::Module;
-  double step_ms_median = 0, step_ms_min = 0;
+  AttentionImpl attention = AttentionImpl::Math;
+  double step_ms_median = 0, step_ms_min = 0, step_ms_max = 0;
+  std::vector<double> step_ms;      // every timed step, in order
   double fwd_ms_median = 0, bwd_ms_median = 0;
   int64_t saved_bytes = 0;          // measured: live after forward - live before
   int64_t predicted_saved_bytes = -1;  // ops engine: from the tensor table; -1 when not predicted
@@ -53,14 +58,14 @@ struct BenchRow {
   int64_t peak_bytes = 0;           // measured: peak in the step - live before
   double grad_max_abs_diff = 0;     // against `none` on the same engine, first step
   int64_t flops_per_step = 0;       // model matmul FLOPs, recompute not counted
-  double floor_ratio = 0;           // step_ms_median / (flops_per_step / matmul rate)
+  double floor_ratio = 0;           // step_ms_median / floor_ms (the math-attention model's FLOPs)
   bool verified = false;            // --verify passed for this row
   std::string note;                 // e.g. why a row is missing on an engine
 };
 
 // Per-op times of one ops-engine row, per step, summed over layers (--profile).
 struct OpProfile {
-  std::string policy;
+  std::string policy;  // with its attention when the run has several: "flash none"
   std::vector<std::string> ops;
   std::vector<double> forward_ms, recompute_ms, backward_ms;
 };
@@ -69,7 +74,7 @@ struct BenchResult {
   BenchOptions options;
   std::string blas;
   double matmul_gflops = 0;         // 1024^3 float32 at::mm rate: median over the timed rounds
-  int64_t flops_per_step = 0;
+  int64_t flops_per_step = 0;       // of the model with math attention: what any row must compute
   double floor_ms = 0;              // flops_per_step at the matmul rate
   std::vector<BenchRow> rows;
   std::vector<OpProfile> profiles;  // --profile

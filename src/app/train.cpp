@@ -37,7 +37,7 @@ using Json = nlohmann::json;
 
 Json options_json(const TrainOptions& o, const std::string& corpus_id) {
   const ModelConfig& m = o.model;
-  return {{"arch", m.arch},     {"kv-heads", m.kv_heads},
+  return {{"arch", m.arch},     {"kv-heads", m.kv_heads}, {"attention", std::string(to_string(m.attention))},
           {"layers", m.layers}, {"dim", m.dim},   {"heads", m.heads},
           {"batch", m.batch},   {"seq", m.seq},   {"ffn", m.ffn},
           {"dropout", m.dropout}, {"attn-block", m.attn_block},
@@ -59,6 +59,7 @@ bool may_change(const std::string& key) {
 TrainOptions options_from(const Json& j, TrainOptions o) {
   ModelConfig& m = o.model;
   m.arch = j.contains("arch") ? j.at("arch").get<std::string>() : "gpt2";  // states before 0.3 were gpt2
+  if (j.contains("attention")) m.attention = parse_attention(j.at("attention").get<std::string>());
   if (j.contains("kv-heads")) m.kv_heads = j.at("kv-heads");
   m.layers = j.at("layers"); m.dim = j.at("dim"); m.heads = j.at("heads"); m.batch = j.at("batch");
   m.seq = j.at("seq"); m.ffn = j.at("ffn"); m.dropout = j.at("dropout"); m.attn_block = j.at("attn-block");

@@ -76,13 +76,12 @@ int core_attention(Builder& b, int qk, int v, const AttentionLayout& layout) {
   const std::vector<int64_t> btc = b.btc(c.heads * c.head_dim());
   if (c.attention == AttentionImpl::Flash) {
     // One fused op: no T x T tensor is stored; the backward reruns the scores from q, k and the
-    // per-row log-sum-exp. Attention dropout happens inside, replayed from a seed: no mask.
-    AttentionLayout whole = layout;
-    whole.block = c.seq;  // FLOPs of the causal half of T x T, unpacked
+    // per-row log-sum-exp. Attention dropout happens inside, replayed from a seed: no mask. The
+    // layout (math attention's) addresses the mask, so both draw the same one.
     const int atty = b.op(OpKind::FlashAttention, "atty", {qk, v},
                           {{"atty", btc, c.dtype, 0, "attention output, heads merged"},
                            {"lse", {c.batch, c.heads, c.seq}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
-    b.last().attn = whole;
+    b.last().attn = layout;
     b.last().p = c.dropout;
     return atty;
   }

@@ -87,12 +87,12 @@ OpFlops BlockSpec::flops() const {
   return total;
 }
 
-int64_t BlockSpec::forward_scratch(int op, const ScratchContext& ctx) const {
+int64_t BlockSpec::forward_scratch(int op, const ThreadConfig& ctx) const {
   const OpDef& def = op_def(ops[op].kind);
   return def.forward_scratch ? def.forward_scratch(*this, ops[op], ctx) : 0;
 }
 
-int64_t BlockSpec::backward_scratch(int op, const ScratchContext& ctx) const {
+int64_t BlockSpec::backward_scratch(int op, const ThreadConfig& ctx) const {
   const OpDef& def = op_def(ops[op].kind);
   return def.backward_scratch ? def.backward_scratch(*this, ops[op], ctx) : 0;
 }

@@ -18,6 +18,7 @@ struct PresetDef {
   const char* doc;
   uint32_t tags;
   bool all = false;
+  const char* missing = "";  // what a block without such tensors lacks, for the error
 };
 
 const std::vector<PresetDef>& presets() {
@@ -25,10 +26,10 @@ const std::vector<PresetDef>& presets() {
       {"none", "keep every activation", 0},
       {"full", "recompute everything from the block input", 0, /*all=*/true},
       {"attn", "drop the T x T attention tensors: scores, probabilities, their dropout (Megatron core_attn)",
-       tag::kAttnCore},
-      {"mlp-act", "drop the MLP activation output (llm.c recomputes GELU)", tag::kMlpAct},
-      {"norm", "drop normalisation outputs, keep their statistics", tag::kNormOut},
-      {"mlp", "drop the MLP's inner tensors, recompute it from its input", tag::kMlpInner},
+       tag::kAttnCore, false, "no T x T attention tensor (flash attention keeps none)"},
+      {"mlp-act", "drop the MLP activation output (llm.c recomputes GELU)", tag::kMlpAct, false, "no MLP activation"},
+      {"norm", "drop normalisation outputs, keep their statistics", tag::kNormOut, false, "no normalisation"},
+      {"mlp", "drop the MLP's inner tensors, recompute it from its input", tag::kMlpInner, false, "no MLP tensor"},
   };
   return table;
 }
@@ -263,8 +264,8 @@ LayerPolicy Policy::apply(const BlockSpec& spec, const std::vector<Term>& terms,
           ++named;
         }
         if (named == 0 && def.tags != 0)
-          fail("preset '{}' in '{}' drops nothing in a {} block (it has no such tensor to keep)", def.name, token,
-               spec.kind);
+          fail("preset '{}' in '{}' drops nothing in a {} block: it has {} to keep", def.name, token, spec.kind,
+               def.missing);
         break;
       }
       case TermKind::Save: {

@@ -46,9 +46,6 @@ void check_engine(const ModelConfig& cfg) {
   if (cfg.dtype != DType::F32)
     fail("the engine runs ModelConfig.dtype fp32 on this build, got {}; other dtypes are for `remat plan`",
          to_string(cfg.dtype));
-  if (cfg.attention != AttentionImpl::Math)
-    fail("ModelConfig.attention {} is planned, not run, by this build; the engine runs math attention",
-         to_string(cfg.attention));
 }
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options)

@@ -33,10 +33,10 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // nll_loss's total_weight scalar.
-int64_t forward_scratch(const BlockSpec&, const OpNode&, const ScratchContext&) { return 4; }
+int64_t forward_scratch(const BlockSpec&, const OpNode&, const ThreadConfig&) { return 4; }
 
 // A (tokens, 1) column of -1; the scaled loss gradient (4 bytes) comes after the column is freed.
-int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const TensorSpec& logp = b.tensors[n.out[1]];
   return std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4);
 }

@@ -49,7 +49,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // With positions: the batch sum of dx for the position table.
-int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   if (n.params.size() < 2) return 0;
   const TensorSpec& x = b.tensors[n.out[0]];
   return x.numel() / x.shape[0] * dtype_size(x.dtype);

@@ -1,26 +1,279 @@
-// flash_attention: fused core attention that keeps only its output and a (B, H, T) log-sum-exp;
-// the backward reruns the scores tile by tile. No T x T tensor is ever stored.
+// flash_attention: fused causal attention that keeps only its output and a (B, H, T) log-sum-exp;
+// no T x T tensor ever exists (Dao et al. 2022, 2023). NOTE [Flash attention].
 //   in: src_qk (q and k), src_v (v; may be the same tensor)   out: atty (B, T, H D), lse (B, H, T)
-//   backward reads both inputs and both outputs; dq, dk, dv are added into the inputs' gradients.
-// Planned only on this build: the engine refuses --attention flash before running (model.cpp).
+//   backward reads both inputs and both outputs, reruns each tile's scores from q, k and lse, and
+//   adds dq, dk and dv into the inputs' gradients.
+//
+// Forward: each (batch, head, tile of query rows) runs over the tiles of keys with an online
+// softmax: the output rows are rescaled as the row maximum grows. Backward: each (batch, key/value
+// head) runs every query head that shares it, every query tile and every key tile in a fixed
+// order, so dq, dk and dv are summed in the same order on any thread count. Tile products are
+// single-threaded BLAS calls on remat's kernel threads; the pointwise work is kernels.h's.
+//
+// Dropout on the probabilities draws one seed, where math attention's mask op draws its own, and
+// keeps element (b, h, i, j) exactly when math attention's packed probs_mask keeps it: the mask is
+// addressed by element, so each tile regenerates its part (forward, backward, any recompute)
+// without a stored mask, and a model trains the same under --attention math and flash up to
+// float rounding.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "core/builder.h"
+#include "ops/attention_common.h"
+#include "ops/gemm.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
+#include "ops/op_testing.h"
 #include "remat/error.h"
+#include "util/parallel.h"
 
 namespace remat::ops {
 namespace {
 
-void unavailable(detail::OpEnv&, const OpNode&) {
-  fail("ModelConfig.attention flash is planned, not run, by this build; the engine runs math attention");
+constexpr int64_t kTile = 128;  // query rows and key columns per tile
+
+int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
+
+// Key tiles a query tile meets: all of them, or (causal) those up to its last row.
+int64_t key_tiles(const AttentionLayout& l, int64_t qt) {
+  return l.causal ? std::min(tiles(l.seq), qt + 1) : tiles(l.seq);
 }
 
-// Two matmuls forward (q k^T, p v) over the causal half; the backward reruns q k^T and does four
-// more: 2.5 times the forward.
+// Keys row i sees within the tile of columns [j0, j0 + nc).
+int64_t visible(const AttentionLayout& l, int64_t i, int64_t j0, int64_t nc) {
+  return l.causal ? std::clamp<int64_t>(i - j0 + 1, 0, nc) : nc;
+}
+
+// Where (b, h, i, j0) sits in math attention's packed probabilities: its dropout mask's index.
+int64_t mask_index(const AttentionLayout& l, int64_t b, int64_t h, int64_t i, int64_t j0) {
+  const int64_t r = i / l.block;
+  return l.offset(r) + ((b * l.heads + h) * l.rows(r) + (i - l.first_row(r))) * l.cols(r) + j0;
+}
+
+// Raw pointers and row strides of the tensors one call works on.
+struct Geometry {
+  AttentionLayout l;
+  int64_t ld_qk = 0, ld_v = 0, ld_o = 0;
+  const float *qk = nullptr, *v = nullptr;
+  int64_t rows(int64_t b, int64_t t) const { return b * l.seq + t; }
+  const float* q(int64_t b, int64_t h, int64_t t) const { return qk + rows(b, t) * ld_qk + l.q_col + h * l.head_dim; }
+  const float* k(int64_t b, int64_t g, int64_t t) const { return qk + rows(b, t) * ld_qk + l.k_col + g * l.head_dim; }
+  const float* val(int64_t b, int64_t g, int64_t t) const { return v + rows(b, t) * ld_v + l.v_col + g * l.head_dim; }
+};
+
+Geometry geometry(const AttentionLayout& l, const at::Tensor& qk, const at::Tensor& v) {
+  Geometry g;
+  g.l = l;
+  g.ld_qk = qk.size(2);
+  g.ld_v = v.size(2);
+  g.ld_o = l.heads * l.head_dim;
+  g.qk = qk.data_ptr<float>();
+  g.v = v.data_ptr<float>();
+  return g;
+}
+
+// Per-thread scratch, in floats: forward a tile of scores and the row maxima; backward two tiles
+// and the rows' dO . O. Dropout adds a tile of keep bytes either way.
+int64_t forward_floats() { return kTile * kTile + kTile; }
+int64_t backward_floats() { return 2 * kTile * kTile + kTile; }
+
+bool supported(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
+
+void check_supported(const OpNode& op, const at::Tensor& qk, const at::Tensor& v) {
+  if (!supported(qk) || !supported(v))
+    fail("flash_attention runs on contiguous float32 CPU tensors on this build; '{}' got {} on {}", op.name,
+         c10::toString(qk.scalar_type()), qk.device().str());
+}
+
+void forward(detail::OpEnv& e, const OpNode& op) {
+  const AttentionLayout& l = op.attn;
+  const at::Tensor &qk = e.in(op, 0), &v = e.in(op, 1);
+  check_supported(op, qk, v);
+  const Geometry geo = geometry(l, qk, v);
+  const bool dropout = op.p > 0;
+  const uint64_t seed = dropout ? e.seed(op) : 0;
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - op.p)), scale = static_cast<float>(attention::scale(l));
+  at::Tensor atty = at::empty({l.batch, l.seq, l.heads * l.head_dim}, qk.options());
+  at::Tensor lse = at::empty({l.batch, l.heads, l.seq}, qk.options());
+  const int slots = detail::kernel_threads();
+  at::Tensor scratch = at::empty({slots, forward_floats()}, qk.options());
+  at::Tensor keep = dropout ? at::empty({slots, kTile * kTile}, qk.options().dtype(at::kBool)) : at::Tensor();
+  float* out = atty.data_ptr<float>();
+  float* plse = lse.data_ptr<float>();
+  const int64_t nq = tiles(l.seq), D = l.head_dim;
+  detail::SingleThreadedBlas one_thread;
+  detail::parallel_chunks_indexed(l.batch * l.heads * nq, 1, [&](int64_t task, int64_t, int worker) {
+    const int64_t b = task / (l.heads * nq), h = task / nq % l.heads, qt = task % nq, g = h / l.group();
+    const int64_t i0 = qt * kTile, rows = std::min(kTile, l.seq - i0);
+    float* s = scratch.data_ptr<float>() + worker * forward_floats();
+    float* m = s + kTile * kTile;
+    uint8_t* kp = dropout ? reinterpret_cast<uint8_t*>(keep.data_ptr<bool>()) + worker * kTile * kTile : nullptr;
+    float* l_row = plse + (b * l.heads + h) * l.seq + i0;  // the row sums, until they become lse
+    float* o = out + geo.rows(b, i0) * geo.ld_o + h * D;
+    for (int64_t r = 0; r < rows; ++r) {
+      m[r] = std::numeric_limits<float>::lowest();
+      l_row[r] = 0.0f;
+      std::fill(o + r * geo.ld_o, o + r * geo.ld_o + D, 0.0f);
+    }
+    for (int64_t kt = 0; kt < key_tiles(l, qt); ++kt) {
+      const int64_t j0 = kt * kTile, nc = std::min(kTile, l.seq - j0);
+      detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_qk, geo.k(b, g, j0), geo.ld_qk, 0.0f, s,
+                    kTile);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = visible(l, i0 + r, j0, nc);
+        float* row = s + r * kTile;
+        float* o_row = o + r * geo.ld_o;
+        if (n == 0) {
+          std::fill(row, row + nc, 0.0f);
+          continue;
+        }
+        const float alpha = kernels::online_softmax_row(row, row, n, m[r], l_row[r]);
+        std::fill(row + n, row + nc, 0.0f);
+        if (dropout) {
+          kernels::dropout_keep(kp, mask_index(l, b, h, i0 + r, j0), n, op.p, seed);
+          kernels::mask_scale(row, kp, keep_scale, row, n);
+        }
+        if (alpha != 1.0f)
+          for (int64_t d = 0; d < D; ++d) o_row[d] *= alpha;
+      }
+      detail::sgemm(false, false, rows, D, nc, 1.0f, s, kTile, geo.val(b, g, j0), geo.ld_v, 1.0f, o, geo.ld_o);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float inv = 1.0f / l_row[r];
+      for (int64_t d = 0; d < D; ++d) o[r * geo.ld_o + d] *= inv;
+      l_row[r] = m[r] + std::log(l_row[r]);
+    }
+  });
+  e.set_out(op, 0, std::move(atty));
+  e.set_out(op, 1, std::move(lse));
+}
+
+void backward(detail::OpEnv& e, const OpNode& op) {
+  const AttentionLayout& l = op.attn;
+  const at::Tensor &qk = e.saved_in(op, 0), &v = e.saved_in(op, 1);
+  const at::Tensor &atty = e.saved_out(op, 0), &lse = e.saved_out(op, 1);
+  const at::Tensor dout_t = e.grad_out(op, 0).contiguous();
+  check_supported(op, qk, v);
+  const Geometry geo = geometry(l, qk, v);
+  const bool dropout = op.p > 0;
+  const uint64_t seed = dropout ? e.seed(op) : 0;
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - op.p)), scale = static_cast<float>(attention::scale(l));
+  at::Tensor& dqk = e.grad_slot(op, 0);
+  at::Tensor& dv_t = e.grad_slot(op, 1);  // the same tensor when q, k and v share one
+  const int slots = detail::kernel_threads();
+  at::Tensor scratch = at::empty({slots, backward_floats()}, qk.options());
+  at::Tensor keep = dropout ? at::empty({slots, kTile * kTile}, qk.options().dtype(at::kBool)) : at::Tensor();
+  const float *o = atty.data_ptr<float>(), *plse = lse.data_ptr<float>(), *dout = dout_t.data_ptr<float>();
+  float *pdqk = dqk.data_ptr<float>(), *pdv = dv_t.data_ptr<float>();
+  const int64_t nq = tiles(l.seq), D = l.head_dim, G = l.group();
+  detail::SingleThreadedBlas one_thread;
+  detail::parallel_chunks_indexed(l.batch * l.kv(), 1, [&](int64_t task, int64_t, int worker) {
+    const int64_t b = task / l.kv(), g = task % l.kv();
+    float* p = scratch.data_ptr<float>() + worker * backward_floats();
+    float* ds = p + kTile * kTile;
+    float* dot = ds + kTile * kTile;
+    uint8_t* kp = dropout ? reinterpret_cast<uint8_t*>(keep.data_ptr<bool>()) + worker * kTile * kTile : nullptr;
+    for (int64_t h = g * G; h < (g + 1) * G; ++h)
+      for (int64_t qt = 0; qt < nq; ++qt) {
+        const int64_t i0 = qt * kTile, rows = std::min(kTile, l.seq - i0);
+        const float* lse_row = plse + (b * l.heads + h) * l.seq + i0;
+        const float* do_rows = dout + geo.rows(b, i0) * geo.ld_o + h * D;
+        float* dq = pdqk + geo.rows(b, i0) * geo.ld_qk + l.q_col + h * D;
+        for (int64_t r = 0; r < rows; ++r) {  // rowsum(dO * O) = rowsum(P * dP), dropout or not
+          const float* a = do_rows + r * geo.ld_o;
+          const float* c = o + geo.rows(b, i0 + r) * geo.ld_o + h * D;
+          float sum = 0.0f;
+          for (int64_t d = 0; d < D; ++d) sum += a[d] * c[d];
+          dot[r] = sum;
+        }
+        for (int64_t kt = 0; kt < key_tiles(l, qt); ++kt) {
+          const int64_t j0 = kt * kTile, nc = std::min(kTile, l.seq - j0);
+          float* dk = pdqk + geo.rows(b, j0) * geo.ld_qk + l.k_col + g * D;
+          float* dvv = pdv + geo.rows(b, j0) * geo.ld_v + l.v_col + g * D;
+          detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_qk, geo.k(b, g, j0), geo.ld_qk, 0.0f,
+                        p, kTile);
+          for (int64_t r = 0; r < rows; ++r) {  // P, then the dropped P into ds (for dV)
+            const int64_t n = visible(l, i0 + r, j0, nc);
+            float* row = p + r * kTile;
+            kernels::exp_shifted(row, row, n, lse_row[r]);
+            std::fill(row + n, row + nc, 0.0f);
+            if (dropout) {
+              kernels::dropout_keep(kp + r * kTile, mask_index(l, b, h, i0 + r, j0), n, op.p, seed);
+              kernels::mask_scale(row, kp + r * kTile, keep_scale, ds + r * kTile, n);
+              std::fill(ds + r * kTile + n, ds + r * kTile + nc, 0.0f);
+            }
+          }
+          // dV += P_dropped^T dO
+          detail::sgemm(true, false, nc, D, rows, 1.0f, dropout ? ds : p, kTile, do_rows, geo.ld_o, 1.0f, dvv, geo.ld_v);
+          // dP = dO V^T, then dS = P (dP * keep / (1 - p) - dot), in place
+          detail::sgemm(false, true, rows, nc, D, 1.0f, do_rows, geo.ld_o, geo.val(b, g, j0), geo.ld_v, 0.0f, ds, kTile);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t n = visible(l, i0 + r, j0, nc);
+            kernels::softmax_grad_row(p + r * kTile, ds + r * kTile, dropout ? kp + r * kTile : nullptr, keep_scale,
+                                      dot[r], ds + r * kTile, n);
+            std::fill(ds + r * kTile + n, ds + r * kTile + nc, 0.0f);
+          }
+          // dQ += dS K / sqrt(D); dK += dS^T Q / sqrt(D)
+          detail::sgemm(false, false, rows, D, nc, scale, ds, kTile, geo.k(b, g, j0), geo.ld_qk, 1.0f, dq, geo.ld_qk);
+          detail::sgemm(true, false, nc, D, rows, scale, ds, kTile, geo.q(b, h, i0), geo.ld_qk, 1.0f, dk, geo.ld_qk);
+        }
+      }
+  });
+}
+
+// FLOPs of the tiles actually computed: forward q k^T and P V; backward q k^T again, dO V^T, P^T dO,
+// dS K and dS^T Q.
 OpFlops flops(const BlockSpec&, const OpNode& n) {
   const AttentionLayout& l = n.attn;
-  const int64_t scores = l.causal ? l.batch * l.heads * l.seq * (l.seq + 1) / 2 : l.batch * l.heads * l.seq * l.seq;
-  const int64_t f = 2 * 2 * scores * l.head_dim;
-  return {f, f * 5 / 2};
+  int64_t area = 0;  // scores computed per (batch, head)
+  for (int64_t qt = 0; qt < tiles(l.seq); ++qt) {
+    const int64_t rows = std::min(kTile, l.seq - qt * kTile);
+    for (int64_t kt = 0; kt < key_tiles(l, qt); ++kt) area += rows * std::min(kTile, l.seq - kt * kTile);
+  }
+  const int64_t gemm = 2 * l.batch * l.heads * area * l.head_dim;
+  return {2 * gemm, 5 * gemm};
 }
+
+int64_t forward_scratch(const BlockSpec&, const OpNode& n, const ThreadConfig& ctx) {
+  return ctx.blas * (forward_floats() * 4 + (n.p > 0 ? kTile * kTile : 0));
+}
+
+int64_t backward_scratch(const BlockSpec&, const OpNode& n, const ThreadConfig& ctx) {
+  return ctx.blas * (backward_floats() * 4 + (n.p > 0 ? kTile * kTile : 0));
+}
+
+// Grouped-query heads (4 query heads, 2 key/value heads of 8), causal, over three tiles of keys
+// with a ragged last one: q and k in one tensor, v in another.
+BlockSpec example() {
+  ModelConfig cfg;
+  AttentionLayout l;
+  l.batch = 2, l.heads = 4, l.kv_heads = 2, l.head_dim = 8, l.seq = 300, l.block = 128, l.causal = true;
+  l.q_col = 0, l.k_col = 4 * 8, l.v_col = 0;
+  detail::Builder b(cfg, "test.flash_attention");
+  const int qk = b.input("qk", {2, 300, (4 + 2) * 8}, DType::F32, "q and k");
+  const int v = b.input("v", {2, 300, 2 * 8}, DType::F32, "v");
+  const std::vector<int> out = b.op(OpKind::FlashAttention, "atty", {qk, v},
+                                    {{"atty", {2, 300, 4 * 8}}, {"lse", {2, 4, 300}, DType::F32}});
+  b.last().attn = l;
+  return b.finish(out[0]);
+}
+
+// Dense attention with a causal mask (no dropout in the example), and its log-sum-exp.
+std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
+  const AttentionLayout& l = n.attn;
+  const at::Tensor q = attention::heads_of(in[0], l.q_col, l.heads, l);
+  const at::Tensor k = attention::heads_of(in[0], l.k_col, l.kv(), l).repeat_interleave(l.group(), 1);
+  const at::Tensor v = attention::heads_of(in[1], l.v_col, l.kv(), l).repeat_interleave(l.group(), 1);
+  at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * attention::scale(l);
+  if (l.causal) s = s.masked_fill(at::ones({l.seq, l.seq}, at::kBool).triu(1), -INFINITY);
+  const at::Tensor out = at::matmul(at::softmax(s, -1), v).permute({0, 2, 1, 3}).reshape({l.batch, l.seq, -1});
+  return {out, at::logsumexp(s, -1)};
+}
+
+const detail::OpTestCase kTest{example, reference, /*index_range=*/0, /*float64=*/false};
 
 }  // namespace
 
@@ -33,8 +286,11 @@ extern const OpDef kFlashAttention = [] {
   d.grad_in[0] = GradKind::Slot;
   d.grad_in[1] = GradKind::Slot;
   d.flops = flops;
-  d.forward = unavailable;
-  d.backward = unavailable;
+  d.forward_scratch = forward_scratch;
+  d.backward_scratch = backward_scratch;
+  d.forward = forward;
+  d.backward = backward;
+  d.test = &kTest;
   return d;
 }();
 

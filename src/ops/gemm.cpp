@@ -54,7 +54,31 @@ bool try_cblas(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::T
   return true;
 }
 
+using SetThreads = void (*)(int);
+using GetThreads = int (*)();
+
 }  // namespace
+
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc) {
+  const GemmFn<float> gemm = cblas<float>();
+  if (gemm == nullptr) fail_runtime("the loaded BLAS has no cblas_sgemm; remat needs OpenBLAS (make setup)");
+  gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
+       static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+SingleThreadedBlas::SingleThreadedBlas() {
+  static const auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  static const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (get == nullptr || set == nullptr) return;
+  previous_ = get();
+  if (previous_ != 1) set(1);
+}
+
+SingleThreadedBlas::~SingleThreadedBlas() {
+  static const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set != nullptr && previous_ > 1) set(previous_);
+}
 
 void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
                   double alpha, double beta) {

@@ -19,4 +19,22 @@ namespace remat::detail {
 void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
                   double alpha, double beta);
 
+// C = alpha op(A) op(B) + beta C for row-major float32 matrices with leading dimensions: one call
+// of the loaded BLAS's cblas_sgemm. Throws remat::Error when the BLAS has no CBLAS interface.
+void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// While alive, the BLAS runs every call on the calling thread (OpenBLAS's own pool set to one
+// thread), for kernels that spread their GEMMs over remat's kernel threads themselves.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas();
+  ~SingleThreadedBlas();
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 }  // namespace remat::detail

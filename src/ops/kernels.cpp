@@ -71,15 +71,69 @@ MaskKeys mask_keys(double p, uint64_t seed) {
           static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0))};
 }
 
-// Elements [begin, end) of the mask; never crosses a multiple of 2^32 (the chunks are smaller and
-// divide it): the high index bits re-key each 2^32 run.
+// Elements [begin, end) of the mask, written from out[0]. The high bits of the element index re-key
+// each run of 2^32 elements; callers split ranges at those boundaries (dropout_keep_range).
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void dropout_mask_range(bool* __restrict keep, int64_t begin, int64_t end, MaskKeys keys) {
+void dropout_mask_run(uint8_t* __restrict out, int64_t begin, int64_t end, MaskKeys keys) {
   const uint32_t k = keys.k1 + static_cast<uint32_t>(static_cast<uint64_t>(begin) >> 32) * 0x9e3779b9U;
-  auto* out = reinterpret_cast<uint8_t*>(keep);
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i)
-    out[i] = mix32(mix32(static_cast<uint32_t>(i) ^ keys.k0) ^ k) >= keys.threshold;
+    out[i - begin] = mix32(mix32(static_cast<uint32_t>(i) ^ keys.k0) ^ k) >= keys.threshold;
+}
+
+void dropout_keep_range(uint8_t* out, int64_t begin, int64_t end, MaskKeys keys) {
+  while (begin < end) {
+    const int64_t run_end = std::min(end, (begin | int64_t{0xffffffff}) + 1);
+    dropout_mask_run(out, begin, run_end, keys);
+    out += run_end - begin;
+    begin = run_end;
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+float online_softmax_range(const float* s, float* p, int64_t n, float& m, float& l) {
+  float mx = m;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = std::exp(std::max(s[j] - mx, -87.0f));  // see softmax_rows_range
+    p[j] = e;
+    sum += e;
+  }
+  const float a = std::max(m - mx, -87.0f);
+  const float alpha = a > -87.0f ? std::exp(a) : 0.0f;
+  m = mx;
+  l = l * alpha + sum;
+  return alpha;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void exp_shifted_range(const float* s, float* p, int64_t n, float shift) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = std::max(s[j] - shift, -87.0f);
+    p[j] = a > -87.0f ? std::exp(a) : 0.0f;
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void mask_scale_range(const float* x, const uint8_t* __restrict keep, float scale, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = x[j] * (scale * static_cast<float>(keep[j]));
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void softmax_grad_range(const float* __restrict p, const float* dp, const uint8_t* __restrict keep, float scale,
+                        float d, float* ds, int64_t n) {
+  if (keep == nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] - d);
+    return;
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] * (scale * static_cast<float>(keep[j])) - d);
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -145,7 +199,27 @@ void dropout_apply(const float* x, const bool* mask, float scale, float* y, int6
 
 void dropout_mask(bool* keep, int64_t n, double p, uint64_t seed) {
   const MaskKeys keys = mask_keys(p, seed);
-  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { dropout_mask_range(keep, b, e, keys); });
+  auto* out = reinterpret_cast<uint8_t*>(keep);  // bool is one byte, 0 or 1
+  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { dropout_keep_range(out + b, b, e, keys); });
+}
+
+float online_softmax_row(const float* s, float* p, int64_t n, float& m, float& l) {
+  return online_softmax_range(s, p, n, m, l);
+}
+
+void exp_shifted(const float* s, float* p, int64_t n, float shift) { exp_shifted_range(s, p, n, shift); }
+
+void dropout_keep(uint8_t* keep, int64_t first, int64_t n, double p, uint64_t seed) {
+  dropout_keep_range(keep, first, first + n, mask_keys(p, seed));
+}
+
+void mask_scale(const float* x, const uint8_t* keep, float scale, float* y, int64_t n) {
+  mask_scale_range(x, keep, scale, y, n);
+}
+
+void softmax_grad_row(const float* p, const float* dp, const uint8_t* keep, float scale, float d, float* ds,
+                      int64_t n) {
+  softmax_grad_range(p, dp, keep, scale, d, ds, n);
 }
 
 void softmax_rows(const float* s, float* p, int64_t rows, int64_t cols) {

@@ -31,4 +31,27 @@ void softmax_rows(const float* s, float* p, int64_t rows, int64_t cols);
 // ds = p * (dp - sum(dp * p)) per row: the softmax backward from its output p. ds may be dp.
 void softmax_rows_backward(const float* p, const float* dp, float* ds, int64_t rows, int64_t cols);
 
+// --- flash attention's tile rows (one thread each; the caller spreads tiles over the pool) -----
+
+// One query row of an online softmax over a tile of keys. s holds the row's n scaled scores (the
+// ones the causal mask leaves, n >= 1). Sets p[0, n) = exp(s - m'), m' = max(m, max s); updates
+// m = m' and l = l * alpha + sum p; returns alpha = exp(m_old - m'), the factor for what the row
+// accumulated before. p may be s. Start a row with m = the lowest float, l = 0.
+float online_softmax_row(const float* s, float* p, int64_t n, float& m, float& l);
+
+// p[j] = exp(s[j] - shift) for j < n (the backward's probabilities from the log-sum-exp). p may be s.
+void exp_shifted(const float* s, float* p, int64_t n, float shift);
+
+// keep[j] = the keep bit of element first + j of a mask that dropout_mask(.., p, seed) would give:
+// masks are addressed by element, so any tile of one is reproduced exactly.
+void dropout_keep(uint8_t* keep, int64_t first, int64_t n, double p, uint64_t seed);
+
+// y[j] = x[j] * keep[j] * scale. y may be x.
+void mask_scale(const float* x, const uint8_t* keep, float scale, float* y, int64_t n);
+
+// ds[j] = p[j] * (dp[j] * keep[j] * scale - d), or p[j] * (dp[j] - d) when keep is null: the
+// softmax backward of one row, through dropout. ds may be dp.
+void softmax_grad_row(const float* p, const float* dp, const uint8_t* keep, float scale, float d, float* ds,
+                      int64_t n);
+
 }  // namespace remat::ops::kernels

@@ -29,8 +29,8 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // LibTorch's CPU LayerNorm backward keeps partial dgamma and dbeta per thread: (2, threads, C).
-int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext& ctx) {
-  return 2 * static_cast<int64_t>(ctx.aten_threads) * b.tensors[n.in[0]].shape.back() * dtype_size(b.dtype);
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig& ctx) {
+  return 2 * static_cast<int64_t>(ctx.aten) * b.tensors[n.in[0]].shape.back() * dtype_size(b.dtype);
 }
 
 BlockSpec example() {

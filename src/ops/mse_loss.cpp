@@ -22,7 +22,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // The unreduced loss.
-int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   return b.tensors[n.in[0]].numel() * 4;
 }
 

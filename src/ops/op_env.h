@@ -47,7 +47,8 @@ class OpEnv {
   const std::vector<int64_t>& out_shape(const OpNode& op, int i) const { return spec_.tensors[op.out[i]].shape; }
   // The device the stage runs on (for ops with no inputs).
   at::Device device() const;
-  // The op's random seed: drawn from the default generator in the forward, replayed in a recompute.
+  // The op's random seed: drawn from the default generator in the forward, replayed in a recompute
+  // and in the backward.
   uint64_t seed(const OpNode& op);
   bool recomputing() const { return step_ != nullptr && step_->kind == Step::Kind::Recompute; }
 

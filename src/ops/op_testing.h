@@ -21,6 +21,7 @@ struct OpTestCase {
   std::vector<at::Tensor> (*reference)(const OpNode& node, const std::vector<at::Tensor>& in,
                                        const std::vector<at::Tensor>& params) = nullptr;
   int64_t index_range = 0;  // int64 inputs are drawn from [0, index_range)
+  bool float64 = true;      // the op runs float64 too (the tests then hold it to 1e-12)
 };
 
 }  // namespace remat::detail

@@ -70,7 +70,7 @@ TEST_P(OpsTest, EveryOpMatchesItsReferenceForwardAndBackward) {
   int tested = 0;
   for (int k = 0; k < static_cast<int>(OpKind::Count); ++k) {
     const OpKind kind = static_cast<OpKind>(k);
-    if (!op_def(kind).test) continue;
+    if (!op_def(kind).test || (dtype == at::kDouble && !op_def(kind).test->float64)) continue;
     ++tested;
     Case c = make_case(kind, dtype);
     const OpNode& node = c.spec.ops[0];
@@ -116,7 +116,7 @@ TEST_P(OpsTest, EveryOpMatchesItsReferenceForwardAndBackward) {
 TEST_P(OpsTest, EveryOpRecomputesBitwise) {
   for (int k = 0; k < static_cast<int>(OpKind::Count); ++k) {
     const OpKind kind = static_cast<OpKind>(k);
-    if (!op_def(kind).test) continue;
+    if (!op_def(kind).test || (GetParam() == at::kDouble && !op_def(kind).test->float64)) continue;
     Case c = make_case(kind, GetParam());
     auto grads = [&](const std::string& policy) {
       BlockExecutor exec(c.spec, Policy::parse(policy).resolve(c.spec, 1).layers[0]);

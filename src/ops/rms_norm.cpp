@@ -102,7 +102,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // The weight gradient's partial sums, one row of C per chunk of rows.
-int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const TensorSpec& x = b.tensors[n.in[0]];
   const int64_t c = x.shape.back();
   return chunks(x.numel() / c) * c * dtype_size(x.dtype);

@@ -81,7 +81,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // The angle table: built in double, kept in the activations' type.
-int64_t scratch(const BlockSpec& b, const OpNode& n, const ScratchContext&) {
+int64_t scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const int64_t entries = b.tensors[n.in[0]].shape[1] * n.attn.head_dim;
   return entries * 8 + (b.dtype == DType::F32 ? entries * 4 : 0);
 }

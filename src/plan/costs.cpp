@@ -91,8 +91,7 @@ CostModel choose_costs(const ModelConfig& cfg, CostSource source, const ThreadCo
   apply_threads(threads);
   if (source != CostSource::Measured) {
     CostModel est = estimate_costs(spec, measure_rates());
-    est.threads.aten_threads = threads.aten;
-    est.threads.kernel_threads = threads.blas;
+    est.threads = threads;
     const double layer_ms = est.none_step_ms(1) - est.other_ms;
     if (source == CostSource::Estimated || !runnable || layer_ms >= 5000) return est;
   }

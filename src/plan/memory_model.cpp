@@ -61,7 +61,7 @@ std::string describe(const Where& w) {
   return fmt::format("{} of {}, op '{}'", w.pass, stage, w.stage->spec->ops[w.op].name);
 }
 
-void forward_stage(Sim& sim, const StagePlan& st, const ScratchContext& ctx) {
+void forward_stage(Sim& sim, const StagePlan& st, const ThreadConfig& ctx) {
   const BlockSpec& b = *st.spec;
   for (const Step& step : st.schedule->forward) {
     if (step.kind == Step::Kind::Free) {
@@ -115,7 +115,7 @@ struct ParamGrads {
 };
 
 // One stage's backward, with its incoming gradient owned by the caller.
-void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ScratchContext& ctx) {
+void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx) {
   const BlockSpec& b = *st.spec;
   const Schedule& s = *st.schedule;
   Buffers bufs(sim);
@@ -226,7 +226,7 @@ void sum_tied(Sim& sim, ParamGrads& pg) {
 
 }  // namespace
 
-StepMemory simulate_memory(const StepPlan& plan, const ScratchContext& ctx, MemoryTrace* out) {
+StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out) {
   if (plan.chunk > 0)
     fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
   const ModelSpec& spec = *plan.model;
@@ -290,12 +290,12 @@ StepMemory simulate_memory(const StepPlan& plan, const ScratchContext& ctx, Memo
   return m;
 }
 
-StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ScratchContext& ctx) {
+StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ThreadConfig& ctx) {
   auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
   return simulate_memory(compile_step(spec, policy), ctx);
 }
 
-BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, const ScratchContext& ctx) {
+BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, const ThreadConfig& ctx) {
   StagePlan st;
   st.spec = &spec;
   st.schedule = std::shared_ptr<const Schedule>(&schedule, [](const Schedule*) {});

@@ -11,6 +11,7 @@
 
 #include "remat/memory.h"
 #include "remat/model.h"
+#include "remat/error.h"
 #include "remat/optim.h"
 #include "test_util.h"
 
@@ -47,22 +48,30 @@ Measured measure(const ModelConfig& c, const ResolvedPolicy& policy) {
 
 void expect_equal(const ModelConfig& c, const std::string& p) {
   const ResolvedPolicy policy = Policy::parse(p).resolve(make_block(c), c.layers);
-  const StepMemory predicted = simulate_memory(c, policy);
+  const StepMemory predicted = simulate_memory(c, policy, current_threads());
   const Measured m = measure(c, policy);
   EXPECT_EQ(predicted.base(), m.base) << c.arch << " " << p;
   EXPECT_EQ(predicted.saved, m.saved) << c.arch << " " << p;
   EXPECT_EQ(predicted.peak, m.peak) << c.arch << " " << p << " (peak at " << predicted.peak_at << ")";
 }
 
-class MemoryModelKinds : public ::testing::TestWithParam<std::string> {
+class MemoryModelKinds : public ::testing::TestWithParam<testing::EngineCase> {
  protected:
-  ModelConfig cfg() const { return tiny(GetParam(), GetParam() == "seed" ? 0.0 : 0.1); }
+  ModelConfig cfg() const { return GetParam().cfg; }
+  bool has(const char* preset) const {
+    try {
+      Policy::parse(preset).resolve(make_block(cfg()), cfg().layers);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
 };
 
 TEST_P(MemoryModelKinds, EqualsTheTrackerToTheByte) {
-  for (const char* p : {"none", "full", "attn", "mlp-act", "mlp", "every:2", "layers:0=full,3=attn"})
-    expect_equal(cfg(), p);
-  if (GetParam() != "seed") expect_equal(cfg(), "norm+mlp");
+  for (const char* p : {"none", "full", "mlp-act", "mlp", "every:2", "layers:0=full,3=mlp-act"}) expect_equal(cfg(), p);
+  for (const char* p : {"attn", "layers:0=full,3=attn", "norm+mlp"})
+    if (has(p)) expect_equal(cfg(), p);
 }
 
 TEST_P(MemoryModelKinds, EqualsTheTrackerForRandomPerTensorPolicies) {
@@ -84,13 +93,15 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerForRandomPerTensorPolicies) {
 // A wide vocabulary and few layers put the step's peak in the loss backward, where the
 // cross-entropy's temporaries are; an odd length makes the causal row blocks uneven.
 TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsInTheLoss) {
-  if (GetParam() == "seed") GTEST_SKIP() << "the seed head is an MSE of the block output";
+  if (GetParam().name == "seed") GTEST_SKIP() << "the seed head is an MSE of the block output";
   ModelConfig c = cfg();
   c.layers = 2;
   c.vocab = 512;
   c.seq = 33;
-  const StepMemory m = simulate_memory(c, Policy::parse("full").resolve(make_block(c), c.layers));
-  EXPECT_NE(m.peak_at.find("backward of the head, op 'loss'"), std::string::npos) << m.peak_at;
+  const StepMemory m = simulate_memory(c, Policy::parse("full").resolve(make_block(c), c.layers), current_threads());
+  // (Flash attention's tiles of 128 x 128 outweigh a model this small: there the peak is theirs.)
+  if (c.attention == AttentionImpl::Math)
+    EXPECT_NE(m.peak_at.find("backward of the head, op 'loss'"), std::string::npos) << m.peak_at;
   for (const char* p : {"none", "full"}) expect_equal(c, p);
 }
 
@@ -102,14 +113,15 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsTheTiedGradientSum) {
   c.seq = 9;
   bool tied = false;
   for (const ParamSpec& p : make_model(c).head.params) tied = tied || !p.tied_to.empty();
-  if (!tied) GTEST_SKIP() << GetParam() << " has no tied parameter";
-  const StepMemory m = simulate_memory(c, Policy::parse("full").resolve(make_block(c), c.layers));
-  EXPECT_NE(m.peak_at.find("summing a tied parameter's gradients"), std::string::npos) << m.peak_at;
+  if (!tied) GTEST_SKIP() << GetParam().name << " has no tied parameter";
+  const StepMemory m = simulate_memory(c, Policy::parse("full").resolve(make_block(c), c.layers), current_threads());
+  if (c.attention == AttentionImpl::Math)
+    EXPECT_NE(m.peak_at.find("summing a tied parameter's gradients"), std::string::npos) << m.peak_at;
   for (const char* p : {"none", "full"}) expect_equal(c, p);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, MemoryModelKinds, ::testing::ValuesIn(testing::all_kinds()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Kinds, MemoryModelKinds, ::testing::ValuesIn(testing::engine_cases()),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(MemoryModel, Gpt2SpecificPins) {
   expect_equal(tiny("gpt2", 0.1), "save:x2");

@@ -77,7 +77,7 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
         const double other_1 = j.at("other_1_ms").get<double>(), adam = j.at("adam_block_ms").get<double>();
         c.other_ms = other_1 + static_cast<double>(cfg.layers - 1) * adam;
         c.source += " (cached in " + path + ")";
-        c.threads = {threads.aten, threads.blas};
+        c.threads = threads;
         return c;
       }
     } catch (const std::exception&) {
@@ -128,7 +128,7 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   for (size_t op = 0; op < n_ops; ++op) c.block.push_back({median(fwd[op]), median(bwd[op])});
   const double other_1 = median(other), adam_block = median(adam_ms);
   c.source = fmt::format("measured on this machine: one layer, median of {} steps", reps);
-  c.threads = {threads.aten, threads.blas};
+  c.threads = threads;
   try {
     std::filesystem::create_directories(folder);
     nlohmann::json j = {{"key", key}, {"costs", to_json(c)}, {"other_1_ms", other_1}, {"adam_block_ms", adam_block}};

@@ -8,7 +8,7 @@ namespace remat {
 
 Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const ResolveOptions& o) {
   auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
-  const ScratchContext threads{o.threads.aten, o.threads.blas};
+  const ThreadConfig& threads = o.threads;
   Resolution r;
   if (!policy.is_budget()) {
     r.policy = policy.resolve(spec->block, cfg.layers);

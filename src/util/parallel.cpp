@@ -12,6 +12,7 @@ namespace remat::detail {
 namespace {
 
 thread_local bool t_inside = false;  // set while this thread runs chunks of a job
+thread_local int t_worker = 0;       // this thread's number in the pool: 0 for callers
 
 class Pool {
  public:
@@ -29,7 +30,11 @@ class Pool {
     for (std::thread& w : workers_) w.join();
     workers_.clear();
     stop_ = false;
-    for (int i = 1; i < std::max(1, threads); ++i) workers_.emplace_back([this] { work(); });
+    for (int i = 1; i < std::max(1, threads); ++i)
+      workers_.emplace_back([this, i] {
+        t_worker = i;
+        work();
+      });
   }
 
   void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
@@ -116,6 +121,10 @@ int kernel_threads() { return pool().threads(); }
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   pool().run(n, std::max<int64_t>(grain, 1), fn);
+}
+
+void parallel_chunks_indexed(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn) {
+  parallel_chunks(n, grain, [&](int64_t b, int64_t e) { fn(b, e, t_worker); });
 }
 
 }  // namespace remat::detail

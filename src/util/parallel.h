@@ -27,4 +27,9 @@ int kernel_threads();
 // called from inside another parallel_chunks. fn must not throw.
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
 
+// The same, telling fn which thread runs the chunk: 0 <= worker < kernel_threads(), and no two
+// chunks running at once get the same number (per-thread scratch buffers index by it).
+void parallel_chunks_indexed(int64_t n, int64_t grain,
+                             const std::function<void(int64_t begin, int64_t end, int worker)>& fn);
+
 }  // namespace remat::detail

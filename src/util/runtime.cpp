@@ -58,6 +58,8 @@ void apply_threads(const ThreadConfig& t) {
 
 std::string to_string(const ThreadConfig& t) { return std::to_string(t.aten) + "/" + std::to_string(t.blas); }
 
+ThreadConfig current_threads() { return {at::get_num_threads(), detail::kernel_threads()}; }
+
 std::string blas_name() {
   auto config = openblas_symbol<char* (*)()>("openblas_get_config");
   if (config == nullptr) return "unknown (not OpenBLAS)";

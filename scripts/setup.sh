@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   g++ cmake make ccache              # toolchain
   libtorch-dev                       # LibTorch 1.13.1, CPU
+  libgloo-dev                        # headers of c10d's Gloo process group (data-parallel training)
   libopenblas0-pthread               # fast BLAS behind libblas.so.3 (reference BLAS is ~28x slower)
   libgtest-dev                       # GoogleTest
   libcli11-dev libfmt-dev nlohmann-json3-dev

@@ -20,7 +20,7 @@ struct Command {
 
 Command add_bench(CLI::App& parent);
 Command add_plan(CLI::App& parent);
-Command add_train(CLI::App& parent);
+Command add_train(CLI::App& parent, int argc, char** argv);
 Command add_sample(CLI::App& parent);
 
 // Flags that build a ModelConfig, shared by bench, plan and train.

@@ -2,13 +2,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 
 #include <fmt/format.h>
 
+#include "app/launch.h"
 #include "app/report.h"
 #include "app/train.h"
 #include "cli.h"
+#include "remat/error.h"
 #include "remat/units.h"
 
 namespace remat::cli {
@@ -18,14 +21,67 @@ namespace {
 struct TrainFlags {
   ShapeFlags shape;
   TrainOptions o;
-  std::string resume, csv, threads;
+  std::string resume, csv, threads, master;
   std::vector<std::string> charts;
+  int nproc = 1, rank = -1, world = -1, timeout_s = 60;
+  double bucket_mb = 2;
+  std::vector<std::string> argv;  // as given, for --nproc's ranks
 };
 
+// `--nproc N`: this process launches N ranks of itself (without --nproc) and waits for them. Each
+// gets ATen 1 thread and BLAS and remat's kernels cores / N, unless --threads says otherwise.
+int launch(TrainFlags& f) {
+  std::vector<std::string> args;
+  for (size_t i = 0; i < f.argv.size(); ++i) {
+    const std::string& a = f.argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    args.push_back(a);
+  }
+  const ThreadConfig cores = default_threads();
+  ThreadConfig per_rank{1, std::max(1, cores.blas / f.nproc)};
+  if (f.threads.empty()) {
+    args.push_back("--threads");
+    args.push_back(to_string(per_rank));
+  } else {
+    per_rank = parse_threads(f.threads);
+  }
+  fmt::print(stderr, "remat train: {} local ranks, threads ATen/BLAS {} each ({} cores)\n", f.nproc,
+             to_string(per_rank), cores.blas);
+  return launch_local(f.nproc, args, std::chrono::seconds(5),
+                      [](const std::string& line) { fmt::print(stderr, "remat: error: {}\n", line); });
+}
+
 int run(TrainFlags& f, CLI::App* app) {
+  if (f.nproc < 1 || f.nproc > 256) fail("--nproc must be in 1..256, got {}", f.nproc);
+  if (f.nproc > 1 && std::getenv("RANK") == nullptr && f.rank < 0) return launch(f);
   f.shape.cfg.vocab = 256;
   f.o.model = f.shape.resolve();
   if (!f.threads.empty()) f.o.threads = parse_threads(f.threads);
+  f.o.dist = dist_config_from_env();
+  if (f.rank >= 0 || f.world >= 0) {  // --rank/--world-size/--master instead of the variables
+    if (f.rank < 0 || f.world < 1 || f.master.empty())
+      fail("--rank, --world-size and --master ADDR:PORT go together; got --rank {} --world-size {} --master '{}'", f.rank,
+           f.world, f.master);
+    f.o.dist.rank = f.rank;
+    f.o.dist.world = f.world;
+    const size_t colon = f.master.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      fail("--master '{}' must be ADDR:PORT, e.g. 10.0.0.1:29500", f.master);
+    f.o.dist.master_addr = f.master.substr(0, colon);
+    char* end = nullptr;
+    const long port = std::strtol(f.master.c_str() + colon + 1, &end, 10);
+    if (*end != '\0' || port <= 0 || port > 65535) fail("--master '{}': the port must be in 1..65535", f.master);
+    f.o.dist.master_port = static_cast<int>(port);
+  }
+  if (f.timeout_s <= 0) fail("--dist-timeout must be a positive number of seconds, got {}", f.timeout_s);
+  f.o.dist.timeout = std::chrono::seconds(f.timeout_s);
+  if (!(f.bucket_mb > 0) || f.bucket_mb > 4096) fail("--bucket-mb must be in (0, 4096], got {}", f.bucket_mb);
+  f.o.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
+  const bool leader = f.o.dist.rank == 0;
   if (!f.csv.empty()) check_writable(f.csv);
   for (const std::string& c : f.charts) {
     check_chart_path(c);
@@ -50,12 +106,19 @@ int run(TrainFlags& f, CLI::App* app) {
       last_line = p.step;
     }
   };
-  fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(f.o.model), f.o.policy,
-             f.o.steps, f.o.model.batch * f.o.model.seq * f.o.accum, f.o.seed);
-  if (!f.resume.empty()) fmt::print("  resuming the run saved in {}\n", f.resume);
-  std::fflush(stdout);
+  if (leader) {
+    fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(f.o.model), f.o.policy,
+               f.o.steps, f.o.model.batch * f.o.model.seq * f.o.accum * f.o.dist.world, f.o.seed);
+    if (f.o.dist.world > 1)
+      fmt::print("  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
+                 f.o.dist.world, f.o.accum, f.o.model.batch, f.o.zero, f.bucket_mb, f.o.dist.master_addr,
+                 f.o.dist.master_port);
+    if (!f.resume.empty()) fmt::print("  resuming the run saved in {}\n", f.resume);
+    std::fflush(stdout);
+  }
   const TrainResult r = train(f.o, f.resume, given);
   end_progress();
+  if (!leader) return 0;
   std::vector<double> speed;
   int64_t peak = 0;
   for (const TrainRecord& rec : r.log) {
@@ -64,9 +127,25 @@ int run(TrainFlags& f, CLI::App* app) {
   }
   std::sort(speed.begin(), speed.end());
   fmt::print("  policy as run: {}\n", r.policy_text);
-  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} (predicted {})\n",
+  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} (predicted {}{})\n",
              r.final_val_loss, speed.empty() ? 0.0 : speed[speed.size() / 2] / 1000, bytes_str(peak),
-             bytes_str(r.predicted_peak));
+             bytes_str(r.predicted_peak), peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
+  if (r.rank_peaks.size() > 1) {
+    std::vector<double> reduce, exposed;
+    for (const TrainRecord& rec : r.log) {
+      reduce.push_back(rec.reduce_s);
+      exposed.push_back(rec.exposed_s);
+    }
+    std::sort(reduce.begin(), reduce.end());
+    std::sort(exposed.begin(), exposed.end());
+    const double red = reduce[reduce.size() / 2], exp = exposed[exposed.size() / 2];
+    fmt::print("  all-reduce: {} buckets, {:.1f} ms per step (median), {:.1f} ms not hidden by the backward ({:.0f}% hidden)\n",
+               r.buckets, 1e3 * red, 1e3 * exp, red > 0 ? 100.0 * std::max(0.0, 1.0 - exp / red) : 0.0);
+    for (size_t q = 0; q < r.rank_peaks.size(); ++q)
+      fmt::print("  rank {}: peak {} (predicted {}{})\n", q, bytes_str(r.rank_peaks[q]), bytes_str(r.rank_predicted[q]),
+                 r.rank_peaks[q] == r.rank_predicted[q] ? ", equal"
+                                                        : fmt::format(", {:+d} B", r.rank_peaks[q] - r.rank_predicted[q]));
+  }
   fmt::print("  weights digest: {}\n", r.weights_digest);
   if (!f.o.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", f.o.save_dir);
   if (!f.csv.empty()) {
@@ -87,8 +166,9 @@ struct SampleFlags {
 
 }  // namespace
 
-Command add_train(CLI::App& parent) {
+Command add_train(CLI::App& parent, int argc, char** argv) {
   auto f = std::make_shared<TrainFlags>();
+  f->argv.assign(argv, argv + argc);
   CLI::App* a = parent.add_subcommand("train", "train a GPT on text with any recompute policy");
   f->shape.cfg = default_train_model();
   f->shape.add(a);
@@ -108,7 +188,15 @@ Command add_train(CLI::App& parent) {
   a->add_option("--save", o.save_dir, "write the train state to this folder");
   a->add_option("--save-every", o.save_every, "steps between saves; 0 = at the end")->capture_default_str();
   a->add_option("--resume", f->resume, "continue the run saved in this folder");
-  a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2");
+  a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (--nproc: 1/(cores / N) per rank)");
+  a->add_option("--nproc", f->nproc, "data parallel: start N local ranks (c10d Gloo)")->capture_default_str();
+  a->add_option("--rank", f->rank, "data parallel across hosts: this process's rank (or RANK)");
+  a->add_option("--world-size", f->world, "data parallel across hosts: ranks in all (or WORLD_SIZE)");
+  a->add_option("--master", f->master, "data parallel across hosts: ADDR:PORT of rank 0 (or MASTER_ADDR, MASTER_PORT)");
+  a->add_option("--zero", f->o.zero, "1: ZeRO-1, each rank keeps the Adam moments of its share")->capture_default_str();
+  a->add_option("--bucket-mb", f->bucket_mb, "gradient all-reduce bucket size")->capture_default_str();
+  a->add_option("--dist-timeout", f->timeout_s, "seconds every collective and the rendezvous may take")
+      ->capture_default_str();
   a->add_option("--csv", f->csv, "write the metrics as CSV");
   a->add_option("--chart", f->charts, "write the loss chart (.png or .svg; repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

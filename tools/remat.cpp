@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     return fmt::format("remat: error: {} (see remat --help)\n", e.what());
   });
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
-                                                     remat::cli::add_train(app), remat::cli::add_sample(app)};
+                                                     remat::cli::add_train(app, argc, argv), remat::cli::add_sample(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -85,9 +85,14 @@ class BlockExecutor {
   ExecOptions options_;
 };
 
+// Where a stage's parameter gradients go instead of to autograd (data parallelism's buckets): called
+// with each one's model parameter id as the stage's backward returns; autograd then sees none.
+using GradSink = std::function<void(int param, at::Tensor grad)>;
+
 // Runs `exec` as one autograd node: output = stage(inputs, params); its backward calls
-// BlockExecutor::backward. Throws remat::Error on double backward.
+// BlockExecutor::backward. With a sink, the parameter gradients go to it (param_ids: the model id
+// of each of `params`). Throws remat::Error on double backward.
 at::Tensor run_stage(std::shared_ptr<const BlockExecutor> exec, at::TensorList inputs, at::TensorList params,
-                     int64_t layer);
+                     int64_t layer, std::shared_ptr<const GradSink> sink = nullptr, const std::vector<int>* param_ids = nullptr);
 
 }  // namespace remat

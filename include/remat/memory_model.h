@@ -27,16 +27,32 @@ namespace remat {
 // weights 2, gradients 2, fp32 master weights and Adam moments 12.
 struct StepMemory {
   int64_t params = 0;      // weights
-  int64_t grads = 0;       // parameter gradients, alive from the backward to the next step
-  int64_t optimizer = 0;   // optimizer state
+  int64_t grads = 0;       // parameter gradients: alive from the backward to the next step, or (data
+                           // parallelism) the persistent buckets, counted in `buffers`
+  int64_t optimizer = 0;   // optimizer state (with ZeRO-1: this rank's share)
   int64_t data = 0;        // one batch: input and target
+  int64_t buffers = 0;     // persistent communication buffers (data parallelism: gradient buckets)
   int64_t saved = 0;       // live after the forward, above base()
   int64_t peak = 0;        // highest live during the step, above base()
   std::string peak_at;     // where the peak falls: "backward of layer 5, op 'fc'"
 
-  // Live before a step: weights, optimizer state, data (gradients were freed).
-  int64_t base() const { return params + optimizer + data; }
+  // Live before a step: weights, optimizer state, data, buffers (gradients were freed).
+  int64_t base() const { return params + optimizer + data + buffers; }
   int64_t total_peak() const { return base() + peak; }
+};
+
+// How a training step runs beyond one forward and one backward: gradient accumulation, a scaled
+// loss, and data parallelism (data_parallel.h), whose ranks keep their gradients in persistent
+// flat buckets (each stage's parameter gradients are handed to them, and freed, as the stage's
+// backward returns) and, under ZeRO-1, the Adam moments of their share only. The default is the
+// step remat bench and the planner run: one micro-batch, one process.
+struct StepShape {
+  int micro = 1;             // backward passes per optimizer step on this rank (--accum)
+  bool scaled_loss = false;  // the loss is divided before its backward (micro-batches in all > 1)
+  int world = 1;             // ranks
+  int rank = 0;
+  int zero = 0;              // 1: ZeRO-1, this rank keeps the moments of its share (shard_first)
+  int64_t extra_buffers = 0; // other persistent buffers of the trainer (the loss's all-reduce)
 };
 
 // Levels of one simulated step, above base(), per stage; for the planner's constraints.
@@ -47,10 +63,14 @@ struct MemoryTrace {
   int64_t stem_peak = 0;  // forward and backward of the stem: no layer's saved bytes are alive
 };
 
-// Replays one step of `plan`: forward of every stage, backward in reverse, the optimizer step.
-// uniform:N chunks (plan.chunk > 0) are replayed as remat::checkpoint runs them. Fills `trace`
-// when given (REQUIRES: plan.chunk == 0 then).
-StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx = {}, MemoryTrace* trace = nullptr);
+// Replays one step of `plan`: forward of every stage, backward in reverse (each micro-batch), the
+// optimizer step. Fills `trace` when given (of the first micro-batch). REQUIRES: plan.chunk == 0.
+// ZeRO's split of `total` parameter elements (laid end to end in model order) over `world` ranks:
+// rank r owns [shard_first(total, r, world), shard_first(total, r + 1, world)).
+int64_t shard_first(int64_t total, int rank, int world);
+
+StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx = {}, MemoryTrace* trace = nullptr,
+                           const StepShape& shape = {});
 
 // The same for `cfg` under `policy`.
 StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ThreadConfig& ctx = {});

@@ -67,6 +67,10 @@ class GPTImpl : public torch::nn::Module {
   // For each of parameters(): whether AdamW's weight decay applies (the parameter's role).
   std::vector<bool> decays() const;
 
+  // From now on the backward hands every parameter gradient to `sink` (with its index in
+  // parameters()) instead of accumulating it into .grad: data parallelism's buckets. Null: autograd.
+  void set_grad_sink(GradSink sink);
+
  private:
   void build_executors();
   std::vector<at::Tensor> stage_params(const StagePlan& stage) const;
@@ -78,6 +82,7 @@ class GPTImpl : public torch::nn::Module {
   ExecOptions options_;
   std::vector<at::Tensor> params_;                          // by model parameter id
   std::vector<std::shared_ptr<const BlockExecutor>> execs_; // by stage
+  std::shared_ptr<const GradSink> sink_;
   // Eval mode: the same stages without dropout, keeping everything; and the logits head.
   StepPlan eval_plan_;
   std::vector<std::shared_ptr<const BlockExecutor>> eval_execs_;

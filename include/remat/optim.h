@@ -47,4 +47,58 @@ class Adam {
   int64_t steps_ = 0;
 };
 
+// Adam over the elements [first, last) of all parameters laid end to end (flat index = the running
+// offset over `params`, in order). The whole range is plain Adam; one rank's share of it is ZeRO-1:
+// that rank keeps the moments of its elements only, updates them, and the ranks then exchange the
+// updated weights (data_parallel.h). Each parameter has its own weight decay (AdamW's decay on
+// matrices, none on biases and norms). The update of an element is Adam::step's, bit for bit.
+class ShardedAdam {
+ public:
+  // REQUIRES: every param is a contiguous float32 tensor; decays.size() == params.size();
+  // 0 <= first <= last <= total elements.
+  ShardedAdam(std::vector<at::Tensor> params, std::vector<bool> decays, const AdamOptions& options, int64_t first,
+              int64_t last);
+
+  // One update of the owned elements, from `grads` (one per parameter, shaped like it).
+  void step(const std::vector<at::Tensor>& grads);
+
+  double lr() const { return options_.lr; }
+  void set_lr(double lr) { options_.lr = lr; }
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+  int64_t first() const { return first_; }
+  int64_t last() const { return last_; }
+  // The first and second moments of the owned elements, flat ((last - first) elements each).
+  at::Tensor& exp_avg() { return m_; }
+  at::Tensor& exp_avg_sq() { return v_; }
+
+  // Where the owned elements fall: per parameter, the [begin, end) of its flattened elements.
+  struct Slice {
+    int param;
+    int64_t begin, end;  // within the parameter
+    int64_t flat;        // flat index of `begin`
+  };
+  const std::vector<Slice>& slices() const { return slices_; }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<bool> decays_;
+  AdamOptions options_;
+  int64_t first_, last_;
+  std::vector<Slice> slices_;
+  at::Tensor m_, v_;
+  int64_t steps_ = 0;
+};
+
+namespace detail {
+
+// One Adam update of n elements (the loop both optimizers run).
+struct AdamStep {
+  float b1, b2, eps, lr, step_size, inv_sqrt_bc2, decay, l2;
+};
+AdamStep adam_step(const AdamOptions& o, int64_t step, double weight_decay);
+void adam_update(const AdamStep& s, float* w, const float* g, float* m, float* v, int64_t n);
+
+}  // namespace detail
+
 }  // namespace remat

@@ -17,8 +17,10 @@
 #include "app/corpus.h"
 #include "app/report.h"
 #include "app/train_state.h"
+#include "remat/data_parallel.h"
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "remat/memory_model.h"
 #include "remat/model.h"
 #include "remat/optim.h"
 #include "remat/policy.h"
@@ -46,12 +48,15 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
           {"beta1", o.beta1},   {"beta2", o.beta2}, {"clip", o.clip},
           {"val-fraction", o.val_fraction}, {"seed", o.seed}, {"data", corpus_id},
           {"policy", o.policy}, {"eval-every", o.eval_every}, {"eval-batches", o.eval_batches},
-          {"save-every", o.save_every}};
+          {"save-every", o.save_every}, {"nproc", o.dist.world}, {"zero", o.zero},
+          {"bucket-mb", static_cast<double>(o.bucket_bytes) / (1 << 20)}, {"aten-threads", o.threads.aten}};
 }
 
 // Options that may change when resuming: they affect memory, time or bookkeeping, not the weights.
+// (ZeRO-1 changes where the moments live, not what they are.)
 bool may_change(const std::string& key) {
-  return key == "policy" || key == "eval-every" || key == "eval-batches" || key == "save-every";
+  return key == "policy" || key == "eval-every" || key == "eval-batches" || key == "save-every" || key == "zero" ||
+         key == "bucket-mb";
 }
 
 }  // namespace
@@ -69,6 +74,13 @@ TrainOptions options_from(const Json& j, TrainOptions o) {
   return o;
 }
 
+uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro) {
+  uint64_t z = seed ^ (static_cast<uint64_t>(step) * 0x9e3779b97f4a7c15ULL) ^ (static_cast<uint64_t>(micro) << 48);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return (z ^ (z >> 31)) & 0x7fffffffffffffffULL;  // at::manual_seed takes it as signed
+}
+
 namespace {
 
 void check_options(const TrainOptions& o) {
@@ -82,6 +94,10 @@ void check_options(const TrainOptions& o) {
   if (o.eval_every < 0 || o.eval_batches < 1) fail("--eval-every must be >= 0 and --eval-batches >= 1");
   if (o.save_every < 0) fail("--save-every must be >= 0, got {}", o.save_every);
   if (!(o.val_fraction > 0 && o.val_fraction < 0.5)) fail("--val-fraction must be in (0, 0.5), got {}", o.val_fraction);
+  validate(o.dist);
+  if (o.zero != 0 && o.zero != 1) fail("--zero must be 0 or 1 (ZeRO-1 shards the Adam moments), got {}", o.zero);
+  if (o.zero == 1 && o.dist.world == 1) fail("--zero 1 shards the Adam moments over ranks; give --nproc 2 or more");
+  if (o.bucket_bytes <= 0) fail("--bucket-mb must be positive, got {} bytes", o.bucket_bytes);
 }
 
 double lr_at(const TrainOptions& o, int64_t step) {
@@ -108,29 +124,38 @@ struct Run {
   TrainOptions o;
   Corpus corpus;
   GPT model{nullptr};
-  std::unique_ptr<Adam> decayed, plain;  // AdamW on matrices; no decay on biases, norms, positions
+  std::vector<at::Tensor> params;  // model->parameters(), in plan order
+  std::vector<std::string> names;  // their registered names
+  std::unique_ptr<ShardedAdam> adam;  // this rank's share (all of them in one process or without ZeRO)
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<GradientBuckets> buckets;
+  at::Tensor loss_sum;             // data parallelism: the all-reduced loss, one float64
   int64_t step = 0;
   ResolvedPolicy policy;
   std::string policy_text;
   int64_t predicted_peak = 0;
+  bool parallel() const { return o.dist.world > 1; }
+  bool leader() const { return o.dist.rank == 0; }
 };
 
-std::vector<std::pair<std::string, at::Tensor>> named_params(GPT& model) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
-  return out;
+int64_t total_elements(const std::vector<at::Tensor>& params) {
+  int64_t n = 0;
+  for (const at::Tensor& p : params) n += p.numel();
+  return n;
 }
 
-// AdamW's decay where the parameter's role says so (matrices), plain Adam elsewhere.
-void make_optimizers(Run& r) {
-  std::vector<at::Tensor> decayed, plain;
-  const std::vector<at::Tensor> params = r.model->parameters();
-  const std::vector<bool> decays = r.model->decays();
-  for (size_t i = 0; i < params.size(); ++i) (decays[i] ? decayed : plain).push_back(params[i]);
+// AdamW's decay where the parameter's role says so (matrices); over this rank's share with ZeRO-1.
+void make_optimizer(Run& r) {
+  for (const auto& item : r.model->named_parameters()) {
+    r.names.push_back(item.key());
+    r.params.push_back(item.value());
+  }
+  const int64_t total = total_elements(r.params);
+  const bool shard = r.parallel() && r.o.zero == 1;
+  const int64_t first = shard ? shard_first(total, r.o.dist.rank, r.o.dist.world) : 0;
+  const int64_t last = shard ? shard_first(total, r.o.dist.rank + 1, r.o.dist.world) : total;
   AdamOptions a{r.o.lr, r.o.beta1, r.o.beta2, 1e-8, r.o.weight_decay, /*decoupled=*/true};
-  r.decayed = std::make_unique<Adam>(decayed, a);
-  a.weight_decay = 0;
-  r.plain = std::make_unique<Adam>(plain, a);
+  r.adam = std::make_unique<ShardedAdam>(r.params, r.model->decays(), a, first, last);
 }
 
 double val_loss(Run& r) {
@@ -150,69 +175,89 @@ double val_loss(Run& r) {
   return sum / static_cast<double>(r.o.eval_batches);
 }
 
-TrainState snapshot(Run& r) {
+// Full moments of every parameter, on rank 0: its own share and, with ZeRO-1, every other rank's,
+// sent to it (all ranks take part).
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> full_moments(Run& r) {
+  std::vector<at::Tensor> m, v;
+  const int64_t total = total_elements(r.params);
+  at::Tensor flat_m = r.adam->exp_avg(), flat_v = r.adam->exp_avg_sq();
+  if (r.parallel() && r.o.zero == 1) {
+    if (!r.leader()) {
+      r.comm->send(flat_m, 0, 1, "sending Adam moments to rank 0");
+      r.comm->send(flat_v, 0, 2, "sending Adam moments to rank 0");
+      return {};
+    }
+    std::vector<at::Tensor> ms = {flat_m}, vs = {flat_v};
+    for (int q = 1; q < r.o.dist.world; ++q) {
+      const int64_t n = shard_first(total, q + 1, r.o.dist.world) - shard_first(total, q, r.o.dist.world);
+      ms.push_back(at::empty({n}));
+      vs.push_back(at::empty({n}));
+      r.comm->recv(ms.back(), q, 1, "gathering Adam moments");
+      r.comm->recv(vs.back(), q, 2, "gathering Adam moments");
+    }
+    flat_m = at::cat(ms);
+    flat_v = at::cat(vs);
+  } else if (!r.leader()) {
+    return {};
+  }
+  int64_t at = 0;
+  for (const at::Tensor& p : r.params) {
+    m.push_back(flat_m.narrow(0, at, p.numel()).view(p.sizes()));
+    v.push_back(flat_v.narrow(0, at, p.numel()).view(p.sizes()));
+    at += p.numel();
+  }
+  return {m, v};
+}
+
+void save(Run& r) {
+  auto [m, v] = full_moments(r);
+  if (!r.leader()) return;
   TrainState s;
   s.header["format"] = "remat train state";
   s.header["options"] = options_json(r.o, r.corpus.id);
   s.header["step"] = r.step;
   s.header["policy"] = r.policy_text;
-  std::vector<at::Tensor> weights;
-  for (const auto& [name, p] : named_params(r.model)) {
-    s.tensors.emplace_back("param:" + name, p);
-    weights.push_back(p);
+  s.header["adam_steps"] = r.adam->steps();
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    s.tensors.emplace_back("param:" + r.names[i], r.params[i]);
+    s.tensors.emplace_back("adam.m:" + r.names[i], m[i]);
+    s.tensors.emplace_back("adam.v:" + r.names[i], v[i]);
   }
-  s.header["weights_digest"] = digest(weights);
-  for (Adam* a : {r.decayed.get(), r.plain.get()}) {
-    const std::string which = a == r.decayed.get() ? "decayed" : "plain";
-    for (size_t i = 0; i < a->params().size(); ++i) {
-      s.tensors.emplace_back(fmt::format("adam.{}.m.{}", which, i), a->exp_avg()[i]);
-      s.tensors.emplace_back(fmt::format("adam.{}.v.{}", which, i), a->exp_avg_sq()[i]);
-    }
-    s.header["adam_steps_" + which] = a->steps();
-  }
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    s.tensors.emplace_back("rng", gen.get_state());
-  }
-  return s;
+  s.header["weights_digest"] = digest(r.params);
+  save_train_state(r.o.save_dir, s);
 }
 
 void restore(Run& r, const TrainState& s, const std::string& dir) {
   at::NoGradGuard no_grad;
-  for (auto& [name, p] : named_params(r.model)) {
-    const at::Tensor& t = s.tensor("param:" + name);
-    if (t.sizes() != p.sizes())
-      fail("train state in '{}': '{}' is {}, the model's is {}", dir, name, shape_str(t.sizes().vec()),
-           shape_str(p.sizes().vec()));
-    p.copy_(t);
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    const at::Tensor& t = s.tensor("param:" + r.names[i]);
+    if (t.sizes() != r.params[i].sizes())
+      fail("train state in '{}': '{}' is {}, the model's is {}", dir, r.names[i], shape_str(t.sizes().vec()),
+           shape_str(r.params[i].sizes().vec()));
+    r.params[i].copy_(t);
   }
-  for (Adam* a : {r.decayed.get(), r.plain.get()}) {
-    const std::string which = a == r.decayed.get() ? "decayed" : "plain";
-    for (size_t i = 0; i < a->params().size(); ++i) {
-      a->exp_avg()[i].copy_(s.tensor(fmt::format("adam.{}.m.{}", which, i)));
-      a->exp_avg_sq()[i].copy_(s.tensor(fmt::format("adam.{}.v.{}", which, i)));
-    }
-    a->set_steps(s.header.at("adam_steps_" + which).get<int64_t>());
+  // This rank's share of the moments, from the full ones.
+  for (const ShardedAdam::Slice& sl : r.adam->slices()) {
+    const int64_t n = sl.end - sl.begin, off = sl.flat - r.adam->first();
+    r.adam->exp_avg().narrow(0, off, n).copy_(s.tensor("adam.m:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
+    r.adam->exp_avg_sq().narrow(0, off, n).copy_(s.tensor("adam.v:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
   }
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(s.tensor("rng"));
+  r.adam->set_steps(s.header.at("adam_steps").get<int64_t>());
 }
 
-// Global gradient-norm clip, in a fixed order (deterministic).
-void clip_grads(Run& r) {
-  if (r.o.clip <= 0) return;
+// Global gradient-norm clip: the norm summed in float64 in parameter order, without allocating
+// (the step's memory is predicted to the byte). Every rank holds the same summed gradients, so
+// every rank computes the same norm.
+void clip_grads(const std::vector<at::Tensor>& grads, double clip) {
+  if (clip <= 0) return;
   double sq = 0;
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& p : r.model->parameters())
-    if (p.grad().defined()) {
-      grads.push_back(p.grad());
-      sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-    }
+  for (const at::Tensor& g : grads) {
+    const float* p = g.data_ptr<float>();
+    for (int64_t i = 0; i < g.numel(); ++i) sq += static_cast<double>(p[i]) * p[i];
+  }
   const double norm = std::sqrt(sq);
-  if (norm > r.o.clip)
-    for (at::Tensor& g : grads) g.mul_(r.o.clip / (norm + 1e-6));
+  if (norm > clip)
+    for (const at::Tensor& g : grads) g.mul_(clip / (norm + 1e-6));
 }
 
 }  // namespace
@@ -247,6 +292,15 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
         fail("--{} {} differs from the run saved in '{}' ({}); drop the flag to continue that run, or --save elsewhere",
              flag, now.at(flag).dump(), resume_dir, was.at(flag).dump());
     }
+    // The world size lays out the batches; the ATen thread count sums some gradients in another order.
+    const int world = was.contains("nproc") ? was.at("nproc").get<int>() : 1;
+    if (world != r.o.dist.world)
+      fail("the run in '{}' was trained on {} process(es); resume it with --nproc {} (this is {})", resume_dir, world,
+           world, r.o.dist.world);
+    if (was.contains("aten-threads") && was.at("aten-threads").get<int>() != r.o.threads.aten)
+      fail("the run in '{}' was trained with {} ATen thread(s); resume it with --threads {}/{} (its gradients are "
+           "summed in that order)",
+           resume_dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), r.o.threads.blas);
   }
   check_options(r.o);
   if (make_model(r.o.model).stem.tensors.empty())
@@ -266,19 +320,38 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   const Resolution res = resolve_policy(Policy::parse(r.o.policy), r.o.model, ro);
   r.policy = res.policy;
   r.policy_text = res.text;
-  if (r.policy.chunk == 0) {
-    r.predicted_peak = res.memory.total_peak();
-    const int64_t available = available_memory();
-    if (available > 0 && res.memory.total_peak() > available * 9 / 10)
-      fail("policy '{}' needs about {} per step and this machine has {} available; try --policy budget:{}MiB "
-           "(the planner then recomputes what it must)",
-           r.o.policy, bytes_str(res.memory.total_peak()), bytes_str(available), available * 6 / 10 / (1 << 20));
-  }
 
   at::manual_seed(r.o.seed);
   r.model = GPT(r.o.model, r.policy);
-  at::manual_seed(r.o.seed + 1);  // the dropout stream
-  make_optimizers(r);
+  make_optimizer(r);
+  StepShape shape;
+  shape.micro = static_cast<int>(r.o.accum);
+  shape.scaled_loss = r.o.accum * r.o.dist.world > 1;
+  shape.world = r.o.dist.world;
+  shape.rank = r.o.dist.rank;
+  shape.zero = r.o.zero;
+  if (r.parallel()) {
+    if (r.policy.chunk > 0)
+      fail("policy '{}' checkpoints chunks of layers, whose gradients reach autograd only; data parallelism takes "
+           "every other policy",
+           r.o.policy);
+    r.comm = std::make_unique<Communicator>(r.o.dist);
+    r.buckets = std::make_unique<GradientBuckets>(r.model->step_plan(), r.params, r.o.bucket_bytes,
+                                                  static_cast<int>(r.o.accum), *r.comm);
+    r.model->set_grad_sink(r.buckets->sink());
+    r.loss_sum = at::zeros({1}, at::kDouble);
+    shape.extra_buffers = r.loss_sum.nbytes();
+  }
+  if (r.policy.chunk == 0) {
+    const StepMemory mem = simulate_memory(r.model->step_plan(), r.o.threads, nullptr, shape);
+    r.predicted_peak = mem.total_peak();
+    const int64_t available = available_memory();
+    if (available > 0 && mem.total_peak() * r.o.dist.world > available * 9 / 10)
+      fail("policy '{}' needs about {} per step on each of {} process(es) and this machine has {} available; try "
+           "--policy budget:{}MiB (the planner then recomputes what it must)",
+           r.o.policy, bytes_str(mem.total_peak()), r.o.dist.world, bytes_str(available),
+           available * 6 / 10 / r.o.dist.world / (1 << 20));
+  }
   if (saved) {
     restore(r, *saved, resume_dir);
     r.step = saved->header.at("step").get<int64_t>();
@@ -288,25 +361,45 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   TrainResult result;
   result.policy_text = r.policy_text;
   result.predicted_peak = r.predicted_peak;
+  if (r.buckets) result.buckets = r.buckets->buckets();
   int64_t last_saved = saved ? r.step : -1;
+  int64_t my_peak = 0;
   double last_val = std::numeric_limits<double>::quiet_NaN();
   const auto t_start = Clock::now();
-  const int64_t tokens_per_step = r.o.model.batch * r.o.model.seq * r.o.accum;
+  const int64_t micro_per_step = r.o.accum * r.o.dist.world;
+  const int64_t tokens_per_step = r.o.model.batch * r.o.model.seq * micro_per_step;
   for (; r.step < r.o.steps;) {
     const auto t0 = Clock::now();
     MemoryTracker::reset_peak();
     const double lr = lr_at(r.o, r.step);
-    r.decayed->set_lr(lr);
-    r.plain->set_lr(lr);
-    r.decayed->zero_grad();
-    r.plain->zero_grad();
+    r.adam->set_lr(lr);
+    for (at::Tensor& p : r.params) p.mutable_grad() = at::Tensor();
     double loss = 0;
     for (int64_t micro = 0; micro < r.o.accum; ++micro) {
-      auto [x, y] = train_batch(r.corpus, r.o.model, r.o.seed, r.step, micro);
+      // Micro-batch `global` of the step: its data and its dropout are pure functions of
+      // (seed, step, global), whichever rank runs it.
+      const int64_t global = r.o.dist.rank * r.o.accum + micro;
+      auto [x, y] = train_batch(r.corpus, r.o.model, r.o.seed, r.step, global);
+      at::manual_seed(dropout_seed(r.o.seed, r.step, global));
       at::Tensor l = r.model->forward(x, y);
-      if (r.o.accum > 1) l = l / static_cast<double>(r.o.accum);
+      if (micro_per_step > 1) l = l / static_cast<double>(micro_per_step);
       l.backward();
       loss += l.item<double>();
+    }
+    double reduce_s = 0, exposed_s = 0;
+    if (r.parallel()) {
+      const double backward_end = r.comm->now();
+      r.buckets->wait();  // only what is still in flight
+      exposed_s = r.comm->now() - backward_end;
+      double first = 1e300, last = 0;
+      for (const GradientBuckets::Timing& t : r.buckets->timings()) {
+        first = std::min(first, t.launched);
+        last = std::max(last, t.finished);
+      }
+      reduce_s = std::max(0.0, last - first);
+      r.loss_sum.fill_(loss);
+      r.comm->all_reduce(r.loss_sum, "the loss all-reduce").wait();
+      loss = r.loss_sum.item<double>();
     }
     if (!std::isfinite(loss)) {
       const std::string kept = r.o.save_dir.empty()    ? "no train state was being saved"
@@ -315,9 +408,15 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       fail_runtime("loss is {} at step {} (lr {:.3g}); stopped before the update; {}; lower --lr or set --clip",
                    loss, r.step + 1, lr, kept);
     }
-    clip_grads(r);
-    r.decayed->step();
-    r.plain->step();
+    std::vector<at::Tensor> grads;
+    if (r.buckets) {
+      grads = r.buckets->grads();
+    } else {
+      for (const at::Tensor& p : r.params) grads.push_back(p.grad());
+    }
+    clip_grads(grads, r.o.clip);
+    r.adam->step(grads);
+    if (r.parallel() && r.o.zero == 1) exchange_owned(r.params, *r.comm);
     ++r.step;
 
     TrainRecord rec;
@@ -325,17 +424,21 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     rec.lr = lr;
     rec.loss = loss;
     rec.peak_bytes = MemoryTracker::peak();
+    rec.reduce_s = reduce_s;
+    rec.exposed_s = exposed_s;
+    my_peak = std::max(my_peak, rec.peak_bytes);
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
     rec.tokens_per_s = static_cast<double>(tokens_per_step) / step_s;
     const bool last = r.step == r.o.steps;
-    if (last || (r.o.eval_every > 0 && r.step % r.o.eval_every == 0)) last_val = rec.val_loss = val_loss(r);
+    if (r.leader() && (last || (r.o.eval_every > 0 && r.step % r.o.eval_every == 0)))
+      last_val = rec.val_loss = val_loss(r);
     rec.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start).count();
     result.log.push_back(rec);
     if (!r.o.save_dir.empty() && (last || (r.o.save_every > 0 && r.step % r.o.save_every == 0))) {
-      save_train_state(r.o.save_dir, snapshot(r));
+      save(r);
       last_saved = r.step;
     }
-    if (r.o.progress) {
+    if (r.o.progress && r.leader()) {
       TrainProgress p;
       p.step = r.step;
       p.steps = r.o.steps;
@@ -348,9 +451,16 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     }
   }
   result.final_val_loss = last_val;
-  std::vector<at::Tensor> weights;
-  for (const auto& [name, p] : named_params(r.model)) weights.push_back(p);
-  result.weights_digest = digest(weights);
+  result.weights_digest = digest(r.params);
+  // Every rank's measured and predicted peak, to rank 0.
+  at::Tensor peaks = at::zeros({2 * r.o.dist.world}, at::kLong);
+  peaks[2 * r.o.dist.rank] = my_peak;
+  peaks[2 * r.o.dist.rank + 1] = r.predicted_peak;
+  if (r.parallel()) r.comm->all_reduce(peaks, "the memory report").wait();
+  for (int q = 0; q < r.o.dist.world; ++q) {
+    result.rank_peaks.push_back(peaks[2 * q].item<int64_t>());
+    result.rank_predicted.push_back(peaks[2 * q + 1].item<int64_t>());
+  }
   return result;
 }
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "remat/config.h"
+#include "remat/data_parallel.h"
 #include "remat/runtime.h"
 
 namespace remat {
@@ -50,7 +51,13 @@ struct TrainOptions {
   std::string save_dir;         // where the train state goes ("" = nowhere)
   int64_t save_every = 0;       // steps between saves; 0 = only at the end
   ThreadConfig threads = default_threads();
-  std::function<void(const TrainProgress&)> progress;  // called after every step; may be empty
+  // Data parallelism: this process is rank dist.rank of dist.world (world 1: one process). Each rank
+  // trains on its own micro-batches of every step, `accum` of them, and the gradients are summed
+  // over ranks: world ranks with accum 1 take the steps one process takes with accum = world.
+  DistConfig dist;
+  int zero = 0;                  // 1: ZeRO-1, each rank keeps the Adam moments of its share only
+  int64_t bucket_bytes = 2 << 20;  // gradient buckets close at the first stage boundary past this
+  std::function<void(const TrainProgress&)> progress;  // called after every step on rank 0; may be empty
 };
 
 // The default shape for `remat train`: 4 layers, dim 256, 8 heads, batch 16, seq 128.
@@ -59,11 +66,14 @@ ModelConfig default_train_model();
 struct TrainRecord {
   int64_t step = 0;             // optimizer steps done
   double lr = 0;
-  double loss = 0;              // mean over the step's micro-batches
+  double loss = 0;              // mean over the step's micro-batches, of every rank
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
   double elapsed_s = 0;
+  // Data parallelism: seconds the gradient all-reduces ran (first launch to last finish), and
+  // what of that the backward did not hide (the optimizer waited).
+  double reduce_s = 0, exposed_s = 0;
 };
 
 struct TrainResult {
@@ -71,7 +81,10 @@ struct TrainResult {
   double final_val_loss = 0;
   std::string weights_digest;    // remat::digest of the final weights
   std::string policy_text;       // the policy as resolved (a budget shows the plan)
-  int64_t predicted_peak = 0;    // the memory model's total peak for one step
+  int64_t predicted_peak = 0;    // the memory model's total peak for one step, of this rank
+  std::vector<int64_t> rank_peaks;      // measured peak of each rank (its largest step), on rank 0
+  std::vector<int64_t> rank_predicted;  // and predicted
+  int buckets = 0;                      // gradient buckets (data parallelism)
 
   std::string csv() const;
   // Training and validation loss against step (.png or .svg).
@@ -86,6 +99,10 @@ struct TrainResult {
 // message suggests a budget), and a NaN or infinite loss (the last good state is kept).
 TrainResult train(const TrainOptions& options, const std::string& resume_dir = "",
                   const std::vector<std::string>& explicit_flags = {});
+
+// The dropout seed of micro-batch `micro` of `step` (micro counts over all ranks): a pure function,
+// so any rank of any world size draws what one process would.
+uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro);
 
 // The options a train state recorded (its header's "options"), over `base` for the rest.
 TrainOptions options_from(const nlohmann::json& saved, TrainOptions base);

@@ -112,6 +112,10 @@ std::vector<at::Tensor> GPTImpl::stage_params(const StagePlan& stage) const {
 
 std::vector<at::Tensor> GPTImpl::block_params(int64_t layer) const { return stage_params(plan_.block(layer)); }
 
+void GPTImpl::set_grad_sink(GradSink sink) {
+  sink_ = sink ? std::make_shared<const GradSink>(std::move(sink)) : nullptr;
+}
+
 std::vector<bool> GPTImpl::decays() const {
   std::vector<bool> d;
   for (const ModelParam& p : plan_.params) d.push_back(p.spec->decay);
@@ -126,13 +130,14 @@ at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
   at::Tensor x = input;
   for (size_t i = 0; i < n;) {
     const StagePlan& st = plan.stages[i];
+    const std::shared_ptr<const GradSink> sink = eval ? nullptr : sink_;
     if (st.role == StagePlan::Role::Head) {
-      x = run_stage(execs[i], {x, target}, stage_params(st), st.layer);
+      x = run_stage(execs[i], {x, target}, stage_params(st), st.layer, sink, &st.params);
       ++i;
       continue;
     }
     if (st.role == StagePlan::Role::Stem || plan.chunk == 0 || eval) {
-      x = run_stage(execs[i], {x}, stage_params(st), st.layer);
+      x = run_stage(execs[i], {x}, stage_params(st), st.layer, sink, &st.params);
       ++i;
       continue;
     }
@@ -148,6 +153,8 @@ at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
       chunk_execs.push_back(execs[j]);
       layers.push_back(plan.stages[j].layer);
     }
+    if (sink_) fail("uniform:{} chunks run under remat::checkpoint, which returns parameter gradients to autograd; "
+                    "data parallelism takes every other policy", plan.chunk);
     x = checkpoint(
         [chunk_execs, per_stage, layers](const at::Tensor& h) {
           at::Tensor t = h;

@@ -18,6 +18,8 @@ struct StageClosure : torch::CustomClassHolder {
   std::shared_ptr<const BlockExecutor> exec;
   int64_t layer = 0;
   BlockContext ctx;
+  std::shared_ptr<const GradSink> sink;
+  std::vector<int> param_ids;
 };
 
 class StageFunction : public torch::autograd::Function<StageFunction> {
@@ -48,7 +50,10 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
     for (int64_t i = 0; i < n_inputs; ++i) need[i] = ctx->needs_input_grad(i);  // edges: tensor args only
     BlockExecutor::Grads g = closure->exec->backward(grad_outputs[0], params, closure->ctx, need, closure->layer);
     for (int64_t i = 0; i < n_inputs; ++i) result[1 + i] = g.inputs[i];
-    for (size_t j = 0; j < g.params.size(); ++j) result[1 + n_inputs + j] = g.params[j];
+    for (size_t j = 0; j < g.params.size(); ++j) {
+      if (closure->sink) (*closure->sink)(closure->param_ids[j], std::move(g.params[j]));
+      else result[1 + n_inputs + j] = std::move(g.params[j]);
+    }
     return result;
   }
 };
@@ -56,10 +61,16 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
 }  // namespace
 
 at::Tensor run_stage(std::shared_ptr<const BlockExecutor> exec, at::TensorList inputs, at::TensorList params,
-                     int64_t layer) {
+                     int64_t layer, std::shared_ptr<const GradSink> sink, const std::vector<int>* param_ids) {
   auto closure = c10::make_intrusive<StageClosure>();
   closure->exec = std::move(exec);
   closure->layer = layer;
+  if (sink) {
+    if (param_ids == nullptr || param_ids->size() != params.size())
+      fail_runtime("internal: a gradient sink needs the model id of each of the stage's {} parameters", params.size());
+    closure->sink = std::move(sink);
+    closure->param_ids = *param_ids;
+  }
   return StageFunction::apply(std::move(closure), inputs, params)[0];
 }
 

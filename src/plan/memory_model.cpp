@@ -9,7 +9,11 @@
 //      as its own input's gradient (a residual add), when it lives on as the next one's;
 //   3. a parameter used by two stages (the tied LM head) gets its two gradients summed by the
 //      autograd engine once the second stage returns (and its dy is gone): LibTorch 1.13's
-//      InputBuffer adds them out of place, into a new tensor, then frees both.
+//      InputBuffer adds them out of place, into a new tensor, then frees both;
+//   4. a parameter's first gradient of a step becomes its .grad (AccumulateGrad steals it); later
+//      micro-batches' are added into it in place and freed;
+//   5. a loss divided before its backward (accumulation, data parallelism) gets its gradient through
+//      the division: one more scalar alive during the head's backward.
 #include "remat/memory_model.h"
 
 #include <algorithm>
@@ -108,10 +112,20 @@ class Buffers {
   std::vector<bool> counted_;
 };
 
-// Parameters that already have a gradient this step (rule 3).
+// What becomes of the parameter gradients a stage makes, when it returns (rules 3 and 4).
+enum class Grads : uint8_t {
+  First,   // the step's first micro-batch: they become .grad
+  Later,   // a later micro-batch: added into .grad, then freed
+  Handed,  // data parallelism: copied into the buckets, then freed
+};
+
+// The parameter gradients of the running stage and micro-batch (rules 3 and 4).
 struct ParamGrads {
-  std::vector<bool> has;
-  int64_t pending_sum = 0;  // bytes of second gradients made by the running stage
+  std::vector<bool> has;     // by model parameter: already has one gradient in this micro-batch
+  std::vector<int> uses;     // by model parameter: stages that read it
+  int64_t single = 0;        // gradients of parameters one stage reads
+  int64_t held = 0;          // first gradients of a tied parameter: autograd holds them for the second
+  int64_t second = 0;        // second gradients of a tied parameter
 };
 
 // One stage's backward, with its incoming gradient owned by the caller.
@@ -180,9 +194,10 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
           }
         }
         for (size_t p = 0; p < op.params.size(); ++p) {
-          sim.alloc(b.param_bytes(op.params[p]));
+          const int64_t n = b.param_bytes(op.params[p]);
+          sim.alloc(n);
           const int id = st.params[op.params[p]];
-          if (pg.has[id]) pg.pending_sum += b.param_bytes(op.params[p]);
+          (pg.uses[id] == 1 ? pg.single : pg.has[id] ? pg.second : pg.held) += n;
           pg.has[id] = true;
         }
         const int64_t scratch = b.backward_scratch(step.index, ctx);
@@ -216,20 +231,30 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
   }
 }
 
-// Rule 3, after a stage has returned: each parameter gradient it made for a parameter that already
-// had one is summed with that one into a new tensor, and both are freed.
-void sum_tied(Sim& sim, ParamGrads& pg) {
-  sim.alloc(pg.pending_sum);
-  sim.free(2 * pg.pending_sum);
-  pg.pending_sum = 0;
+// After a stage has returned (and its dy is gone): its parameter gradients, by rules 3 and 4.
+void settle(Sim& sim, ParamGrads& pg, Grads mode) {
+  if (mode == Grads::Handed) {
+    sim.free(pg.single + pg.held + pg.second);  // each copied into its bucket as it arrives
+  } else {
+    sim.alloc(pg.second);  // the tied sum, out of place
+    sim.free(2 * pg.second);
+    if (mode == Grads::Later) sim.free(pg.single + pg.second);  // added into .grad
+  }
+  pg.single = pg.second = 0;
+  if (mode == Grads::Handed) pg.held = 0;
 }
 
 }  // namespace
 
-StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out) {
+int64_t shard_first(int64_t total, int rank, int world) { return total * rank / world; }
+
+StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out, const StepShape& shape) {
   if (plan.chunk > 0)
     fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
+  if (shape.micro < 1 || shape.world < 1 || shape.rank < 0 || shape.rank >= shape.world)
+    fail_runtime("internal: step shape micro {} world {} rank {}", shape.micro, shape.world, shape.rank);
   const ModelSpec& spec = *plan.model;
+  const bool parallel = shape.world > 1;
   StepMemory m;
   int64_t numel = 0;
   for (const ModelParam& p : plan.params) numel += p.spec->numel();
@@ -237,53 +262,74 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
   const bool mixed = dtype != DType::F32;
   m.params = numel * dtype_size(dtype);
   m.grads = m.params;
-  m.optimizer = numel * (mixed ? 12 : 8);
+  const int64_t owned = parallel && shape.zero >= 1 ? shard_first(numel, shape.rank + 1, shape.world) -
+                                                          shard_first(numel, shape.rank, shape.world)
+                                                    : numel;
+  m.optimizer = owned * (mixed ? 12 : 8);
+  if (parallel) m.buffers = m.grads + shape.extra_buffers;
   const StagePlan& first = plan.stages.front();
   const StagePlan& head = plan.stages.back();
   m.data = first.spec->tensors[first.spec->inputs[0]].bytes() + head.spec->tensors[head.spec->inputs[1]].bytes();
 
   const int64_t L = spec.layers;
   MemoryTrace t{std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), 0, 0};
+  MemoryTrace scratch = t;
   Sim sim;
   int64_t top = 0;
-  // Runs one phase, recording where it started and its peak.
-  auto phase = [&](const StagePlan& st, bool backward, auto body) {
-    int64_t scratch_peak = 0, *peak = &scratch_peak;
-    if (st.role == StagePlan::Role::Block) {
-      (backward ? t.bwd_start : t.fwd_start)[st.layer] = sim.live();
-      peak = &(backward ? t.bwd_peak : t.fwd_peak)[st.layer];
-    } else {
-      peak = st.role == StagePlan::Role::Head ? &t.head_peak : &t.stem_peak;
+  ParamGrads pg;
+  for (const ModelParam& p : plan.params) pg.uses.push_back(p.uses);
+  // One micro-batch: forward, then the stages' backwards in reverse. The root gradient first
+  // (rule 1); each stage's dy is the gradient the stage after it returned (rule 2).
+  auto micro = [&](Grads mode, MemoryTrace& tr) {
+    auto phase = [&](const StagePlan& st, bool backward, auto body) {
+      int64_t* peak = nullptr;
+      if (st.role == StagePlan::Role::Block) {
+        (backward ? tr.bwd_start : tr.fwd_start)[st.layer] = sim.live();
+        peak = &(backward ? tr.bwd_peak : tr.fwd_peak)[st.layer];
+      } else {
+        peak = st.role == StagePlan::Role::Head ? &tr.head_peak : &tr.stem_peak;
+      }
+      sim.restart_peak();
+      body();
+      *peak = std::max(*peak, sim.peak());
+      top = std::max(top, sim.peak());
+    };
+    for (const StagePlan& st : plan.stages) phase(st, false, [&] { forward_stage(sim, st, ctx); });
+    pg.has.assign(plan.params.size(), false);
+    const int64_t root = head.spec->tensors[head.spec->output].bytes();
+    int64_t dy = shape.scaled_loss ? root : 0;  // rule 5: the gradient through the division
+    for (size_t i = plan.stages.size(); i-- > 0;) {
+      const StagePlan& st = plan.stages[i];
+      phase(st, true, [&] {
+        if (st.role == StagePlan::Role::Head) {
+          sim.alloc(root);
+          sim.alloc(dy);
+        }
+        backward_stage(sim, st, pg, ctx);
+        const bool keeps_dy = !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] &&
+                              !st.external[0];
+        if (!keeps_dy) sim.free(dy);
+        sim.at("summing a tied parameter's gradients", &st, -1);
+        settle(sim, pg, mode);
+      });
+      dy = st.spec->tensors[st.spec->inputs[0]].bytes();
     }
-    sim.restart_peak();
-    body();
-    *peak = std::max(*peak, sim.peak());
-    top = std::max(top, sim.peak());
+    sim.free(root);
+    sim.free(head.spec->tensors[head.spec->output].bytes());  // the caller lets go of the loss
   };
 
-  for (const StagePlan& st : plan.stages) phase(st, false, [&] { forward_stage(sim, st, ctx); });
-  m.saved = sim.live();
-
-  // Backward, stages in reverse. The root gradient first (rule 1); each stage's dy is the gradient
-  // the stage after it returned (rule 2).
-  ParamGrads pg{std::vector<bool>(plan.params.size(), false), 0};
-  const int64_t root = head.spec->tensors[head.spec->output].bytes();
-  int64_t dy = 0;  // bytes of the running stage's incoming gradient (none for the head: the root)
-  for (size_t i = plan.stages.size(); i-- > 0;) {
-    const StagePlan& st = plan.stages[i];
-    phase(st, true, [&] {
-      if (st.role == StagePlan::Role::Head) sim.alloc(root);
-      backward_stage(sim, st, pg, ctx);
-      const bool keeps_dy = !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] &&
-                            !st.external[0];
-      if (!keeps_dy) sim.free(dy);
-      sim.at("summing a tied parameter's gradients", &st, -1);
-      sum_tied(sim, pg);
-    });
-    dy = st.spec->tensors[st.spec->inputs[0]].bytes();
+  if (parallel) {
+    micro(Grads::Handed, t);  // every micro-batch alike: the buckets hold the gradients
+  } else {
+    micro(Grads::First, t);
+    if (shape.micro > 1) micro(Grads::Later, scratch);  // the others alike, with .grad alive
   }
-  sim.free(root);
-
+  // What the first forward leaves (recomputed here: the fold above has gone on since).
+  {
+    Sim f;
+    for (const StagePlan& st : plan.stages) forward_stage(f, st, ctx);
+    m.saved = f.live();
+  }
   m.peak = top;
   m.peak_at = describe(sim.peak_at());
   if (out) *out = std::move(t);
@@ -309,9 +355,11 @@ BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, cons
   o.forward_extra = sim.peak();
   sim.restart_peak();
   const int64_t start = sim.live();
-  ParamGrads pg{std::vector<bool>(spec.params.size(), false), 0};
+  ParamGrads pg;
+  pg.has.assign(spec.params.size(), false);
+  pg.uses.assign(spec.params.size(), 1);
   backward_stage(sim, st, pg, ctx);
-  sum_tied(sim, pg);
+  settle(sim, pg, Grads::First);
   o.backward_extra = sim.peak() - start;
   return o;
 }

@@ -123,6 +123,41 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsTheTiedGradientSum) {
 INSTANTIATE_TEST_SUITE_P(Kinds, MemoryModelKinds, ::testing::ValuesIn(testing::engine_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// The trainer's step with gradient accumulation: micro-batches after the first add into .grad.
+TEST_P(MemoryModelKinds, EqualsTheTrackerWithGradientAccumulation) {
+  const ModelConfig c = cfg();
+  for (const char* p : {"none", "full"}) {
+    if (!has(p)) continue;
+    const ResolvedPolicy policy = Policy::parse(p).resolve(make_block(c), c.layers);
+    at::manual_seed(1);
+    GPT model(c, policy);
+    std::vector<at::Tensor> params = model->parameters();
+    ShardedAdam adam(params, model->decays(), AdamOptions{1e-3}, 0, [&] {
+      int64_t n = 0;
+      for (const at::Tensor& t : params) n += t.numel();
+      return n;
+    }());
+    const int64_t before = MemoryTracker::live();
+    MemoryTracker::reset_peak();
+    for (int micro = 0; micro < 3; ++micro) {
+      at::manual_seed(2 + micro);
+      auto [input, target] = random_batch(c);
+      at::Tensor loss = model->forward(input, target) / 3.0;
+      loss.backward();
+    }
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& t : params) grads.push_back(t.grad());
+    adam.step(grads);
+    const int64_t measured = MemoryTracker::peak() - before;
+    StepShape shape;
+    shape.micro = 3;
+    shape.scaled_loss = true;
+    const StepMemory predicted = simulate_memory(model->step_plan(), current_threads(), nullptr, shape);
+    // `before` holds weights and moments; the data of each micro-batch comes within the step.
+    EXPECT_EQ(predicted.peak + predicted.data, measured) << GetParam().name << " " << p << " (peak at " << predicted.peak_at << ")";
+  }
+}
+
 TEST(MemoryModel, Gpt2SpecificPins) {
   expect_equal(tiny("gpt2", 0.1), "save:x2");
   expect_equal(tiny("gpt2", 0.1), "drop:probs_drop,ln1_rstd");

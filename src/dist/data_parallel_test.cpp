@@ -1,0 +1,80 @@
+#include "remat/data_parallel.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "remat/error.h"
+#include "remat/model.h"
+#include "test_util.h"
+
+namespace remat {
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A group of one: the buckets' layout and bookkeeping, without a second process.
+TEST(DataParallel, BucketsFollowTheBackwardAndTiedWeightsAreReducedOnce) {
+  const ModelConfig c = testing::tiny("gpt2");
+  GPT model(c, Policy::parse("none"));
+  DistConfig d;
+  d.master_port = free_port();
+  Communicator comm(d);
+  const std::vector<at::Tensor> params = model->parameters();
+  GradientBuckets buckets(model->step_plan(), params, /*bucket_bytes=*/1, /*micro=*/1, comm);
+  const StepPlan& plan = model->step_plan();
+  EXPECT_EQ(buckets.buckets(), static_cast<int>(plan.stages.size()));  // 1 byte: a bucket per stage
+  // The head's own parameters come first, the stem's (with the tied wte) last.
+  for (int id : plan.stages.back().params)
+    if (plan.params[id].uses == 1) EXPECT_EQ(buckets.bucket_of(id), 0) << plan.params[id].name;
+  int wte = -1;
+  for (size_t i = 0; i < plan.params.size(); ++i)
+    if (plan.params[i].uses == 2) wte = static_cast<int>(i);
+  ASSERT_GE(wte, 0);
+  EXPECT_EQ(buckets.bucket_of(wte), buckets.buckets() - 1);
+  int64_t numel = 0;
+  for (const at::Tensor& p : params) numel += p.numel();
+  EXPECT_EQ(buckets.bytes(), numel * 4);  // every gradient once
+  // A step: the engine hands the gradients over; they are summed (a group of one: themselves).
+  model->set_grad_sink(buckets.sink());
+  auto [input, target] = random_batch(c);
+  model->forward(input, target).backward();
+  buckets.wait();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_FALSE(params[i].grad().defined()) << "autograd saw parameter " << i;
+  GPT twin(c, Policy::parse("none"));
+  {
+    at::NoGradGuard off;
+    for (size_t i = 0; i < params.size(); ++i) twin->parameters()[i].copy_(params[i]);
+  }
+  twin->forward(input, target).backward();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(testing::bitwise_equal(buckets.grad(static_cast<int>(i)), twin->parameters()[i].grad())) << i;
+}
+
+TEST(DataParallel, EnvironmentIsValidated) {
+  DistConfig d;
+  d.world = 2;
+  d.rank = 2;
+  EXPECT_THROW(validate(d), Error);
+  d.rank = 1;
+  d.master_port = 70000;
+  EXPECT_THROW(validate(d), Error);
+}
+
+}  // namespace
+}  // namespace remat

@@ -14,19 +14,34 @@ namespace remat::cli {
 namespace {
 
 // Named shapes for `remat plan --model`.
+// global_batch: sequences per optimizer step in the published run (0: none published).
 struct NamedShape {
   const char* name;
   const char* arch;
   int64_t layers, dim, heads, kv_heads, ffn, seq, vocab;
   const char* dtype;
   double dropout;
+  int64_t global_batch;
 };
+// GPT-2 and GPT-3 (Brown et al. 2020: 1536 sequences of 2048); LLaMA-2 (Touvron et al. 2023: 4M
+// tokens per step); the four models of Korthikanti et al. 2022, Table 3 (vocabulary 51200,
+// their global batch).
 constexpr NamedShape kShapes[] = {
-    {"gpt2-small", "gpt2", 12, 768, 12, 0, 0, 1024, 50257, "fp32", 0.1},
-    {"gpt3-175b", "gpt2", 96, 12288, 96, 0, 0, 2048, 50257, "fp16", 0.1},
-    {"llama-7b", "llama", 32, 4096, 32, 0, 11008, 4096, 32000, "bf16", 0.0},
-    {"llama-70b", "llama", 80, 8192, 64, 8, 28672, 4096, 32000, "bf16", 0.0},
+    {"gpt2-small", "gpt2", 12, 768, 12, 0, 0, 1024, 50257, "fp32", 0.1, 512},
+    {"gpt3-175b", "gpt2", 96, 12288, 96, 0, 0, 2048, 50257, "bf16", 0.1, 1536},
+    {"llama-7b", "llama", 32, 4096, 32, 0, 11008, 4096, 32000, "bf16", 0.0, 1024},
+    {"llama-70b", "llama", 80, 8192, 64, 8, 28672, 4096, 32000, "bf16", 0.0, 1024},
+    {"megatron-22b", "gpt2", 48, 6144, 64, 0, 0, 2048, 51200, "bf16", 0.1, 4},
+    {"megatron-175b", "gpt2", 96, 12288, 96, 0, 0, 2048, 51200, "bf16", 0.1, 64},
+    {"megatron-530b", "gpt2", 105, 20480, 128, 0, 0, 2048, 51200, "bf16", 0.1, 280},
+    {"megatron-1t", "gpt2", 128, 25600, 160, 0, 0, 2048, 51200, "bf16", 0.1, 512},
 };
+
+const NamedShape* find_shape(const std::string& name) {
+  for (const NamedShape& s : kShapes)
+    if (name == s.name) return &s;
+  return nullptr;
+}
 
 std::string shape_names() {
   std::string s;
@@ -63,9 +78,7 @@ void ShapeFlags::add_planning(CLI::App* a) {
 
 ModelConfig ShapeFlags::resolve() {
   if (!model.empty()) {
-    const NamedShape* shape = nullptr;
-    for (const NamedShape& s : kShapes)
-      if (model == s.name) shape = &s;
+    const NamedShape* shape = find_shape(model);
     if (shape == nullptr) fail("unknown --model '{}'; allowed: {}", model, shape_names());
     auto unset = [&](const char* flag) { return app->count(flag) == 0; };
     if (unset("--arch")) cfg.arch = shape->arch;
@@ -86,6 +99,11 @@ ModelConfig ShapeFlags::resolve() {
     fail("--attention takes one of math, flash here, got '{}'; remat bench takes a list", attention);
   validate(cfg);
   return cfg;
+}
+
+int64_t ShapeFlags::global_batch() const {
+  const NamedShape* s = model.empty() ? nullptr : find_shape(model);
+  return s ? s->global_batch : 0;
 }
 
 void progress(const std::string& line) {

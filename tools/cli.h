@@ -38,6 +38,8 @@ struct ShapeFlags {
   void add_planning(CLI::App* a);
   // The config the flags describe (a named shape first, flags over it), validated.
   ModelConfig resolve();
+  // The named shape's published sequences per optimizer step; 0 for none.
+  int64_t global_batch() const;
 };
 
 // Progress on stderr: one rewritten line on a terminal, plain lines otherwise.

@@ -1,5 +1,7 @@
-// remat plan: the fastest policy whose true peak memory fits a budget.
+// remat plan: the fastest policy whose true peak memory fits a budget, in one process (--budget),
+// or the layouts of a multi-GPU run that fit each GPU (--gpus, --device, --tp/--pp/--dp ...).
 #include <chrono>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 #include "cli.h"
 #include "remat/costs.h"
 #include "remat/error.h"
+#include "remat/layout.h"
 #include "remat/planner.h"
 #include "remat/policy.h"
 #include "remat/units.h"
@@ -19,11 +22,42 @@ namespace {
 struct PlanFlags {
   ShapeFlags shape;
   std::string budget, pins, costs = "auto", threads, json;
+  // Layouts of a multi-GPU run.
+  std::string device, policies = "none,attn,attn+mlp-act,full,auto", grad_dtype = "fp32", reserve = "2GiB";
+  std::string tokens;
+  int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0;
+  int zero = -1, top = 5;
+  bool sp = false;
+  CLI::App* app = nullptr;
+
+  bool layouts() const {
+    for (const char* f : {"--device", "--gpus", "--tp", "--pp", "--vpp", "--dp", "--zero", "--sp", "--micro-batch",
+                          "--global-batch", "--policies", "--grad-dtype", "--reserve", "--top", "--tokens"})
+      if (app->count(f) > 0) return true;
+    return false;
+  }
 };
 
-int run(PlanFlags& f) {
+nlohmann::json memory_json(const StepMemory& s) {
+  return {{"params", s.params}, {"grads", s.grads},     {"optimizer", s.optimizer},     {"data", s.data},
+          {"buffers", s.buffers}, {"saved", s.saved}, {"peak", s.peak}, {"total_peak", s.total_peak()},
+          {"peak_at", s.peak_at}};
+}
+
+nlohmann::json config_json(const ModelConfig& cfg) {
+  return {{"describe", describe(cfg)}, {"arch", cfg.arch}, {"layers", cfg.layers}, {"dim", cfg.dim},
+          {"heads", cfg.heads}, {"kv_heads", cfg.kv()}, {"batch", cfg.batch}, {"seq", cfg.seq},
+          {"ffn", cfg.hidden()}, {"vocab", cfg.vocab}, {"dtype", to_string(cfg.dtype)},
+          {"dropout", cfg.dropout}, {"attention", to_string(cfg.attention)}};
+}
+
+// ---- one process -------------------------------------------------------------------------------
+
+int run_single(PlanFlags& f) {
   const ModelConfig cfg = f.shape.resolve();
-  if (f.budget.empty()) fail("--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%");
+  if (f.budget.empty())
+    fail("--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%; or plan a multi-GPU run with "
+         "--gpus N --device D");
   const Budget budget = parse_budget(f.budget);
   const CostSource source = parse_cost_source(f.costs);
   if (!f.json.empty()) check_writable(f.json);
@@ -35,18 +69,42 @@ int run(PlanFlags& f) {
   const auto t0 = std::chrono::steady_clock::now();
   const Plan p = make_plan(cfg, budget, costs, pins);
   const double planned_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const StepMemory &n = p.none_memory, &m = p.memory;
+  auto write_json = [&] {
+    if (f.json.empty()) return;
+    nlohmann::json j;
+    j["config"] = config_json(cfg);
+    j["budget"] = p.budget;
+    j["budget_text"] = to_string(budget);
+    j["fits"] = p.fits;
+    if (!p.fits) j["min_budget"] = p.min_budget;
+    j["policy"] = p.policy_text;
+    j["memory"] = memory_json(m);
+    j["none_memory"] = memory_json(n);
+    j["step_s"] = p.step_ms / 1e3;
+    j["none_step_s"] = p.none_step_ms / 1e3;
+    j["costs"] = costs.source;
+    j["frontier"] = nlohmann::json::array();
+    for (const BlockOption& o : p.frontier)
+      j["frontier"].push_back({{"option", o.text}, {"saved_bytes", o.saved}, {"recompute_ms", o.recompute_ms},
+                               {"forward_extra", o.forward_extra}, {"backward_extra", o.backward_extra}});
+    write_file_atomic(f.json, j.dump(2) + "\n");
+    fmt::print("wrote {}\n", f.json);
+  };
   fmt::print("remat plan: {} | budget {}\n", describe(cfg), to_string(budget));
   fmt::print("  costs: {}\n  planned in {:.0f} ms\n\n", costs.source, planned_ms);
-  if (!p.fits)
+  if (!p.fits) {
+    write_json();
+    const auto [asked, least] = bytes_pair_str(p.budget, p.min_budget);
     fail("budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients and "
          "activations {}, optimizer {}, data {})",
-         f.budget, bytes_str(p.budget), bytes_str(p.min_budget), bytes_str(p.memory.params), bytes_str(p.memory.peak),
-         bytes_str(p.memory.optimizer), bytes_str(p.memory.data));
+         f.budget, asked, least, bytes_str(p.memory.params), bytes_str(p.memory.peak), bytes_str(p.memory.optimizer),
+         bytes_str(p.memory.data));
+  }
 
   Table mem;
   mem.header = {"predicted", "none", "plan"};
   mem.numeric = {false, true, true};
-  const StepMemory &n = p.none_memory, &m = p.memory;
   mem.rows = {{"weights", bytes_str(n.params), bytes_str(m.params)},
               {"optimizer state", bytes_str(n.optimizer), bytes_str(m.optimizer)},
               {"data", bytes_str(n.data), bytes_str(m.data)},
@@ -54,8 +112,8 @@ int run(PlanFlags& f) {
               {"peak above that (activations, gradients)", bytes_str(n.peak), bytes_str(m.peak)},
               {"total peak", bytes_str(n.total_peak()), bytes_str(m.total_peak())},
               {"budget", "", bytes_str(p.budget)},
-              {"step time", fmt::format("{:.1f} ms", p.none_step_ms),
-               fmt::format("{:.1f} ms ({:+.1f}%)", p.step_ms, 100.0 * (p.step_ms / p.none_step_ms - 1.0))}};
+              {"step time", seconds_str(p.none_step_ms / 1e3),
+               fmt::format("{} ({:+.1f}%)", seconds_str(p.step_ms / 1e3), 100.0 * (p.step_ms / p.none_step_ms - 1.0))}};
   fmt::print("{}\n  peak at: {}\n\n  policy: {}\n\n", mem.markdown(), m.peak_at, p.policy_text);
 
   Table front;
@@ -64,51 +122,272 @@ int run(PlanFlags& f) {
   for (const BlockOption& o : p.frontier)
     front.rows.push_back({o.text, bytes_str(o.saved), fmt::format("{:.2f}", o.recompute_ms), bytes_str(o.forward_extra),
                           bytes_str(o.backward_extra)});
-  fmt::print("block frontier (no option beats another on saved bytes, time and working sets):\n\n{}", front.markdown());
-
-  if (!f.json.empty()) {
-    nlohmann::json j;
-    auto memory = [](const StepMemory& s) {
-      return nlohmann::json{{"params", s.params},       {"grads", s.grads},   {"optimizer", s.optimizer},
-                            {"data", s.data},           {"saved", s.saved},   {"peak", s.peak},
-                            {"total_peak", s.total_peak()}, {"peak_at", s.peak_at}};
-    };
-    j["config"] = {{"describe", describe(cfg)}, {"arch", cfg.arch}, {"layers", cfg.layers}, {"dim", cfg.dim},
-                   {"heads", cfg.heads}, {"kv_heads", cfg.kv()}, {"batch", cfg.batch}, {"seq", cfg.seq},
-                   {"ffn", cfg.hidden()}, {"vocab", cfg.vocab}, {"dtype", to_string(cfg.dtype)},
-                   {"dropout", cfg.dropout}, {"attention", to_string(cfg.attention)}};
-    j["budget"] = p.budget;
-    j["fits"] = p.fits;
-    j["policy"] = p.policy_text;
-    j["memory"] = memory(m);
-    j["none_memory"] = memory(n);
-    j["step_ms"] = p.step_ms;
-    j["none_step_ms"] = p.none_step_ms;
-    j["costs"] = costs.source;
-    j["frontier"] = nlohmann::json::array();
-    for (const BlockOption& o : p.frontier)
-      j["frontier"].push_back({{"option", o.text}, {"saved_bytes", o.saved}, {"recompute_ms", o.recompute_ms},
-                               {"forward_extra", o.forward_extra}, {"backward_extra", o.backward_extra}});
-    write_file_atomic(f.json, j.dump(2) + "\n");
-    fmt::print("\nwrote {}\n", f.json);
-  }
+  fmt::print("block frontier (no option beats another on saved bytes, time and working sets):\n\n{}\n", front.markdown());
+  write_json();
   return 0;
 }
+
+// ---- layouts of a multi-GPU run ------------------------------------------------------------------
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i)
+    if (i == s.size() || s[i] == ',') {
+      if (i > start) v.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  return v;
+}
+
+// "300B", "1.4T", "2e9": tokens to train on.
+double parse_tokens(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' || text[i] == 'e'))
+    ++i;
+  char* end = nullptr;
+  const std::string num = text.substr(0, i);
+  const double v = num.empty() ? -1 : std::strtod(num.c_str(), &end);
+  const std::string unit = text.substr(i);
+  const double scale = unit.empty() ? 1 : unit == "K" ? 1e3 : unit == "M" ? 1e6 : unit == "B" ? 1e9 : unit == "T" ? 1e12 : -1;
+  if (num.empty() || end != num.c_str() + num.size() || !(v > 0) || !std::isfinite(v) || scale < 0)
+    fail("bad --tokens '{}'; write a count such as 300B, 1.4T or 2e9 (units K, M, B, T)", text);
+  return v * scale;
+}
+
+nlohmann::json plan_json(const LayoutPlan& p) {
+  const Layout& l = p.layout;
+  nlohmann::json stages = nlohmann::json::array();
+  for (const RankPlan& r : p.ranks) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const LayerRange& c : r.chunks) chunks.push_back({c.first, c.end});
+    stages.push_back({{"stage", r.stage}, {"layers", chunks}, {"policy", r.policy}, {"memory", memory_json(r.memory)},
+                      {"headroom", p.budget - r.memory.total_peak()}, {"micro_batch_s", r.micro_ms / 1e3}});
+  }
+  const LayoutTime& t = p.time;
+  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
+                      {"micro_batch", l.micro_batch}, {"global_batch", l.batch()}, {"micro_batches", l.micro_batches()},
+                      {"grad_bytes", l.grad_bytes}, {"gpus", l.gpus()}, {"text", to_string(l)}}},
+          {"policy", p.policy},
+          {"fits", p.fits},
+          {"budget", p.budget},
+          {"peak", p.peak()},
+          {"worst_stage", p.rank().stage},
+          {"stages", stages},
+          {"time", {{"step_s", t.step_s}, {"compute_s", t.compute_s}, {"recompute_s", t.recompute_s},
+                    {"tp_comm_s", t.tp_comm_s}, {"bubble_s", t.bubble_s}, {"p2p_s", t.p2p_s},
+                    {"dp_comm_s", t.dp_comm_s}, {"dp_exposed_s", t.dp_exposed_s}, {"optimizer_s", t.optimizer_s},
+                    {"mfu", t.mfu}, {"tokens_per_s", t.tokens_per_s}}}};
+}
+
+void print_breakdown(const LayoutPlan& p, double tokens) {
+  const LayoutTime& t = p.time;
+  fmt::print("\n{} with {}:\n\n", to_string(p.layout), p.policy);
+  Table m;
+  m.header = {"per GPU", "weights", "gradients", "optimizer", "activations (peak)", "buffers + data", "total", "headroom",
+              "policy"};
+  m.numeric = {false, true, true, true, true, true, true, true, false};
+  std::vector<size_t> shown;
+  for (size_t i = 0; i < p.ranks.size(); ++i)
+    if (i < 2 || i + 1 == p.ranks.size() || static_cast<int>(i) == p.worst) shown.push_back(i);
+  for (size_t k = 0; k < shown.size(); ++k) {
+    const RankPlan& r = p.ranks[shown[k]];
+    const StepMemory& s = r.memory;
+    std::string name = p.layout.pp > 1 ? fmt::format("stage {}", r.stage) : "every GPU";
+    if (static_cast<int>(shown[k]) == p.worst && p.layout.pp > 1) name += " (most)";
+    m.rows.push_back({name, bytes_str(s.params), bytes_str(s.grads), bytes_str(s.optimizer), bytes_str(s.peak),
+                      bytes_str(s.buffers - s.grads + s.data), bytes_str(s.total_peak()),
+                      bytes_str(p.budget - s.total_peak()), r.policy});
+    if (k + 1 < shown.size() && shown[k + 1] > shown[k] + 1)
+      m.rows.push_back({fmt::format("stages {}-{}", shown[k] + 1, shown[k + 1] - 1), "", "", "", "(less than stage 1)",
+                        "", "", "", ""});
+  }
+  fmt::print("{}\n  peak at ({}): {}\n\n", m.markdown(), p.layout.pp > 1 ? fmt::format("stage {}", p.rank().stage) : "",
+             p.rank().memory.peak_at);
+  fmt::print("  step {}: compute {} (recompute {}, tensor-parallel collectives {}), pipeline bubble {}, pipeline "
+             "sends {}, data-parallel reduction {} ({} not hidden), optimizer {}\n",
+             seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s), seconds_str(t.tp_comm_s),
+             seconds_str(t.bubble_s), seconds_str(t.p2p_s), seconds_str(t.dp_comm_s), seconds_str(t.dp_exposed_s),
+             seconds_str(t.optimizer_s));
+  fmt::print("  MFU {:.1f}%, {:.0f} tokens/s", 100 * t.mfu, t.tokens_per_s);
+  if (tokens > 0) fmt::print(", {} tokens in {}", fmt::format("{:.3g}", tokens), seconds_str(tokens / t.tokens_per_s));
+  fmt::print("\n");
+}
+
+int run_layouts(PlanFlags& f) {
+  ModelConfig cfg = f.shape.resolve();
+  if (f.device.empty()) fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file", [] {
+    std::string s;
+    for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }());
+  if (f.app->count("--budget") > 0 && f.app->count("--reserve") > 0)
+    fail("--budget and --reserve both set the memory a GPU may use; give one");
+  if (f.grad_dtype != "fp32" && f.grad_dtype != "bf16" && f.grad_dtype != "fp16")
+    fail("bad --grad-dtype '{}'; allowed: fp32 (Megatron's main_grad), bf16, fp16 (the ZeRO paper's)", f.grad_dtype);
+  if (f.top < 1 || f.top > 100) fail("--top must be in 1..100, got {}", f.top);
+  const double tokens = f.tokens.empty() ? 0 : parse_tokens(f.tokens);
+  PlanOptions opt;
+  const Budget reserve = parse_budget(f.reserve);
+  if (reserve.bytes <= 0) fail("--reserve takes a size such as 2GiB, got '{}'", f.reserve);
+  opt.reserve = reserve.bytes;
+  if (!f.budget.empty()) {
+    const Budget b = parse_budget(f.budget);
+    if (b.bytes <= 0) fail("--budget with --device takes a size per GPU such as 70GiB, got '{}'", f.budget);
+    opt.budget = b.bytes;
+  }
+  SearchSpace space;
+  space.policies = split_list(f.policies);
+  if (space.policies.empty()) fail("--policies needs at least one policy, e.g. none,attn,full,auto");
+  for (const std::string& p : space.policies)
+    if (p != "auto") (void)Policy::parse(p);  // a bad one is refused before any work
+  space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
+  space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
+  space.zero_fixed = f.zero;
+  if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
+  if (!f.json.empty()) check_writable(f.json);
+  const Device device = parse_device(f.device);
+  if (cfg.dtype == DType::F32) space.grad_bytes = 4;
+  // The GPU count: given, or what explicit --tp --pp --dp make.
+  space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);
+  if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && f.tp * f.pp * f.dp != f.gpus)
+    fail("--tp {} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp, f.pp, f.dp, f.tp * f.pp * f.dp, f.gpus);
+  space.global_batch = f.global_batch > 0 ? f.global_batch : f.shape.global_batch();
+  if (device.engine && space.global_batch <= 0) space.global_batch = cfg.batch * (f.dp > 0 ? f.dp : space.gpus);
+  if (space.global_batch <= 0)
+    fail("--global-batch (sequences per optimizer step) is required: --model {} has no published one",
+         f.shape.model.empty() ? "(none)" : f.shape.model);
+  if (device.engine) {
+    space.tp = 1, space.pp = 1;
+    if (space.micro_batch == 0) space.micro_batch = cfg.batch;  // the engine's --batch is the micro-batch
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchResult res = search_layouts(cfg, space, device, f.top, opt);
+  const double searched_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t fewest = 0;
+  std::vector<std::string> other_devices;
+  if (res.best.empty()) {
+    fewest = min_gpus(cfg, space, device, opt);
+    if (!device.engine)
+      for (const std::string& name : device_names()) {
+        if (name == "cpu" || name == device.name) continue;
+        if (!search_layouts(cfg, space, parse_device(name), 1, opt).best.empty()) other_devices.push_back(name);
+      }
+  }
+  const int64_t budget = opt.budget > 0 ? opt.budget : device.memory - opt.reserve;
+
+  cfg.batch = space.global_batch;
+  fmt::print("remat plan: {} | {} x {} | {} tokens per step\n", describe(cfg), space.gpus, device.name,
+             space.global_batch * cfg.seq);
+  fmt::print("  device: {}\n", device.source);
+  if (!device.engine)
+    fmt::print("  assumed: matmuls at {:.0f}% of the peak, memory-bound ops at {:.0f}% of HBM bandwidth, collectives "
+               "at {:.0f}% of link bandwidth; tensor-parallel collectives and pipeline sends not overlapped; the "
+               "data-parallel reduction overlaps the last micro-batch's backward; gradients in {} buffers\n",
+               100 * device.matmul_efficiency, 100 * device.memory_efficiency, 100 * device.link_efficiency,
+               space.grad_bytes == 4 ? "fp32" : "16-bit");
+  else
+    fmt::print("  remat's own engine and trainer (remat train --nproc): exact to the byte against its tracker\n");
+  fmt::print("  per GPU: {} usable ({} {})\n", bytes_str(budget), bytes_str(device.memory),
+             opt.budget > 0 ? "(given --budget)" : fmt::format("- {} reserved for the CUDA context, NCCL and the allocator", bytes_str(opt.reserve)));
+  fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", res.candidates, res.evaluated, searched_s);
+
+  auto write_json = [&] {
+    if (f.json.empty()) return;
+    nlohmann::json j;
+    j["config"] = config_json(cfg);
+    j["device"] = {{"name", device.name}, {"memory", device.memory}, {"bf16_tflops", device.bf16_tflops},
+                   {"fp32_tflops", device.fp32_tflops}, {"hbm_gbps", device.hbm_gbps},
+                   {"intra_gbps", device.intra_gbps}, {"inter_gbps", device.inter_gbps},
+                   {"gpus_per_node", device.gpus_per_node}, {"source", device.source},
+                   {"assumed", {{"matmul_efficiency", device.matmul_efficiency},
+                                {"memory_efficiency", device.memory_efficiency},
+                                {"link_efficiency", device.link_efficiency}}}};
+    j["gpus"] = space.gpus;
+    j["budget_per_gpu"] = budget;
+    j["fits"] = !res.best.empty();
+    j["searched_s"] = searched_s;
+    j["layouts"] = nlohmann::json::array();
+    for (const LayoutPlan& p : res.best) j["layouts"].push_back(plan_json(p));
+    if (res.best.empty()) {
+      if (!res.least.ranks.empty()) j["least"] = plan_json(res.least);
+      j["min_gpus"] = fewest;
+      j["devices_that_fit"] = other_devices;
+    }
+    write_file_atomic(f.json, j.dump(2) + "\n");
+    fmt::print("wrote {}\n", f.json);
+  };
+
+  if (res.best.empty()) {
+    write_json();
+    std::string least = "no layout of these flags validates";
+    if (!res.least.ranks.empty())
+      least = fmt::format("the smallest per-GPU peak is {} ({}, policy {})", bytes_str(res.least.peak()),
+                          to_string(res.least.layout), res.least.policy);
+    fail("{} x {} cannot train {}: {}; {}{}", space.gpus, device.name, describe(cfg), least,
+         fewest > 0 ? fmt::format("{} GPUs fit", fewest) : "no count up to 65536 fits",
+         other_devices.empty() ? "" : fmt::format("; at {} GPUs, {} fit", space.gpus, fmt::join(other_devices, ", ")));
+  }
+
+  Table t;
+  t.header = {"#", "layout", "policy", "peak per GPU", "headroom", "step", "MFU", "tokens/s"};
+  t.numeric = {true, false, false, true, true, true, true, true};
+  for (size_t i = 0; i < res.best.size(); ++i) {
+    const LayoutPlan& p = res.best[i];
+    std::string policy = p.policy == "auto" ? "auto: " + p.rank().policy : p.policy;
+    t.rows.push_back({std::to_string(i + 1), to_string(p.layout), policy, bytes_str(p.peak()),
+                      bytes_str(p.budget - p.peak()), seconds_str(p.time.step_s),
+                      fmt::format("{:.1f}%", 100 * p.time.mfu), fmt::format("{:.0f}", p.time.tokens_per_s)});
+  }
+  fmt::print("\nfastest layouts that fit:\n\n{}", t.markdown());
+  print_breakdown(res.best.front(), tokens);
+  write_json();
+  return 0;
+}
+
+int run(PlanFlags& f) { return f.layouts() ? run_layouts(f) : run_single(f); }
 
 }  // namespace
 
 Command add_plan(CLI::App& parent) {
   auto f = std::make_shared<PlanFlags>();
-  CLI::App* a = parent.add_subcommand("plan", "find the fastest policy whose true peak memory fits a budget");
+  CLI::App* a = parent.add_subcommand(
+      "plan", "find the fastest policy that fits a budget, or the layouts of a multi-GPU run that fit each GPU");
+  f->app = a;
   f->shape.cfg.arch = "gpt2";
   f->shape.add(a);
   f->shape.add_planning(a);
-  a->add_option("--budget", f->budget, "total peak memory: 300MiB, 2GB, 1.5GiB, or 60% (of none's activations)");
+  a->add_option("--budget", f->budget,
+                "one process: total peak memory, e.g. 300MiB, 2GB, 1.5GiB, or 60% (of none's activations and "
+                "gradients, above weights, optimizer and data); with --device: bytes per GPU");
   a->add_option("--pins", f->pins, "choices the plan must keep, e.g. keep:qkv+drop:fc");
   a->add_option("--costs", f->costs, "auto (measure when a layer runs here quickly), measured, estimated")
       ->capture_default_str();
   a->add_option("--threads", f->threads, "ATen/BLAS threads for measuring, e.g. 1/2");
-  a->add_option("--json", f->json, "write the plan as JSON");
+  a->add_option("--json", f->json, "write the plan as JSON (also when it cannot be met)");
+  // Multi-GPU layouts.
+  std::string devices;
+  for (const std::string& n : device_names()) devices += (devices.empty() ? "" : ", ") + n;
+  a->add_option("--device", f->device,
+                "plan a multi-GPU run on: " + devices + ", custom:MEM,TFLOPS,GBPS[,INTRA,INTER,PER_NODE], or a JSON file");
+  a->add_option("--gpus", f->gpus, "devices in all; searches the layouts (or say --tp --pp --dp)");
+  a->add_option("--tp", f->tp, "tensor-parallel size (default: searched)");
+  a->add_flag("--sp,!--no-sp", f->sp, "sequence parallelism on (or off) with tp > 1 (default: searched)");
+  a->add_option("--pp", f->pp, "pipeline stages, 1F1B (default: searched)");
+  a->add_option("--vpp", f->vpp, "model chunks per pipeline stage, interleaved 1F1B (default: searched)");
+  a->add_option("--dp", f->dp, "data-parallel replicas (default: gpus / (tp pp))");
+  a->add_option("--zero", f->zero, "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: searched)");
+  a->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch (default: searched over 1, 2, 4, 8)");
+  a->add_option("--global-batch", f->global_batch, "sequences per optimizer step (default: the --model's published one)");
+  a->add_option("--policies", f->policies, "recompute policies to try, comma-separated; auto plans each stage")
+      ->capture_default_str();
+  a->add_option("--grad-dtype", f->grad_dtype, "gradient buffers: fp32 (Megatron) or bf16/fp16 (the ZeRO paper)")
+      ->capture_default_str();
+  a->add_option("--reserve", f->reserve, "memory per GPU kept free for the CUDA context, NCCL and the allocator")
+      ->capture_default_str();
+  a->add_option("--top", f->top, "layouts to list")->capture_default_str();
+  a->add_option("--tokens", f->tokens, "tokens to train on (300B, 1.4T): prints the run's time");
   return {a, [f] { return run(*f); }};
 }
 

@@ -42,7 +42,7 @@ int launch(TrainFlags& f) {
     args.push_back(a);
   }
   const ThreadConfig cores = default_threads();
-  ThreadConfig per_rank{1, std::max(1, cores.blas / f.nproc)};
+  ThreadConfig per_rank = data_parallel_threads(f.nproc);
   if (f.threads.empty()) {
     args.push_back("--threads");
     args.push_back(to_string(per_rank));
@@ -142,7 +142,7 @@ int run(TrainFlags& f, CLI::App* app) {
     fmt::print("  all-reduce: {} buckets, {:.1f} ms per step (median), {:.1f} ms not hidden by the backward ({:.0f}% hidden)\n",
                r.buckets, 1e3 * red, 1e3 * exp, red > 0 ? 100.0 * std::max(0.0, 1.0 - exp / red) : 0.0);
     for (size_t q = 0; q < r.rank_peaks.size(); ++q)
-      fmt::print("  rank {}: peak {} (predicted {}{})\n", q, bytes_str(r.rank_peaks[q]), bytes_str(r.rank_predicted[q]),
+      fmt::print("  rank {}: peak {} = {} B (predicted {} B{})\n", q, bytes_str(r.rank_peaks[q]), r.rank_peaks[q], r.rank_predicted[q],
                  r.rank_peaks[q] == r.rank_predicted[q] ? ", equal"
                                                         : fmt::format(", {:+d} B", r.rank_peaks[q] - r.rank_predicted[q]));
   }

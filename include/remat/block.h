@@ -80,8 +80,12 @@ struct TensorSpec {
   uint32_t tags = 0;            // tag:: bits
   std::string doc;              // one line for reports: "attention probabilities"
 
-  int64_t numel() const;
-  int64_t bytes() const;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  int64_t bytes() const { return numel() * dtype_size(dtype); }
 };
 
 // How a parameter starts.
@@ -104,6 +108,27 @@ struct ParamSpec {
   int64_t numel() const;
 };
 
+// How an op is split over the ranks of a tensor-parallel group (Megatron-LM; ModelConfig.tp). A
+// stage of a tensor-parallel config is one rank's: its tensors and parameters are the rank's shards.
+enum class Split : uint8_t {
+  None,    // every rank holds and computes all of it
+  Column,  // linear: the output features are split, the input is whole; the backward all-reduces dx
+           // (with sp: the input is all-gathered along the sequence, forward and again in backward,
+           // the gathered copy a transient, and dx is reduce-scattered)
+  Row,     // linear: the input features are split; the output is all-reduced (with sp:
+           // reduce-scattered along the sequence, and dy all-gathered in backward)
+  Vocab,   // embedding and cross-entropy: the vocabulary is split; the embedding's output is reduced
+           // like Row's, the loss's maximum and sum are all-reduced per token
+};
+
+struct TensorParallel {
+  Split split = Split::None;
+  int64_t ranks = 1;  // ModelConfig.tp
+  bool seq = false;   // ModelConfig.sp
+
+  bool active() const { return ranks > 1 && split != Split::None; }
+};
+
 struct OpNode {
   OpKind kind;
   std::string name;             // "qkv", "probs_drop", ...
@@ -114,6 +139,7 @@ struct OpNode {
   double eps = 0.0;             // norms: epsilon
   double theta = 0.0;           // rotary embedding: frequency base
   AttentionLayout attn;         // attention ops: heads, causal mask, storage
+  TensorParallel tp;            // how the op is split over tensor-parallel ranks
 };
 
 struct BlockSpec {
@@ -143,6 +169,8 @@ struct BlockSpec {
   // per thread).
   int64_t forward_scratch(int op, const ThreadConfig& ctx) const;
   int64_t backward_scratch(int op, const ThreadConfig& ctx) const;
+  // Bytes op `op` sends over its tensor-parallel group (ring collectives), forward and backward.
+  OpComm comm(int op) const;
   // Bytes of parameter `param` (and of its gradient).
   int64_t param_bytes(int param) const;
   // Elements in all parameters (tied ones included).

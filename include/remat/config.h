@@ -35,11 +35,24 @@ struct ModelConfig {
   int64_t attn_block = 128;   // causal math attention: query rows per stored block (block.h)
   double rope_theta = 10000;  // llama: base of the rotary position embedding's frequencies
   double norm_eps = 1e-5;     // epsilon of LayerNorm and RMSNorm
+  // One rank of a tensor-parallel group (Megatron-LM's split; planning only, the engine runs tp 1).
+  // The stages are built at that rank's shapes: attention heads, key/value heads, the MLP width and
+  // the vocabulary (rounded up) divided by tp; the linears carry their column or row split. With
+  // sp (sequence parallelism), the norm, dropout and residual tensors hold seq / tp tokens.
+  int64_t tp = 1;
+  bool sp = false;
 
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
   int64_t head_dim() const { return dim / heads; }
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t tokens() const { return batch * seq; }
+  // One tensor-parallel rank's share (tp above).
+  int64_t rank_heads() const { return heads / tp; }
+  int64_t rank_kv() const { return kv() / tp; }
+  int64_t rank_hidden() const { return hidden() / tp; }
+  int64_t rank_vocab() const { return (vocab + tp - 1) / tp; }
+  // Tokens per sequence in the norm, dropout and residual tensors: seq / tp with sp.
+  int64_t rank_seq() const { return sp ? seq / tp : seq; }
 };
 
 // Throws remat::Error naming the first invalid field ("ModelConfig.heads ...") and what is allowed:
@@ -47,7 +60,16 @@ struct ModelConfig {
 void validate(const ModelConfig& cfg);
 
 // Bytes of one element.
-int64_t dtype_size(DType t);
+inline int64_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::BF16:
+    case DType::F16: return 2;
+    case DType::Bool: return 1;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
 
 // Names as used on the command line and in reports: "fp32"/"bf16"/"fp16", "math"/"flash". The
 // parsers throw remat::Error listing the allowed names.

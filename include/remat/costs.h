@@ -36,12 +36,17 @@ struct CostModel {
 
 // Rates that turn FLOPs and bytes into time.
 struct MachineRates {
-  double matmul_gflops = 0;  // float32 GEMM
+  double matmul_gflops = 0;  // GEMM in the model's dtype
   double memory_gbps = 0;    // streaming read + write
+  double link_gbps = 0;      // what one tensor-parallel rank sends per second (0: no tensor parallelism)
 };
 
-// Per-op time as a roofline: max(matmul FLOPs / matmul rate, bytes moved / memory rate). For
-// configs too large to run here; a measured profile is better where the model fits.
+// One op's time as a roofline, max(matmul FLOPs / matmul rate, bytes moved / memory rate), plus its
+// tensor-parallel communication (BlockSpec::comm) at the link rate, not overlapped.
+OpTime estimate_op(const BlockSpec& spec, int op, const MachineRates& rates);
+
+// Every op as estimate_op, and Adam as a pass over the parameters. For configs too large to run
+// here; a measured profile is better where the model fits.
 CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates);
 
 // Times a one-layer model of `cfg` (policy none, Adam step included): per-op forward and backward
@@ -55,10 +60,15 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
 // This machine's float32 GEMM rate (1024^3 at::mm) and streaming memory rate (a 64 MiB add).
 MachineRates measure_rates();
 
+// measure_rates() once per machine (CPU model, BLAS kernel, threads), then as saved: the file
+// rates-<hash>.json in the cache folder (measure_costs). One command gives one answer, whatever
+// the load when it runs; delete the file to calibrate again.
+MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& cache_dir = "");
+
 enum class CostSource : uint8_t {
   Auto,       // measured when one layer of the config runs here (fp32, math attention) in seconds
   Measured,   // always measured; refused for configs the engine does not run here
-  Estimated,  // from this machine's rates
+  Estimated,  // from this machine's calibrated rates (calibrated_rates)
 };
 // "auto", "measured", "estimated". Throws remat::Error listing them otherwise.
 CostSource parse_cost_source(std::string_view text);

@@ -42,18 +42,48 @@ struct StepMemory {
 };
 
 // How a training step runs beyond one forward and one backward: gradient accumulation, a scaled
-// loss, and data parallelism (data_parallel.h), whose ranks keep their gradients in persistent
-// flat buckets (each stage's parameter gradients are handed to them, and freed, as the stage's
-// backward returns) and, under ZeRO-1, the Adam moments of their share only. The default is the
-// step remat bench and the planner run: one micro-batch, one process.
+// loss, data parallelism (data_parallel.h), and the layouts of large runs (parallel.h). With
+// gradient buffers (always so with world > 1), each stage's parameter gradients are handed to
+// persistent flat buffers, and freed, as the stage's backward returns; ZeRO shards what each rank
+// keeps. A pipeline rank (stages > 1) runs the 1F1B schedule (interleaved with chunks > 1) over the
+// chunks of its StepPlan: it receives each micro-batch's activations and output gradients and
+// frees what it sent. The default is the step remat bench and the planner run: one micro-batch,
+// one process. See docs/design.md, NOTE [Parallel layouts].
 struct StepShape {
-  int micro = 1;             // backward passes per optimizer step on this rank (--accum)
+  int micro = 1;             // micro-batches per optimizer step on this rank (--accum)
   bool scaled_loss = false;  // the loss is divided before its backward (micro-batches in all > 1)
-  int world = 1;             // ranks
-  int rank = 0;
-  int zero = 0;              // 1: ZeRO-1, this rank keeps the moments of its share (shard_first)
+  int world = 1;             // data-parallel ranks
+  int rank = 0;              // this one's data-parallel rank
+  // ZeRO stage: 1 shards the optimizer state (master weights and moments) over the world's ranks
+  // (shard_first), 2 the gradient buffers too, 3 the weights too (each stage's whole weights are
+  // gathered for its forward and again for its backward).
+  int zero = 0;
   int64_t extra_buffers = 0; // other persistent buffers of the trainer (the loss's all-reduce)
+  bool grad_buffers = false; // gradients go to persistent buffers even with world 1 (Megatron's main_grad)
+  int grad_bytes = 0;        // bytes per element of the gradient buffers; 0: the weights' dtype
+  int stages = 1;            // pipeline ranks
+  int stage = 0;             // this rank's pipeline stage
+  int chunks = 1;            // model chunks per pipeline rank (StepPlan::chunks)
+  bool op_by_op = false;     // with gradient buffers: replay every op of every micro-batch instead
+                             // of folding the pipeline order over each chunk's passes (the same
+                             // bytes, for the tests that say so)
+
+  bool bucketed() const { return world > 1 || grad_buffers || stages > 1; }
 };
+
+// The step `remat train` runs on data-parallel rank `rank` of `world`: `accum` micro-batches, the
+// loss scaled when there is more than one in all; with world > 1, gradient buckets, ZeRO-1 when
+// zero is 1, and the loss's all-reduce buffer (one double).
+StepShape trainer_step_shape(int accum, int world, int rank, int zero);
+
+// The order in which pipeline stage `stage` of `stages` runs `micro` micro-batches over `chunks`
+// model chunks: Megatron-LM's 1F1B, interleaved when chunks > 1 (then micro % stages == 0).
+struct PipelineStep {
+  bool forward = true;
+  int micro = 0;
+  int chunk = 0;
+};
+std::vector<PipelineStep> pipeline_order(int stages, int stage, int chunks, int micro);
 
 // Levels of one simulated step, above base(), per stage; for the planner's constraints.
 struct MemoryTrace {
@@ -63,8 +93,10 @@ struct MemoryTrace {
   int64_t stem_peak = 0;  // forward and backward of the stem: no layer's saved bytes are alive
 };
 
-// Replays one step of `plan`: forward of every stage, backward in reverse (each micro-batch), the
-// optimizer step. Fills `trace` when given (of the first micro-batch). REQUIRES: plan.chunk == 0.
+// Replays one step of `plan`: forward of every stage, backward in reverse (each micro-batch, in
+// pipeline order), the optimizer step. Fills `trace` when given (of the first micro-batch; steps
+// without gradient buffers only).
+// REQUIRES: plan.chunk == 0; plan.chunks.size() == shape.chunks.
 // ZeRO's split of `total` parameter elements (laid end to end in model order) over `world` ranks:
 // rank r owns [shard_first(total, r, world), shard_first(total, r + 1, world)).
 int64_t shard_first(int64_t total, int rank, int world);

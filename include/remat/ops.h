@@ -44,6 +44,14 @@ struct OpFlops {
   int64_t backward = 0;
 };
 
+// Bytes one tensor-parallel rank sends per op call, forward and backward, as ring collectives do: an
+// all-reduce of n bytes over t ranks sends 2 (t - 1) / t n, an all-gather or a reduce-scatter whose
+// whole is n sends (t - 1) / t n.
+struct OpComm {
+  double forward = 0;
+  double backward = 0;
+};
+
 struct BlockSpec;
 struct OpNode;
 struct ThreadConfig;
@@ -67,6 +75,8 @@ struct OpDef {
   // input and parameter gradients); null: none. Checked against the tracker by the memory tests.
   int64_t (*forward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
   int64_t (*backward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
+  // Tensor-parallel communication of a node (OpNode::tp); null: none.
+  OpComm (*comm)(const BlockSpec& spec, const OpNode& node) = nullptr;
   void (*forward)(detail::OpEnv& env, const OpNode& node) = nullptr;
   void (*backward)(detail::OpEnv& env, const OpNode& node) = nullptr;
   // For the op tests: a one-op example stage and the op's math in differentiable ATen ops.

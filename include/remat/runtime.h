@@ -28,6 +28,10 @@ void apply_threads(const ThreadConfig& t);
 // "1/2".
 std::string to_string(const ThreadConfig& t);
 
+// What each of `ranks` processes sharing this machine runs with (remat train --nproc): one ATen
+// thread, and this machine's cores / ranks for BLAS and remat's kernels.
+ThreadConfig data_parallel_threads(int ranks);
+
 // What this process runs with now: at::get_num_threads() and remat's kernel threads.
 ThreadConfig current_threads();
 

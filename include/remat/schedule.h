@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "remat/block.h"
@@ -93,6 +94,7 @@ struct StagePlan {
   std::shared_ptr<const Schedule> schedule;
   std::vector<int> params;     // model parameter id of each of the stage's parameters
   std::vector<bool> external;  // per stage input: data owned by the caller (needs no gradient)
+  int chunk = 0;               // pipeline parallelism: the model chunk it belongs to (StepPlan::chunks)
 };
 
 // A parameter of the model, once (a tied parameter is one entry used by two stages).
@@ -102,12 +104,22 @@ struct ModelParam {
   int uses = 0;                // stages that read it: 2 for a tied parameter
 };
 
+// Consecutive layers [first, end) of a model: one pipeline rank's model chunk.
+struct LayerRange {
+  int64_t first = 0, end = 0;
+};
+
 struct StepPlan {
   std::shared_ptr<const ModelSpec> model;
   std::vector<ModelParam> params;  // in registration order: stem, blocks, head
   std::vector<StagePlan> stages;   // forward order: stem, blocks, head
   int64_t chunk = 0;               // ResolvedPolicy::chunk
+  // The layers of each model chunk, in the order the stages list them: one chunk of every layer
+  // for a whole model; a pipeline rank's chunks otherwise (the stem goes with layer 0, the head
+  // with the last layer).
+  std::vector<LayerRange> chunks;
 
+  // REQUIRES: the plan holds every layer (one chunk).
   const StagePlan& block(int64_t layer) const { return stages[static_cast<size_t>(layer) + (model->has_stem ? 1 : 0)]; }
 };
 
@@ -119,17 +131,19 @@ class ScheduleCache {
                                       const std::vector<bool>& need_input_grad);
 
  private:
-  struct Entry {
-    const BlockSpec* spec;
-    std::vector<bool> saves, need;
-    std::shared_ptr<const Schedule> schedule;
-  };
-  std::vector<Entry> entries_;
+  std::unordered_map<std::string, std::shared_ptr<const Schedule>> entries_;  // by key(): block, saves, need
+  std::string key_;
 };
 
 // The step of `model` under `policy`: stem and head keep everything, block l runs policy.layers[l].
 // REQUIRES: policy.layers.size() == model->layers.
 StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
                       ScheduleCache* cache = nullptr);
+
+// One pipeline rank's part of the step: the layers of `chunks` (ascending, disjoint), with the
+// stem when they hold layer 0 and the head when they hold the last. A rank with the head but not
+// the stem keeps its own copy of a tied parameter (Megatron's copy of the word embedding).
+StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
+                      const std::vector<LayerRange>& chunks, ScheduleCache* cache = nullptr);
 
 }  // namespace remat

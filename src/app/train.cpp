@@ -324,12 +324,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   at::manual_seed(r.o.seed);
   r.model = GPT(r.o.model, r.policy);
   make_optimizer(r);
-  StepShape shape;
-  shape.micro = static_cast<int>(r.o.accum);
-  shape.scaled_loss = r.o.accum * r.o.dist.world > 1;
-  shape.world = r.o.dist.world;
-  shape.rank = r.o.dist.rank;
-  shape.zero = r.o.zero;
+  const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
   if (r.parallel()) {
     if (r.policy.chunk > 0)
       fail("policy '{}' checkpoints chunks of layers, whose gradients reach autograd only; data parallelism takes "
@@ -339,8 +334,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     r.buckets = std::make_unique<GradientBuckets>(r.model->step_plan(), r.params, r.o.bucket_bytes,
                                                   static_cast<int>(r.o.accum), *r.comm);
     r.model->set_grad_sink(r.buckets->sink());
-    r.loss_sum = at::zeros({1}, at::kDouble);
-    shape.extra_buffers = r.loss_sum.nbytes();
+    r.loss_sum = at::zeros({1}, at::kDouble);  // trainer_step_shape counts it
   }
   if (r.policy.chunk == 0) {
     const StepMemory mem = simulate_memory(r.model->step_plan(), r.o.threads, nullptr, shape);

@@ -63,6 +63,19 @@ void validate(const ModelConfig& c) {
     fail("ModelConfig.dtype {} is not a floating-point type; allowed: fp32, bf16, fp16", to_string(c.dtype));
   if (!(c.rope_theta > 0)) fail("ModelConfig.rope_theta must be > 0, got {}", c.rope_theta);
   if (!(c.norm_eps > 0 && c.norm_eps < 1)) fail("ModelConfig.norm_eps must be in (0, 1), got {}", c.norm_eps);
+  if (c.tp < 1) fail("ModelConfig.tp must be a positive integer, got {}", c.tp);
+  if (c.tp > 1) {
+    if (c.heads % c.tp != 0 || c.kv() % c.tp != 0)
+      fail("ModelConfig.tp {} must divide the attention heads ({}) and key/value heads ({}): each rank takes whole heads",
+           c.tp, c.heads, c.kv());
+    if (c.hidden() % c.tp != 0)
+      fail("ModelConfig.tp {} must divide the MLP width ({}): the first MLP linear is split by columns", c.tp,
+           c.hidden());
+  }
+  if (c.sp && c.tp == 1) fail("ModelConfig.sp (sequence parallelism) splits the sequence over tp ranks; set tp > 1");
+  if (c.sp && c.seq % c.tp != 0)
+    fail("ModelConfig.seq {} is not divisible by ModelConfig.tp {}; sequence parallelism gives each rank seq / tp tokens",
+         c.seq, c.tp);
   if (kind.validate) kind.validate(c);
 }
 

@@ -29,44 +29,49 @@ int rms_norm(Builder& b, const std::string& name, int x, const std::string& doc)
 BlockSpec stem(const ModelConfig& c) {
   Builder b(c, "llama.stem");
   const int tokens = b.input("tokens", {c.batch, c.seq}, DType::I64, "token ids");
-  const int x = b.op(OpKind::Embedding, "emb", {tokens}, {{"emb", b.btc(c.dim), c.dtype, 0, "token embedding"}},
-                     {{"wte", {c.vocab, c.dim}}})[0];
+  const int x = b.op(OpKind::Embedding, "emb", {tokens}, {{"emb", b.res(c.dim), c.dtype, 0, "token embedding"}},
+                     {{"wte", {c.rank_vocab(), c.dim}}})[0];
+  b.last().tp = {Split::Vocab, c.tp, c.sp};
   return b.finish(dropout(b, "emb", x, 0, "embedding"));
 }
 
 BlockSpec block(const ModelConfig& c) {
   Builder b(c, "llama");
   const int64_t d = c.head_dim(), q_width = c.heads * d, kv_width = c.kv() * d;
-  const int x = b.input("x", b.btc(c.dim), c.dtype, "block input (residual stream)");
+  const int64_t q_rank = c.rank_heads() * d, kv_rank = c.rank_kv() * d;  // this tensor-parallel rank's columns
+  const int x = b.input("x", b.res(c.dim), c.dtype, "block input (residual stream)");
   const int n1 = rms_norm(b, "rms1", x, "RMSNorm 1 output");
-  const int qk = linear(b, "qk", n1, q_width + kv_width, 0, "q and k projections, before rotation", false);
-  const int qk_rot = b.op(OpKind::Rope, "qk_rot", {qk}, {{"qk_rot", b.btc(q_width + kv_width), c.dtype, 0, "q and k, rotated"}})[0];
+  const int qk = linear(b, "qk", n1, q_width + kv_width, 0, "q and k projections, before rotation", false, Init::Normal,
+                        Split::Column);
+  const int qk_rot = b.op(OpKind::Rope, "qk_rot", {qk}, {{"qk_rot", b.btc(q_rank + kv_rank), c.dtype, 0, "q and k, rotated"}})[0];
   b.last().theta = c.rope_theta;
   b.last().attn.head_dim = d;
-  const int v = linear(b, "v", n1, kv_width, 0, "v projection", false);
-  const int atty = core_attention(b, qk_rot, v, attention_layout(c, /*causal=*/true, 0, q_width, 0));
-  int proj = linear(b, "proj", atty, c.dim, 0, "attention output projection", false, Init::ResidualNormal);
+  const int v = linear(b, "v", n1, kv_width, 0, "v projection", false, Init::Normal, Split::Column);
+  const int atty = core_attention(b, qk_rot, v, attention_layout(c, /*causal=*/true, 0, q_rank, 0));
+  int proj = linear(b, "proj", atty, c.dim, 0, "attention output projection", false, Init::ResidualNormal, Split::Row);
   proj = dropout(b, "proj", proj, 0, "attention projection");
   const int x2 = add(b, "x2", x, proj, "residual stream after attention");
   const int n2 = rms_norm(b, "rms2", x2, "RMSNorm 2 output");
-  const int gate_up = linear(b, "gate_up", n2, 2 * c.hidden(), tag::kMlpInner, "MLP gate and up projections", false);
+  const int gate_up = linear(b, "gate_up", n2, 2 * c.hidden(), tag::kMlpInner, "MLP gate and up projections", false,
+                             Init::Normal, Split::Column);
   const int act = b.op(OpKind::Swiglu, "act", {gate_up},
-                       {{"act", b.btc(c.hidden()), c.dtype, tag::kMlpAct | tag::kMlpInner, "SwiGLU output silu(gate) * up"}})[0];
-  int mlp = linear(b, "mlp", act, c.dim, 0, "MLP down projection", false, Init::ResidualNormal);
+                       {{"act", b.btc(c.rank_hidden()), c.dtype, tag::kMlpAct | tag::kMlpInner, "SwiGLU output silu(gate) * up"}})[0];
+  int mlp = linear(b, "mlp", act, c.dim, 0, "MLP down projection", false, Init::ResidualNormal, Split::Row);
   mlp = dropout(b, "mlp", mlp, tag::kMlpInner, "MLP output");
   return b.finish(add(b, "y", x2, mlp, "block output"));
 }
 
 BlockSpec head(const ModelConfig& c, bool loss) {
   Builder b(c, loss ? "llama.head" : "llama.logits");
-  const int x = b.input("x", b.btc(c.dim), c.dtype, "last block output");
+  const int x = b.input("x", b.res(c.dim), c.dtype, "last block output");
   const int targets = loss ? b.input("targets", {c.batch, c.seq}, DType::I64, "next-token ids") : -1;
   const int nf = rms_norm(b, "rmsf", x, "final RMSNorm output");
-  const int logits = linear(b, "logits", nf, c.vocab, 0, "LM head output", false);
+  const int logits = linear(b, "logits", nf, c.vocab, 0, "LM head output", false, Init::Normal, Split::Column);
   if (!loss) return b.finish(logits);
   const int out = b.op(OpKind::CrossEntropy, "loss", {logits, targets},
                        {{"loss", {}, DType::F32, 0, "mean cross-entropy"},
-                        {"logp", {c.batch, c.seq, c.vocab}, c.dtype, 0, "log-probabilities"}})[0];
+                        {"logp", {c.batch, c.seq, c.rank_vocab()}, c.dtype, 0, "log-probabilities"}})[0];
+  b.last().tp = {Split::Vocab, c.tp, c.sp};
   return b.finish(out);
 }
 

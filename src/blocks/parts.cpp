@@ -2,24 +2,41 @@
 
 namespace remat::blocks {
 
-int linear(Builder& b, const std::string& name, int x, int64_t out, uint32_t tags, const std::string& doc, bool bias,
-           Init init) {
-  const int64_t in = b.tensor(x).shape.back();
+namespace {
+
+// The output shape of a linear with `out` features in all, split as `split` says.
+std::vector<int64_t> linear_shape(const Builder& b, int x, int64_t out, Split split) {
+  const ModelConfig& c = b.cfg();
+  if (split == Split::Column) return b.btc((out + c.tp - 1) / c.tp);
+  if (split == Split::Row) return b.res(out);
   std::vector<int64_t> shape = b.tensor(x).shape;
   shape.back() = out;
-  std::vector<ParamSpec> params = {{name + ".weight", {out, in}, init}};
-  if (bias) params.push_back({name + ".bias", {out}, Init::Zeros, 0.0, /*decay=*/false});
-  return b.op(OpKind::Linear, name, {x}, {{name, shape, b.cfg().dtype, tags, doc}}, std::move(params))[0];
+  return shape;
+}
+
+}  // namespace
+
+int linear(Builder& b, const std::string& name, int x, int64_t out, uint32_t tags, const std::string& doc, bool bias,
+           Init init, Split split) {
+  const int64_t in = b.tensor(x).shape.back();
+  const std::vector<int64_t> shape = linear_shape(b, x, out, split);
+  const int64_t n = shape.back();
+  std::vector<ParamSpec> params = {{name + ".weight", {n, in}, init}};
+  if (bias) params.push_back({name + ".bias", {n}, Init::Zeros, 0.0, /*decay=*/false});
+  const int y = b.op(OpKind::Linear, name, {x}, {{name, shape, b.cfg().dtype, tags, doc}}, std::move(params))[0];
+  b.last().tp = {split, b.cfg().tp, b.cfg().sp};
+  return y;
 }
 
 int tied_linear(Builder& b, const std::string& name, int x, int64_t out, const std::string& tied_to,
                 const std::string& doc) {
   const int64_t in = b.tensor(x).shape.back();
-  std::vector<int64_t> shape = b.tensor(x).shape;
-  shape.back() = out;
-  ParamSpec w{name + ".weight", {out, in}};
+  const std::vector<int64_t> shape = linear_shape(b, x, out, Split::Column);
+  ParamSpec w{name + ".weight", {shape.back(), in}};
   w.tied_to = tied_to;
-  return b.op(OpKind::Linear, name, {x}, {{name, shape, b.cfg().dtype, 0, doc}}, {w})[0];
+  const int y = b.op(OpKind::Linear, name, {x}, {{name, shape, b.cfg().dtype, 0, doc}}, {w})[0];
+  b.last().tp = {Split::Column, b.cfg().tp, b.cfg().sp};
+  return y;
 }
 
 int layer_norm(Builder& b, const std::string& name, int x, const std::string& doc) {
@@ -59,8 +76,8 @@ int add(Builder& b, const std::string& name, int x, int y, const std::string& do
 AttentionLayout attention_layout(const ModelConfig& cfg, bool causal, int64_t q_col, int64_t k_col, int64_t v_col) {
   AttentionLayout l;
   l.batch = cfg.batch;
-  l.heads = cfg.heads;
-  l.kv_heads = cfg.kv();
+  l.heads = cfg.rank_heads();
+  l.kv_heads = cfg.rank_kv();
   l.head_dim = cfg.head_dim();
   l.seq = cfg.seq;
   l.causal = causal;
@@ -73,14 +90,14 @@ AttentionLayout attention_layout(const ModelConfig& cfg, bool causal, int64_t q_
 
 int core_attention(Builder& b, int qk, int v, const AttentionLayout& layout) {
   const ModelConfig& c = b.cfg();
-  const std::vector<int64_t> btc = b.btc(c.heads * c.head_dim());
+  const std::vector<int64_t> btc = b.btc(c.rank_heads() * c.head_dim());
   if (c.attention == AttentionImpl::Flash) {
     // One fused op: no T x T tensor is stored; the backward reruns the scores from q, k and the
     // per-row log-sum-exp. Attention dropout happens inside, replayed from a seed: no mask. The
     // layout (math attention's) addresses the mask, so both draw the same one.
     const int atty = b.op(OpKind::FlashAttention, "atty", {qk, v},
                           {{"atty", btc, c.dtype, 0, "attention output, heads merged"},
-                           {"lse", {c.batch, c.heads, c.seq}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
+                           {"lse", {c.batch, c.rank_heads(), c.seq}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
     b.last().attn = layout;
     b.last().p = c.dropout;
     return atty;

@@ -12,11 +12,14 @@ namespace remat::blocks {
 
 using detail::Builder;
 
-// y = x W^T (+ b). The weight starts as `init` (N(0, 0.02) by default); the bias at zero. Weight
-// decay on the weight only.
+// y = x W^T (+ b) with `out` features in all. The weight starts as `init` (N(0, 0.02) by default);
+// the bias at zero. Weight decay on the weight only. Under tensor parallelism (cfg.tp) a Column
+// split keeps out / tp features (rounded up) over the whole sequence; a Row split takes x's local
+// features and gives all `out` over the residual stream's tokens (block.h, Split).
 int linear(Builder& b, const std::string& name, int x, int64_t out, uint32_t tags, const std::string& doc,
-           bool bias = true, Init init = Init::Normal);
-// A bias-free linear whose weight is the model parameter `tied_to` (an LM head tied to "wte").
+           bool bias = true, Init init = Init::Normal, Split split = Split::None);
+// A bias-free, column-split linear whose weight is the model parameter `tied_to` (an LM head tied
+// to "wte").
 int tied_linear(Builder& b, const std::string& name, int x, int64_t out, const std::string& tied_to,
                 const std::string& doc);
 // LayerNorm over the last dimension: output tagged norm, mean and rstd tagged as statistics.

@@ -37,6 +37,7 @@ void check(const ModelConfig& c) {
          c.kv_heads);
   if (c.attention != AttentionImpl::Math)
     fail("ModelConfig.attention flash is for causal blocks (gpt2, llama); the seed block attends to all positions");
+  if (c.tp > 1) fail("ModelConfig.tp {}: seed blocks have no tensor-parallel split; use arch gpt2 or llama", c.tp);
 }
 
 }  // namespace

@@ -19,14 +19,6 @@ std::vector<int64_t> AttentionLayout::shape() const {
   return {numel()};
 }
 
-int64_t TensorSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-int64_t TensorSpec::bytes() const { return numel() * dtype_size(dtype); }
-
 int64_t ParamSpec::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -95,6 +87,11 @@ int64_t BlockSpec::forward_scratch(int op, const ThreadConfig& ctx) const {
 int64_t BlockSpec::backward_scratch(int op, const ThreadConfig& ctx) const {
   const OpDef& def = op_def(ops[op].kind);
   return def.backward_scratch ? def.backward_scratch(*this, ops[op], ctx) : 0;
+}
+
+OpComm BlockSpec::comm(int op) const {
+  const OpDef& def = op_def(ops[op].kind);
+  return def.comm && ops[op].tp.active() ? def.comm(*this, ops[op]) : OpComm{};
 }
 
 int64_t BlockSpec::param_bytes(int param) const { return params[param].numel() * dtype_size(dtype); }

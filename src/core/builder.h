@@ -28,6 +28,8 @@ class Builder {
   const TensorSpec& tensor(int id) const { return spec_.tensors[id]; }
   // (B, T, c): the activation shape at width c.
   std::vector<int64_t> btc(int64_t c) const { return {cfg_.batch, cfg_.seq, c}; }
+  // (B, T', c) of the residual stream, norms and dropouts: T' = T / tp under sequence parallelism.
+  std::vector<int64_t> res(int64_t c) const { return {cfg_.batch, cfg_.rank_seq(), c}; }
 
   // A stage input (always kept).
   int input(std::string name, std::vector<int64_t> shape, DType dtype, std::string doc);

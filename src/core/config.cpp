@@ -4,17 +4,6 @@
 
 namespace remat {
 
-int64_t dtype_size(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::Bool: return 1;
-    case DType::I64: return 8;
-  }
-  return 0;
-}
-
 std::string_view to_string(DType t) {
   switch (t) {
     case DType::F32: return "fp32";
@@ -50,6 +39,7 @@ std::string describe(const ModelConfig& c) {
   if (c.dropout > 0) s += fmt::format(" dropout={}", c.dropout);
   if (c.attention != AttentionImpl::Math) s += fmt::format(" attention={}", to_string(c.attention));
   if (c.attn_block != 128 && c.arch != "seed") s += fmt::format(" attn-block={}", c.attn_block);
+  if (c.tp > 1) s += fmt::format(" tp={}{}", c.tp, c.sp ? "+sp" : "");
   return s;
 }
 

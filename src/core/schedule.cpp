@@ -216,60 +216,79 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
 
 std::shared_ptr<const Schedule> ScheduleCache::get(const BlockSpec& spec, const LayerPolicy& policy,
                                                    const std::vector<bool>& need) {
-  std::vector<bool> saves(spec.tensors.size());
-  for (size_t t = 0; t < saves.size(); ++t) saves[t] = policy.saves(static_cast<int>(t));
-  for (const Entry& e : entries_)
-    if (e.spec == &spec && e.saves == saves && e.need == need) return e.schedule;
+  key_.assign(reinterpret_cast<const char*>(&spec), sizeof(&spec));
+  for (size_t t = 0; t < spec.tensors.size(); ++t) key_ += policy.saves(static_cast<int>(t)) ? '1' : '0';
+  key_ += '|';
+  for (bool b : need) key_ += b ? '1' : '0';
+  auto it = entries_.find(key_);
+  if (it != entries_.end()) return it->second;
   auto s = std::make_shared<const Schedule>(compile_schedule(spec, policy, need));
-  entries_.push_back({&spec, std::move(saves), need, s});
+  entries_.emplace(key_, s);
   return s;
 }
 
 StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy, ScheduleCache* cache) {
+  const int64_t layers = model->layers;
+  return compile_step(std::move(model), policy, {{0, layers}}, cache);
+}
+
+StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
+                      const std::vector<LayerRange>& chunks, ScheduleCache* cache) {
   const ModelSpec& m = *model;
   if (static_cast<int64_t>(policy.layers.size()) != m.layers)
     fail("the policy has {} layers; the model has {}", policy.layers.size(), m.layers);
+  for (size_t c = 0; c < chunks.size(); ++c)
+    if (chunks[c].first < (c ? chunks[c - 1].end : 0) || chunks[c].end <= chunks[c].first || chunks[c].end > m.layers)
+      fail_runtime("internal: chunk {} holds layers [{}, {}) of {}", c, chunks[c].first, chunks[c].end, m.layers);
   ScheduleCache local;
-  ScheduleCache& c = cache ? *cache : local;
+  ScheduleCache& sc = cache ? *cache : local;
   StepPlan plan;
   plan.chunk = policy.chunk;
+  plan.chunks = chunks;
+  const bool stem = m.has_stem && !chunks.empty() && chunks.front().first == 0;
+  std::unordered_map<std::string, int> ids;  // model parameter id by name
   // Parameters by model name: the stem's and the head's as they are, block l's as "h<l>.<name>".
-  auto add_stage = [&](StagePlan::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp) {
+  auto add_stage = [&](StagePlan::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp, int chunk) {
     StagePlan st;
     st.role = role;
     st.layer = layer;
     st.spec = &spec;
-    const bool first = plan.stages.empty();
-    for (size_t k = 0; k < spec.inputs.size(); ++k) {
-      // Data the caller owns: the first stage's input, and the head's targets.
-      st.external.push_back((first && k == 0) || (role == StagePlan::Role::Head && k > 0));
-    }
+    st.chunk = chunk;
+    // Data the caller owns: the model's first input (tokens, or the seed block's x), and the head's
+    // targets. A pipeline rank's received activations are its own, and need their gradient.
+    const bool model_first = role == StagePlan::Role::Stem || (!m.has_stem && role == StagePlan::Role::Block && layer == 0);
+    for (size_t k = 0; k < spec.inputs.size(); ++k)
+      st.external.push_back((model_first && k == 0) || (role == StagePlan::Role::Head && k > 0));
     std::vector<bool> need;
     for (size_t k = 0; k < spec.inputs.size(); ++k)
       need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
-    st.schedule = c.get(spec, lp, need);
+    st.schedule = sc.get(spec, lp, need);
     const std::string prefix = role == StagePlan::Role::Block ? fmt::format("h{}.", layer) : std::string();
     for (const ParamSpec& p : spec.params) {
-      const std::string name = p.tied_to.empty() ? prefix + p.name : p.tied_to;
-      int id = -1;
-      for (size_t i = 0; i < plan.params.size(); ++i)
-        if (plan.params[i].name == name) id = static_cast<int>(i);
-      if (!p.tied_to.empty() && id < 0)
+      std::string name = p.tied_to.empty() ? prefix + p.name : p.tied_to;
+      const auto found = ids.find(name);
+      int id = found == ids.end() ? -1 : found->second;
+      if (!p.tied_to.empty() && id < 0 && stem)
         fail_runtime("internal: '{}' in '{}' is tied to '{}', which no earlier stage has", p.name, spec.kind, p.tied_to);
       if (p.tied_to.empty() && id >= 0)
         fail_runtime("internal: two parameters of the model are named '{}'", name);
-      if (id < 0) {
-        plan.params.push_back({name, &p, 0});
-        id = static_cast<int>(plan.params.size()) - 1;
+      if (id < 0) {  // (a tied parameter without the stem: this rank's copy)
+        id = static_cast<int>(plan.params.size());
+        ids.emplace(name, id);
+        plan.params.push_back({std::move(name), &p, 0});
       }
       ++plan.params[id].uses;
       st.params.push_back(id);
     }
     plan.stages.push_back(std::move(st));
   };
-  if (m.has_stem) add_stage(StagePlan::Role::Stem, m.stem, -1, keep_everything(m.stem));
-  for (int64_t l = 0; l < m.layers; ++l) add_stage(StagePlan::Role::Block, m.block, l, policy.layers[l]);
-  add_stage(StagePlan::Role::Head, m.head, m.layers, keep_everything(m.head));
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int chunk = static_cast<int>(c);
+    if (chunks[c].first == 0 && m.has_stem) add_stage(StagePlan::Role::Stem, m.stem, -1, keep_everything(m.stem), chunk);
+    for (int64_t l = chunks[c].first; l < chunks[c].end; ++l)
+      add_stage(StagePlan::Role::Block, m.block, l, policy.layers[l], chunk);
+    if (chunks[c].end == m.layers) add_stage(StagePlan::Role::Head, m.head, m.layers, keep_everything(m.head), chunk);
+  }
   plan.model = std::move(model);
   return plan;
 }

@@ -40,8 +40,11 @@ TEST(DataParallel, BucketsFollowTheBackwardAndTiedWeightsAreReducedOnce) {
   const StepPlan& plan = model->step_plan();
   EXPECT_EQ(buckets.buckets(), static_cast<int>(plan.stages.size()));  // 1 byte: a bucket per stage
   // The head's own parameters come first, the stem's (with the tied wte) last.
-  for (int id : plan.stages.back().params)
-    if (plan.params[id].uses == 1) EXPECT_EQ(buckets.bucket_of(id), 0) << plan.params[id].name;
+  for (int id : plan.stages.back().params) {
+    if (plan.params[id].uses == 1) {
+      EXPECT_EQ(buckets.bucket_of(id), 0) << plan.params[id].name;
+    }
+  }
   int wte = -1;
   for (size_t i = 0; i < plan.params.size(); ++i)
     if (plan.params[i].uses == 2) wte = static_cast<int>(i);

@@ -58,7 +58,7 @@ Outcome run(const ModelConfig& c, const std::string& policy) {
 // and per layer. 2e-5 of the largest value bounds that here with room; a wrong mask, scale or
 // causal edge is off by orders of magnitude more.
 TEST(Flash, ComputesMathAttentionsFunctionUnderDropout) {
-  for (const std::string& kind : {"gpt2", "llama"}) {
+  for (const char* kind : {"gpt2", "llama"}) {
     const Outcome math = run(config(kind, AttentionImpl::Math), "none");
     const Outcome flash = run(config(kind, AttentionImpl::Flash), "none");
     EXPECT_TRUE(testing::close(flash.loss, math.loss, 2e-5)) << kind;
@@ -69,7 +69,7 @@ TEST(Flash, ComputesMathAttentionsFunctionUnderDropout) {
 }
 
 TEST(Flash, EveryPolicyGivesFlashNonesBits) {
-  for (const std::string& kind : {"gpt2", "llama"}) {
+  for (const char* kind : {"gpt2", "llama"}) {
     const ModelConfig c = config(kind, AttentionImpl::Flash);
     const Outcome none = run(c, "none");
     for (const char* p : {"full", "mlp-act", "norm", "every:2", "uniform:2"}) {
@@ -81,7 +81,7 @@ TEST(Flash, EveryPolicyGivesFlashNonesBits) {
 }
 
 TEST(Flash, KeepsNoTxTTensorAndPredictsItsTilesToTheByte) {
-  for (const std::string& kind : {"gpt2", "llama"}) {
+  for (const char* kind : {"gpt2", "llama"}) {
     const Outcome math = run(config(kind, AttentionImpl::Math), "none");
     const Outcome flash = run(config(kind, AttentionImpl::Flash), "none");
     EXPECT_EQ(flash.saved, flash.predicted.saved) << kind;

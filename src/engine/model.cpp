@@ -46,6 +46,8 @@ void check_engine(const ModelConfig& cfg) {
   if (cfg.dtype != DType::F32)
     fail("the engine runs ModelConfig.dtype fp32 on this build, got {}; other dtypes are for `remat plan`",
          to_string(cfg.dtype));
+  if (cfg.tp > 1)
+    fail("ModelConfig.tp {}: tensor parallelism is planned (remat plan --tp), not run; the engine runs tp 1", cfg.tp);
 }
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options)

@@ -1,6 +1,8 @@
 // cross_entropy over the last dimension, mean over tokens.
 //   in: logits (..., V), targets (...) int64   out: loss (scalar float32), logp (log-probabilities)
 //   backward reads logp and targets; dlogits is a fresh tensor.
+// Tensor parallel (planning): the logits hold vocab / tp columns (Split::Vocab); per token, the
+// maximum, the sum of exponentials and the target's logit are all-reduced in float32.
 #include <algorithm>
 
 #include <ATen/ATen.h>
@@ -8,6 +10,7 @@
 #include "core/builder.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
+#include "ops/tensor_parallel.h"
 
 namespace remat::ops {
 namespace {
@@ -41,6 +44,11 @@ int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig
   return std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4);
 }
 
+OpComm comm(const BlockSpec& b, const OpNode& n) {
+  const TensorSpec& logp = b.tensors[n.out[1]];
+  return {3 * tp::all_reduce(logp.numel() / logp.shape.back() * 4, n.tp.ranks), 0};
+}
+
 BlockSpec example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.cross_entropy");
@@ -69,6 +77,7 @@ extern const OpDef kCrossEntropy = [] {
   d.grad_in[0] = GradKind::Fresh;
   d.forward_scratch = forward_scratch;
   d.backward_scratch = backward_scratch;
+  d.comm = comm;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

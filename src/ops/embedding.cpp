@@ -1,11 +1,14 @@
 // embedding: x = wte[tokens] (+ wpe[0:T] when the op has a position table).
 //   in: tokens (B, T) int64   out: x (B, T, C)   params: wte (V, C)[, wpe (T_max, C)]
 //   backward reads tokens; the tables' gradients are accumulated in token order (deterministic).
+// Tensor parallel (planning): wte holds vocab / tp rows (Split::Vocab); the output is all-reduced
+// (sequence parallel: reduce-scattered, the whole sequence a transient).
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
+#include "ops/tensor_parallel.h"
 
 namespace remat::ops {
 namespace {
@@ -48,11 +51,27 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   if (dwpe.defined()) e.add_param_grad(op, 1, std::move(dwpe));
 }
 
-// With positions: the batch sum of dx for the position table.
+// Bytes of the output over the whole sequence (sequence parallelism holds seq / tp of it).
+int64_t whole_output(const BlockSpec& b, const OpNode& n) {
+  return n.tp.active() && n.tp.seq ? tp::gathered(b, n.out[0], n.tp) : b.tensors[n.out[0]].bytes();
+}
+
+// Sequence parallel: the unreduced output, before its reduce-scatter.
+int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  return n.tp.active() && n.tp.seq ? whole_output(b, n) : 0;
+}
+
+// With positions: the batch sum of dx for the position table; sequence parallel: the gathered dx.
 int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
-  if (n.params.size() < 2) return 0;
-  const TensorSpec& x = b.tensors[n.out[0]];
-  return x.numel() / x.shape[0] * dtype_size(x.dtype);
+  const int64_t whole = whole_output(b, n), gathered = n.tp.active() && n.tp.seq ? whole : 0;
+  if (n.params.size() < 2) return gathered;
+  return gathered + whole / b.tensors[n.out[0]].shape[0];
+}
+
+// Vocabulary split: each rank looks up its rows; the output is summed over the ranks.
+OpComm comm(const BlockSpec& b, const OpNode& n) {
+  const int64_t t = n.tp.ranks, y = b.tensors[n.out[0]].bytes();
+  return n.tp.seq ? OpComm{tp::gather(y * t, t), tp::gather(y * t, t)} : OpComm{tp::all_reduce(y, t), 0};
 }
 
 BlockSpec example() {
@@ -78,7 +97,9 @@ extern const OpDef kEmbedding = [] {
   d.name = "embedding";
   d.n_in = 1, d.n_out = 1, d.max_params = 2;
   d.bwd_reads_in = 0b1;
+  d.forward_scratch = forward_scratch;
   d.backward_scratch = backward_scratch;
+  d.comm = comm;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

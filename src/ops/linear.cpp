@@ -1,11 +1,18 @@
 // linear: y = x W^T + b, over the last dimension; the bias is optional.
 //   in: x (..., K)   out: y (..., N)   params: weight (N, K)[, bias (N)]
 //   backward reads x (and the weight); dx is a fresh tensor.
+// Tensor parallel (planning): a column split holds N / tp output features, a row split K / tp input
+// features with its output summed over the ranks (block.h, Split). Under sequence parallelism the
+// whole-sequence tensor (the gathered input of a column split, the unreduced output of a row split,
+// and in backward the regathered input, the unscattered dx or the gathered dy) is a transient.
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
+#include "ops/tensor_parallel.h"
 
 namespace remat::ops {
 namespace {
@@ -49,9 +56,31 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 OpFlops flops(const BlockSpec& b, const OpNode& n) {
-  const TensorSpec& x = b.tensors[n.in[0]];
-  const int64_t k = x.shape.back(), m = x.numel() / k, out = b.tensors[n.out[0]].shape.back();
+  const TensorSpec &x = b.tensors[n.in[0]], &y = b.tensors[n.out[0]];
+  const int64_t k = x.shape.back(), out = y.shape.back();
+  // Rows of the whole sequence: under sequence parallelism one side holds seq / tp of them.
+  const int64_t m = std::max(x.numel() / k, y.numel() / out);
   return {2 * m * out * k, 4 * m * out * k};  // backward: dx and dW
+}
+
+bool seq_parallel(const OpNode& n) { return n.tp.active() && n.tp.seq; }
+
+int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  if (!seq_parallel(n)) return 0;
+  return n.tp.split == Split::Column ? tp::gathered(b, n.in[0], n.tp) : tp::gathered(b, n.out[0], n.tp);
+}
+
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  if (!seq_parallel(n)) return 0;
+  return n.tp.split == Split::Column ? 2 * tp::gathered(b, n.in[0], n.tp) : tp::gathered(b, n.out[0], n.tp);
+}
+
+OpComm comm(const BlockSpec& b, const OpNode& n) {
+  const int64_t t = n.tp.ranks;
+  const int64_t x = b.tensors[n.in[0]].bytes(), y = b.tensors[n.out[0]].bytes();
+  if (n.tp.split == Split::Column)
+    return n.tp.seq ? OpComm{tp::gather(x * t, t), 2 * tp::gather(x * t, t)} : OpComm{0, tp::all_reduce(x, t)};
+  return n.tp.seq ? OpComm{tp::gather(y * t, t), tp::gather(y * t, t)} : OpComm{tp::all_reduce(y, t), 0};
 }
 
 BlockSpec example() {
@@ -77,6 +106,9 @@ extern const OpDef kLinear = [] {
   d.bwd_reads_in = 0b1;
   d.grad_in[0] = GradKind::Fresh;
   d.flops = flops;
+  d.forward_scratch = forward_scratch;
+  d.backward_scratch = backward_scratch;
+  d.comm = comm;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

@@ -49,14 +49,23 @@ double roofline_ms(int64_t flops, int64_t bytes, const MachineRates& r) {
 
 }  // namespace
 
+OpTime estimate_op(const BlockSpec& b, int op, const MachineRates& rates) {
+  const OpFlops f = b.flops(op);
+  const auto [fwd_bytes, bwd_bytes] = bytes_moved(b, op);
+  OpTime t{roofline_ms(f.forward, fwd_bytes, rates), roofline_ms(f.backward, bwd_bytes, rates)};
+  const OpComm c = b.comm(op);
+  if ((c.forward > 0 || c.backward > 0) && !(rates.link_gbps > 0))
+    fail("op '{}' is split over tensor-parallel ranks; MachineRates.link_gbps must be positive, got {}", b.ops[op].name,
+         rates.link_gbps);
+  if (c.forward > 0) t.forward_ms += c.forward / (rates.link_gbps * 1e6);
+  if (c.backward > 0) t.backward_ms += c.backward / (rates.link_gbps * 1e6);
+  return t;
+}
+
 CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates) {
   if (!(rates.matmul_gflops > 0) || !(rates.memory_gbps > 0))
     fail("MachineRates must be positive, got {} GFLOP/s and {} GB/s", rates.matmul_gflops, rates.memory_gbps);
-  auto op_time = [&](const BlockSpec& b, size_t op) {
-    const OpFlops f = b.flops(static_cast<int>(op));
-    const auto [fwd_bytes, bwd_bytes] = bytes_moved(b, static_cast<int>(op));
-    return OpTime{roofline_ms(f.forward, fwd_bytes, rates), roofline_ms(f.backward, bwd_bytes, rates)};
-  };
+  auto op_time = [&](const BlockSpec& b, size_t op) { return estimate_op(b, static_cast<int>(op), rates); };
   CostModel c;
   for (size_t op = 0; op < spec.block.ops.size(); ++op) c.block.push_back(op_time(spec.block, op));
   auto stage_ms = [&](const BlockSpec& b) {
@@ -83,14 +92,14 @@ CostSource parse_cost_source(std::string_view text) {
 }
 
 CostModel choose_costs(const ModelConfig& cfg, CostSource source, const ThreadConfig& threads) {
-  // Measured where one layer runs here (the engine runs fp32 with math attention) in seconds.
-  const bool runnable = cfg.dtype == DType::F32 && cfg.attention == AttentionImpl::Math;
+  // Measured where one layer runs here (the engine runs fp32, tp 1) in seconds.
+  const bool runnable = cfg.dtype == DType::F32 && cfg.tp == 1;
   if (source == CostSource::Measured && !runnable)
-    fail("measured costs need ModelConfig.dtype fp32 and ModelConfig.attention math (what the engine runs here)");
+    fail("measured costs need ModelConfig.dtype fp32 and ModelConfig.tp 1 (what the engine runs here)");
   const ModelSpec spec = make_model(cfg);
   apply_threads(threads);
   if (source != CostSource::Measured) {
-    CostModel est = estimate_costs(spec, measure_rates());
+    CostModel est = estimate_costs(spec, calibrated_rates(threads));
     est.threads = threads;
     const double layer_ms = est.none_step_ms(1) - est.other_ms;
     if (source == CostSource::Estimated || !runnable || layer_ms >= 5000) return est;

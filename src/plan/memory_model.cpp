@@ -46,8 +46,9 @@ class Sim {
   void at(const char* pass, const StagePlan* stage, int op) { where_ = {pass, stage, op}; }
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
-  // Where the highest level of the whole run was reached.
+  // Where the highest level of the whole run was reached, and that level.
   const Where& peak_at() const { return peak_at_; }
+  int64_t top() const { return top_; }
   // Starts a new peak measurement at the current level (peak_at keeps the run's highest).
   void restart_peak() { peak_ = live_; }
 
@@ -248,28 +249,84 @@ void settle(Sim& sim, ParamGrads& pg, Grads mode) {
 
 int64_t shard_first(int64_t total, int rank, int world) { return total * rank / world; }
 
+StepShape trainer_step_shape(int accum, int world, int rank, int zero) {
+  StepShape s;
+  s.micro = accum;
+  s.scaled_loss = accum * world > 1;
+  s.world = world;
+  s.rank = rank;
+  s.zero = zero;
+  if (world > 1) s.extra_buffers = sizeof(double);
+  return s;
+}
+
+std::vector<PipelineStep> pipeline_order(int stages, int stage, int chunks, int micro) {
+  std::vector<PipelineStep> order;
+  const int p = stages, v = chunks, total = micro * chunks;
+  // Megatron's warm-up: forwards until the first backward can come back from the last stage.
+  const int warmup = std::min(total, v == 1 ? p - stage - 1 : (p - stage - 1) * 2 + (v - 1) * p);
+  auto step = [&](bool forward, int k) {
+    if (v == 1) return PipelineStep{forward, k, 0};
+    const int group = k / p;  // virtual micro-batches run in groups of p per chunk
+    const int chunk = forward ? group % v : v - 1 - group % v;
+    return PipelineStep{forward, group / v * p + k % p, chunk};
+  };
+  for (int k = 0; k < warmup; ++k) order.push_back(step(true, k));
+  for (int k = 0; k < total - warmup; ++k) {
+    order.push_back(step(true, warmup + k));
+    order.push_back(step(false, k));
+  }
+  for (int k = total - warmup; k < total; ++k) order.push_back(step(false, k));
+  return order;
+}
+
 StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out, const StepShape& shape) {
   if (plan.chunk > 0)
     fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
-  if (shape.micro < 1 || shape.world < 1 || shape.rank < 0 || shape.rank >= shape.world)
-    fail_runtime("internal: step shape micro {} world {} rank {}", shape.micro, shape.world, shape.rank);
+  if (shape.micro < 1 || shape.world < 1 || shape.rank < 0 || shape.rank >= shape.world || shape.stages < 1 ||
+      shape.stage < 0 || shape.stage >= shape.stages || shape.chunks < 1 ||
+      static_cast<int>(plan.chunks.size()) != shape.chunks || shape.zero < 0 || shape.zero > 3 ||
+      (shape.chunks > 1 && shape.micro % shape.stages != 0))
+    fail_runtime("internal: step shape micro {} world {} rank {} stage {}/{} chunks {} (plan {}) zero {}", shape.micro,
+                 shape.world, shape.rank, shape.stage, shape.stages, shape.chunks, plan.chunks.size(), shape.zero);
   const ModelSpec& spec = *plan.model;
-  const bool parallel = shape.world > 1;
+  const bool bucketed = shape.bucketed();
   StepMemory m;
   int64_t numel = 0;
   for (const ModelParam& p : plan.params) numel += p.spec->numel();
   const DType dtype = spec.block.dtype;
+  const int64_t wbytes = dtype_size(dtype), gbytes = shape.grad_bytes > 0 ? shape.grad_bytes : wbytes;
   const bool mixed = dtype != DType::F32;
-  m.params = numel * dtype_size(dtype);
-  m.grads = m.params;
-  const int64_t owned = parallel && shape.zero >= 1 ? shard_first(numel, shape.rank + 1, shape.world) -
-                                                          shard_first(numel, shape.rank, shape.world)
-                                                    : numel;
-  m.optimizer = owned * (mixed ? 12 : 8);
-  if (parallel) m.buffers = m.grads + shape.extra_buffers;
-  const StagePlan& first = plan.stages.front();
-  const StagePlan& head = plan.stages.back();
-  m.data = first.spec->tensors[first.spec->inputs[0]].bytes() + head.spec->tensors[head.spec->inputs[1]].bytes();
+  // ZeRO: this rank's share of the parameters, laid end to end.
+  const int64_t owned = shard_first(numel, shape.rank + 1, shape.world) - shard_first(numel, shape.rank, shape.world);
+  m.params = (shape.zero >= 3 ? owned : numel) * wbytes;
+  m.grads = (bucketed ? (shape.zero >= 2 ? owned : numel) * gbytes : numel * wbytes);
+  m.optimizer = (shape.zero >= 1 ? owned : numel) * (mixed ? 12 : 8);  // (fp32 master weights,) m and v
+  if (bucketed) m.buffers = m.grads + shape.extra_buffers;
+  for (const StagePlan& st : plan.stages) {
+    if (st.role == StagePlan::Role::Stem || (st.external.size() > 0 && st.external[0]))
+      m.data += st.spec->tensors[st.spec->inputs[0]].bytes();
+    if (st.role == StagePlan::Role::Head) m.data += st.spec->tensors[st.spec->inputs[1]].bytes();
+  }
+
+  // The stages of each chunk, and whether it begins or ends the model.
+  struct Chunk {
+    size_t first = 0, last = 0;  // stage indices, inclusive
+    bool begins = false, ends = false;
+  };
+  std::vector<Chunk> chunks(plan.chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    bool any = false;
+    for (size_t i = 0; i < plan.stages.size(); ++i) {
+      if (plan.stages[i].chunk != static_cast<int>(c)) continue;
+      if (!any) chunks[c].first = i;
+      chunks[c].last = i;
+      any = true;
+    }
+    const StagePlan& f = plan.stages[chunks[c].first];
+    chunks[c].begins = !f.external.empty() && f.external[0];
+    chunks[c].ends = plan.stages[chunks[c].last].role == StagePlan::Role::Head;
+  }
 
   const int64_t L = spec.layers;
   MemoryTrace t{std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), 0, 0};
@@ -278,29 +335,45 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
   int64_t top = 0;
   ParamGrads pg;
   for (const ModelParam& p : plan.params) pg.uses.push_back(p.uses);
-  // One micro-batch: forward, then the stages' backwards in reverse. The root gradient first
-  // (rule 1); each stage's dy is the gradient the stage after it returned (rule 2).
-  auto micro = [&](Grads mode, MemoryTrace& tr) {
-    auto phase = [&](const StagePlan& st, bool backward, auto body) {
-      int64_t* peak = nullptr;
-      if (st.role == StagePlan::Role::Block) {
-        (backward ? tr.bwd_start : tr.fwd_start)[st.layer] = sim.live();
-        peak = &(backward ? tr.bwd_peak : tr.fwd_peak)[st.layer];
-      } else {
-        peak = st.role == StagePlan::Role::Head ? &tr.head_peak : &tr.stem_peak;
-      }
-      sim.restart_peak();
-      body();
-      *peak = std::max(*peak, sim.peak());
-      top = std::max(top, sim.peak());
-    };
-    for (const StagePlan& st : plan.stages) phase(st, false, [&] { forward_stage(sim, st, ctx); });
-    pg.has.assign(plan.params.size(), false);
-    const int64_t root = head.spec->tensors[head.spec->output].bytes();
-    int64_t dy = shape.scaled_loss ? root : 0;  // rule 5: the gradient through the division
-    for (size_t i = plan.stages.size(); i-- > 0;) {
+  pg.has.assign(plan.params.size(), false);
+  auto phase = [&](const StagePlan& st, bool backward, MemoryTrace& tr, auto body) {
+    int64_t* peak = nullptr;
+    if (st.role == StagePlan::Role::Block) {
+      (backward ? tr.bwd_start : tr.fwd_start)[st.layer] = sim.live();
+      peak = &(backward ? tr.bwd_peak : tr.fwd_peak)[st.layer];
+    } else {
+      peak = st.role == StagePlan::Role::Head ? &tr.head_peak : &tr.stem_peak;
+    }
+    sim.restart_peak();
+    // ZeRO-3: the stage's whole weights, gathered for the pass.
+    int64_t gathered = 0;
+    if (shape.zero >= 3)
+      for (size_t k = 0; k < st.params.size(); ++k) gathered += st.spec->param_bytes(static_cast<int>(k));
+    sim.alloc(gathered);
+    body();
+    sim.free(gathered);
+    *peak = std::max(*peak, sim.peak());
+    top = std::max(top, sim.peak());
+  };
+  // One chunk's forward of one micro-batch. Its input comes from the data or the previous pipeline
+  // stage (received: counted here, freed by the first block's backward); its output goes to the
+  // next stage (sent, then freed) or is the loss.
+  auto forward = [&](const Chunk& c, MemoryTrace& tr) {
+    if (!c.begins) sim.alloc(plan.stages[c.first].spec->tensors[plan.stages[c.first].spec->inputs[0]].bytes());
+    for (size_t i = c.first; i <= c.last; ++i)
+      phase(plan.stages[i], false, tr, [&] { forward_stage(sim, plan.stages[i], ctx); });
+    if (!c.ends) sim.free(plan.stages[c.last].spec->tensors[plan.stages[c.last].spec->output].bytes());
+  };
+  // Its backward: the root gradient first (rule 1), or the gradient received for its output; each
+  // stage's dy is the gradient the stage after it returned (rule 2); the last one is sent.
+  auto backward = [&](const Chunk& c, Grads mode, MemoryTrace& tr) {
+    const StagePlan& last = plan.stages[c.last];
+    const int64_t root = last.spec->tensors[last.spec->output].bytes();
+    int64_t dy = c.ends ? (shape.scaled_loss ? root : 0) : root;  // rule 5: the gradient through the division
+    if (!c.ends) sim.alloc(dy);
+    for (size_t i = c.last + 1; i-- > c.first;) {
       const StagePlan& st = plan.stages[i];
-      phase(st, true, [&] {
+      phase(st, true, tr, [&] {
         if (st.role == StagePlan::Role::Head) {
           sim.alloc(root);
           sim.alloc(dy);
@@ -314,24 +387,70 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
       });
       dy = st.spec->tensors[st.spec->inputs[0]].bytes();
     }
-    sim.free(root);
-    sim.free(head.spec->tensors[head.spec->output].bytes());  // the caller lets go of the loss
+    if (!c.begins) sim.free(dy);  // the input's gradient, sent back
+    if (c.ends) {
+      sim.free(root);
+      sim.free(root);  // the caller lets go of the loss
+    }
   };
 
-  if (parallel) {
-    micro(Grads::Handed, t);  // every micro-batch alike: the buckets hold the gradients
+  // Op by op, in pipeline order. One process without buffers replays two micro-batches: the first
+  // (its gradients become .grad) and one later one (added into them); the others repeat it.
+  auto replay = [&](int micro) {
+    int backwards = 0;
+    for (const PipelineStep& e : pipeline_order(shape.stages, shape.stage, shape.chunks, micro)) {
+      MemoryTrace& tr = e.micro == 0 ? t : scratch;
+      if (e.forward) {
+        forward(chunks[e.chunk], tr);
+        continue;
+      }
+      const Grads mode = bucketed ? Grads::Handed : backwards == 0 ? Grads::First : Grads::Later;
+      pg.has.assign(plan.params.size(), false);  // (a rank holds both users of a tied parameter in one chunk)
+      backward(chunks[e.chunk], mode, tr);
+      ++backwards;
+    }
+    m.peak = top;
+    m.peak_at = describe(sim.peak_at());
+  };
+  if (!bucketed) {
+    replay(std::min(shape.micro, 2));
+  } else if (shape.op_by_op) {
+    replay(shape.micro);
   } else {
-    micro(Grads::First, t);
-    if (shape.micro > 1) micro(Grads::Later, scratch);  // the others alike, with .grad alive
+    // With buffers every micro-batch is alike: a chunk's forward (or backward) changes the level by
+    // the same amount and rises the same height above where it starts, whatever else is alive (the
+    // fold only adds and subtracts). Replay each pass once, then fold the pipeline order over them.
+    struct Pass {
+      int64_t delta = 0, height = 0;
+      Where at;
+    };
+    std::vector<Pass> fwd(chunks.size()), bwd(chunks.size());
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      sim = Sim();
+      forward(chunks[c], t);
+      fwd[c] = {sim.live(), sim.top(), sim.peak_at()};
+      sim = Sim();
+      pg.has.assign(plan.params.size(), false);
+      backward(chunks[c], Grads::Handed, t);
+      bwd[c] = {sim.live(), sim.top(), sim.peak_at()};
+    }
+    int64_t level = 0, highest = 0;
+    Where at;
+    for (const PipelineStep& e : pipeline_order(shape.stages, shape.stage, shape.chunks, shape.micro)) {
+      const Pass& p = e.forward ? fwd[e.chunk] : bwd[e.chunk];
+      if (level + p.height > highest) highest = level + p.height, at = p.at;
+      level += p.delta;
+    }
+    m.peak = highest;
+    m.peak_at = describe(at);
   }
-  // What the first forward leaves (recomputed here: the fold above has gone on since).
+  // What one micro-batch's forward leaves (replayed alone: the fold above has gone on since).
   {
     Sim f;
-    for (const StagePlan& st : plan.stages) forward_stage(f, st, ctx);
-    m.saved = f.live();
+    sim = f;
+    for (const Chunk& c : chunks) forward(c, scratch);
+    m.saved = sim.live();
   }
-  m.peak = top;
-  m.peak_at = describe(sim.peak_at());
   if (out) *out = std::move(t);
   return m;
 }

@@ -100,8 +100,9 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsInTheLoss) {
   c.seq = 33;
   const StepMemory m = simulate_memory(c, Policy::parse("full").resolve(make_block(c), c.layers), current_threads());
   // (Flash attention's tiles of 128 x 128 outweigh a model this small: there the peak is theirs.)
-  if (c.attention == AttentionImpl::Math)
+  if (c.attention == AttentionImpl::Math) {
     EXPECT_NE(m.peak_at.find("backward of the head, op 'loss'"), std::string::npos) << m.peak_at;
+  }
   for (const char* p : {"none", "full"}) expect_equal(c, p);
 }
 
@@ -115,8 +116,9 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsTheTiedGradientSum) {
   for (const ParamSpec& p : make_model(c).head.params) tied = tied || !p.tied_to.empty();
   if (!tied) GTEST_SKIP() << GetParam().name << " has no tied parameter";
   const StepMemory m = simulate_memory(c, Policy::parse("full").resolve(make_block(c), c.layers), current_threads());
-  if (c.attention == AttentionImpl::Math)
+  if (c.attention == AttentionImpl::Math) {
     EXPECT_NE(m.peak_at.find("summing a tied parameter's gradients"), std::string::npos) << m.peak_at;
+  }
   for (const char* p : {"none", "full"}) expect_equal(c, p);
 }
 

@@ -140,6 +140,38 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   return c;
 }
 
+MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& cache_dir) {
+  std::string cpu = "unknown cpu";
+  if (std::ifstream info("/proc/cpuinfo"); info)
+    for (std::string line; std::getline(info, line);)
+      if (line.rfind("model name", 0) == 0) {
+        cpu = line.substr(line.find(':') + 1);
+        break;
+      }
+  const std::string key = fmt::format("cpu={} blas={} threads={}", cpu, blas_name(), to_string(threads));
+  const std::string folder = cache_folder(cache_dir);
+  const std::string path = fmt::format("{}/rates-{:016x}.json", folder, std::hash<std::string>{}(key));
+  if (std::ifstream in(path); in) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(in);
+      MachineRates r{j.at("matmul_gflops").get<double>(), j.at("memory_gbps").get<double>()};
+      if (j.at("key").get<std::string>() == key && r.matmul_gflops > 0 && r.memory_gbps > 0) return r;
+    } catch (const std::exception&) {
+      // An unreadable calibration is measured again and replaced.
+    }
+  }
+  apply_threads(threads);
+  const MachineRates r = measure_rates();
+  try {
+    std::filesystem::create_directories(folder);
+    nlohmann::json j = {{"key", key}, {"matmul_gflops", r.matmul_gflops}, {"memory_gbps", r.memory_gbps}};
+    write_file_atomic(path, j.dump(1) + "\n");
+  } catch (const std::exception&) {
+    // Unwritable: the next run calibrates again.
+  }
+  return r;
+}
+
 MachineRates measure_rates() {
   MachineRates r;
   r.matmul_gflops = matmul_gflops(1024, 9);

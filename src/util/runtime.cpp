@@ -41,6 +41,10 @@ ThreadConfig default_threads() {
   return {1, static_cast<int>(cores)};
 }
 
+ThreadConfig data_parallel_threads(int ranks) {
+  return {1, std::max(1, default_threads().blas / std::max(1, ranks))};
+}
+
 ThreadConfig parse_threads(std::string_view text) {
   const size_t slash = text.find('/');
   if (slash == std::string_view::npos) {

@@ -1,0 +1,172 @@
+// Planning a multi-GPU run: the memory of every GPU, exactly, and the step time, for the layouts
+// large runs use (Megatron-LM's tensor, sequence and pipeline parallelism; data parallelism with
+// ZeRO), before anyone books the cluster.
+//
+//   remat::Layout l;
+//   l.tp = 8, l.sp = true, l.pp = 8, l.micro_batch = 1, l.global_batch = 64;
+//   remat::LayoutPlan p = remat::plan_layout(cfg, l, remat::parse_device("a100-80gb"), "attn");
+//   p.rank().memory.total_peak()   // bytes on the most-loaded GPU
+//   p.time.step_s                  // estimated seconds per step
+//
+// Memory comes from the tensor table at one rank's shapes (ModelConfig::tp, sp) and the memory
+// model's replay of that rank's step: its pipeline chunks under the 1F1B schedule, its share of
+// the parameters, gradients and optimizer state. Nothing is an approximation of the table: a rank's
+// bytes are the bytes of the tensors remat's schedules keep, to the byte. Times are estimates from
+// the device's stated rates and the assumptions Device lists. See docs/design.md, NOTE [Parallel
+// layouts].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "remat/config.h"
+#include "remat/costs.h"
+#include "remat/memory_model.h"
+
+namespace remat {
+
+// An accelerator and how it is connected. Vendor figures are peak rates; the efficiencies are
+// assumptions (what a training step reaches of them) and are printed with every plan.
+struct Device {
+  std::string name;            // "a100-80gb"
+  int64_t memory = 0;          // bytes per device, as the driver reports its total
+  double bf16_tflops = 0;      // dense bf16/fp16 matmul peak
+  double fp32_tflops = 0;      // fp32 matmul peak (no TF32)
+  double hbm_gbps = 0;         // memory bandwidth
+  double intra_gbps = 0;       // per device, one direction, inside a node (NVLink)
+  double inter_gbps = 0;       // per device, one direction, between nodes (InfiniBand)
+  int64_t gpus_per_node = 8;
+  double matmul_efficiency = 0.7;  // assumption: share of the matmul peak
+  double memory_efficiency = 0.8;  // assumption: share of the memory bandwidth
+  double link_efficiency = 0.7;    // assumption: share of the link bandwidth collectives reach
+  std::string source;          // where the figures come from
+  bool engine = false;         // this machine's CPU: remat's own engine and trainer (tp = pp = 1)
+
+  // Matmul rate in GFLOP/s for a dtype, after the efficiency.
+  double matmul_gflops(DType dtype) const;
+};
+
+// The presets: h100-80gb, h200-141gb, a100-80gb, a100-40gb, cpu.
+std::vector<std::string> device_names();
+// A preset; "cpu" (this machine: memory from /proc/meminfo, rates from calibrated_rates);
+// "custom:MEM,TFLOPS,GBPS[,INTRA_GBPS[,INTER_GBPS[,GPUS_PER_NODE]]]" (bf16 TFLOPS, HBM GB/s,
+// e.g. custom:96GiB,700,3000,400,50,8); or the path of a JSON file with Device's field names.
+// Throws remat::Error naming the bad part and what is allowed.
+Device parse_device(std::string_view text);
+
+// How one training step is laid out over tp x pp x dp devices. Ranks are ordered tensor-parallel
+// first (inside a node), then data-parallel, then pipeline (Megatron-LM's order).
+struct Layout {
+  int64_t tp = 1;            // tensor-parallel ranks (Megatron's column/row split), inside a node
+  bool sp = false;           // sequence parallelism over the tp ranks
+  int64_t pp = 1;            // pipeline stages (1F1B schedule)
+  int64_t vpp = 1;           // model chunks per pipeline stage (interleaved 1F1B when > 1)
+  int64_t dp = 1;            // data-parallel replicas
+  int zero = 0;              // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
+  int64_t micro_batch = 1;   // sequences per micro-batch
+  int64_t global_batch = 0;  // sequences per optimizer step, all replicas; 0 = micro_batch * dp
+  int grad_bytes = 4;        // bytes per gradient element in the buffers: 4 (Megatron's fp32
+                             // main_grad) or 2 (the ZeRO paper's fp16 gradients)
+
+  int64_t gpus() const { return tp * pp * dp; }
+  // Sequences per step.
+  int64_t batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
+  // Micro-batches per step on each pipeline (gradient accumulation follows).
+  int64_t micro_batches() const { return batch() / (micro_batch * dp); }
+};
+
+// "tp 8 + sp, pp 8, dp 4, zero 1, micro-batch 1 x 16".
+std::string to_string(const Layout& l);
+
+// Throws remat::Error naming the first field of `l` that does not fit `cfg` on `device` (tp must
+// divide the heads and fit in a node, pp * vpp must divide the layers, the global batch must split
+// into micro-batches, ...).
+void validate(const Layout& l, const ModelConfig& cfg, const Device& device);
+
+// One pipeline stage: what each of its devices holds and runs.
+struct RankPlan {
+  int stage = 0;
+  std::vector<LayerRange> chunks;   // its layers
+  std::string policy;               // the recompute policy of its layers, as a policy string
+  StepMemory memory;                // exact, for its data-parallel rank with the largest shard
+  double micro_ms = 0;              // forward + backward (+ recompute) of one micro-batch, all chunks
+  double backward_ms = 0;           // the backward part of micro_ms
+  double p2p_ms = 0;                // sending and receiving activations and gradients per micro-batch
+};
+
+// Where the time of one step goes (seconds), from the device's rates and Device's assumptions.
+struct LayoutTime {
+  double compute_s = 0;     // micro-batches on the slowest stage, recompute and TP collectives included
+  double recompute_s = 0;   // of compute_s: the recomputation
+  double tp_comm_s = 0;     // of compute_s: tensor-parallel collectives
+  double bubble_s = 0;      // pipeline fill and drain: (pp - 1) / vpp slowest micro-batches
+  double p2p_s = 0;         // pipeline sends, not overlapped
+  double dp_comm_s = 0;     // gradient reduction (and ZeRO gathers) over the data-parallel group
+  double dp_exposed_s = 0;  // of dp_comm_s: what the last micro-batch's backward does not hide
+  double optimizer_s = 0;   // Adam over this rank's share
+  double step_s = 0;        // compute + bubble + p2p + exposed dp + optimizer
+  double mfu = 0;           // model FLOPs per second over the devices' bf16/fp32 peak
+  double tokens_per_s = 0;
+};
+
+struct LayoutPlan {
+  Layout layout;
+  std::string policy;             // as asked: a policy string, or "auto"
+  int64_t budget = 0;             // bytes per device it must fit
+  std::vector<RankPlan> ranks;    // per pipeline stage (the ones replayed)
+  int worst = 0;                  // index into ranks of the most-loaded stage
+  bool fits = false;
+  LayoutTime time;
+
+  const RankPlan& rank() const { return ranks[static_cast<size_t>(worst)]; }
+  int64_t peak() const { return rank().memory.total_peak(); }
+};
+
+// Options of plan_layout and search_layouts.
+struct PlanOptions {
+  int64_t reserve = int64_t{2} << 30;  // bytes per device kept free (CUDA context, NCCL, allocator)
+  int64_t budget = 0;                  // bytes per device to fit; 0 = device memory - reserve
+  bool all_stages = true;              // replay every pipeline stage (false: the first two and the last,
+                                       // which hold the most; the search's shortcut, NOTE [Parallel layouts])
+};
+
+// The plan of one layout: every stage's memory and the step time. `policy` is a policy string for
+// every layer ("none", "attn", "full", "layers:..."), or "auto": each stage gets the fastest
+// per-layer choice of the block's frontier that fits the budget (NOTE [Parallel layouts]). Throws
+// remat::Error when validate() does or the policy is bad.
+LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Device& device, const std::string& policy,
+                       const PlanOptions& options = {});
+
+// What search_layouts tries.
+struct SearchSpace {
+  int64_t gpus = 0;                 // devices in all
+  int64_t global_batch = 0;         // sequences per step
+  std::vector<std::string> policies = {"none", "attn", "attn+mlp-act", "full", "auto"};
+  std::vector<int> zero = {0, 1, 2, 3};
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8};
+  int grad_bytes = 4;
+  int64_t max_vpp = 4;
+  // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
+  int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
+  int zero_fixed = -1, sp_fixed = -1;
+};
+
+struct SearchResult {
+  std::vector<LayoutPlan> best;     // the fastest that fit, fastest first, each replayed in full
+  int64_t evaluated = 0;            // layouts x policies whose memory was replayed
+  int64_t candidates = 0;           // layouts that pass validate()
+  LayoutPlan least;                 // when none fits: the one with the smallest per-device peak
+};
+
+// Every layout of `space` on `device` (tp dividing the heads and within a node, pp dividing the
+// layers, dp = gpus / (tp pp), micro-batch, ZeRO stage, sp, vpp, recompute), fastest first; at
+// most `top`.
+SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
+                            const PlanOptions& options = {});
+
+// The smallest power-of-two multiple of space.gpus (up to 65536) at which some layout fits, or 0.
+int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options = {});
+
+}  // namespace remat

@@ -1,0 +1,184 @@
+// Devices for planning: vendor figures of the common training GPUs, this machine's CPU, and any
+// other as custom:... or a JSON file.
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "remat/error.h"
+#include "remat/layout.h"
+#include "remat/policy.h"
+#include "remat/runtime.h"
+#include "remat/units.h"
+
+namespace remat {
+
+namespace {
+
+constexpr int64_t MiB = int64_t{1} << 20;
+
+// Memory is the total the driver reports (nvidia-smi, MiB); rates are the dense peaks of the SXM
+// parts' data sheets; links are NVLink per direction and one InfiniBand port per GPU (DGX).
+const Device kPresets[] = {
+    {"h100-80gb", 81559 * MiB, 989, 67, 3350, 450, 50, 8, 0.7, 0.8, 0.7,
+     "NVIDIA H100 SXM5 data sheet: 989 TFLOPS bf16 dense, 67 fp32, 3.35 TB/s HBM3, NVLink 900 GB/s (450 each way); "
+     "NDR 400 Gb/s per GPU (DGX H100); 81559 MiB as nvidia-smi reports"},
+    {"h200-141gb", 143771 * MiB, 989, 67, 4800, 450, 50, 8, 0.7, 0.8, 0.7,
+     "NVIDIA H200 SXM data sheet: 989 TFLOPS bf16 dense, 67 fp32, 4.8 TB/s HBM3e, NVLink 900 GB/s (450 each way); "
+     "NDR 400 Gb/s per GPU; 143771 MiB as nvidia-smi reports"},
+    {"a100-80gb", 81920 * MiB, 312, 19.5, 2039, 300, 25, 8, 0.7, 0.8, 0.7,
+     "NVIDIA A100 SXM4 80GB data sheet: 312 TFLOPS bf16 dense, 19.5 fp32, 2.04 TB/s HBM2e, NVLink 600 GB/s (300 each "
+     "way); HDR 200 Gb/s per GPU (DGX A100); 81920 MiB as nvidia-smi reports"},
+    {"a100-40gb", 40960 * MiB, 312, 19.5, 1555, 300, 25, 8, 0.7, 0.8, 0.7,
+     "NVIDIA A100 SXM4 40GB data sheet: 312 TFLOPS bf16 dense, 19.5 fp32, 1.56 TB/s HBM2, NVLink 600 GB/s (300 each "
+     "way); HDR 200 Gb/s per GPU (DGX A100); 40960 MiB as nvidia-smi reports"},
+};
+
+int64_t physical_memory() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("MemTotal:", 0) == 0) return std::atoll(line.c_str() + 9) * 1024;
+  return 0;
+}
+
+Device this_cpu() {
+  const ThreadConfig threads = default_threads();
+  const MachineRates r = calibrated_rates(threads);
+  Device d;
+  d.name = "cpu";
+  d.memory = physical_memory();
+  d.fp32_tflops = r.matmul_gflops / 1e3;
+  d.bf16_tflops = 0;  // the engine runs fp32 only
+  d.hbm_gbps = r.memory_gbps;
+  d.gpus_per_node = 1;
+  d.matmul_efficiency = d.memory_efficiency = d.link_efficiency = 1.0;  // measured rates, not peaks
+  d.engine = true;
+  d.source = fmt::format("this machine, measured once and saved (calibrated_rates): fp32 GEMM {:.0f} GFLOP/s, memory "
+                         "{:.1f} GB/s, threads {}; memory from /proc/meminfo",
+                         r.matmul_gflops, r.memory_gbps, to_string(threads));
+  return d;
+}
+
+double positive(const std::string& text, const std::string& what, std::string_view whole) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(v > 0) || !std::isfinite(v))
+    fail("bad --device '{}': {} must be a positive number, got '{}'", whole, what, text);
+  return v;
+}
+
+void check(const Device& d, std::string_view whole) {
+  if (d.memory <= 0) fail("bad --device '{}': memory must be positive", whole);
+  if (!(d.bf16_tflops > 0) && !(d.fp32_tflops > 0)) fail("bad --device '{}': give bf16_tflops or fp32_tflops", whole);
+  if (!(d.hbm_gbps > 0)) fail("bad --device '{}': hbm_gbps must be positive", whole);
+  if (d.gpus_per_node < 1) fail("bad --device '{}': gpus_per_node must be at least 1", whole);
+  for (double e : {d.matmul_efficiency, d.memory_efficiency, d.link_efficiency})
+    if (!(e > 0 && e <= 1)) fail("bad --device '{}': efficiencies must be in (0, 1], got {}", whole, e);
+}
+
+Device custom(std::string_view text) {
+  std::vector<std::string> parts;
+  std::stringstream ss{std::string(text.substr(7))};
+  for (std::string p; std::getline(ss, p, ',');) parts.push_back(p);
+  if (parts.size() < 3 || parts.size() > 6)
+    fail("bad --device '{}'; write custom:MEM,TFLOPS,GBPS[,INTRA_GBPS[,INTER_GBPS[,GPUS_PER_NODE]]], e.g. "
+         "custom:96GiB,700,3000,400,50,8",
+         text);
+  Device d;
+  d.name = std::string(text);
+  const Budget mem = parse_budget(parts[0]);
+  if (mem.bytes <= 0) fail("bad --device '{}': memory must be a size such as 96GiB, got '{}'", text, parts[0]);
+  d.memory = mem.bytes;
+  d.bf16_tflops = positive(parts[1], "TFLOPS (dense bf16)", text);
+  d.fp32_tflops = d.bf16_tflops / 16;  // an assumption, printed: the fp32 rate of the presets' kind
+  d.hbm_gbps = positive(parts[2], "GBPS (memory bandwidth)", text);
+  d.intra_gbps = parts.size() > 3 ? positive(parts[3], "INTRA_GBPS", text) : d.hbm_gbps / 8;
+  d.inter_gbps = parts.size() > 4 ? positive(parts[4], "INTER_GBPS", text) : d.intra_gbps / 8;
+  d.gpus_per_node = parts.size() > 5 ? static_cast<int64_t>(positive(parts[5], "GPUS_PER_NODE", text)) : 8;
+  d.source = fmt::format("given on the command line{}; fp32 assumed at 1/16 of bf16",
+                         parts.size() < 5 ? ", link rates assumed (NVLink = HBM / 8, network = NVLink / 8)" : "");
+  check(d, text);
+  return d;
+}
+
+Device from_file(std::string_view path) {
+  std::ifstream in{std::string(path)};
+  if (!in) fail("--device '{}' is neither a preset ({}), custom:..., nor a readable JSON file", path, [] {
+    std::string s;
+    for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("--device file '{}' is not JSON: {}", path, e.what());
+  }
+  if (!j.is_object()) fail("--device file '{}' must hold one JSON object with Device's fields", path);
+  Device d;
+  d.name = std::string(path);
+  d.source = fmt::format("from {}", path);
+  static const char* known[] = {"name", "memory", "bf16_tflops", "fp32_tflops", "hbm_gbps", "intra_gbps", "inter_gbps",
+                                "gpus_per_node", "matmul_efficiency", "memory_efficiency", "link_efficiency", "source"};
+  try {
+    for (const auto& [key, value] : j.items()) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || key == k;
+      if (!ok)
+        fail("--device file '{}': unknown field '{}'; allowed: name, memory (bytes or \"80GiB\"), bf16_tflops, "
+             "fp32_tflops, hbm_gbps, intra_gbps, inter_gbps, gpus_per_node, matmul_efficiency, memory_efficiency, "
+             "link_efficiency, source",
+             path, key);
+    }
+    if (j.contains("name")) d.name = j.at("name").get<std::string>();
+    if (!j.contains("memory")) fail("--device file '{}' has no \"memory\"", path);
+    d.memory = j.at("memory").is_string() ? parse_budget(j.at("memory").get<std::string>()).bytes
+                                          : j.at("memory").get<int64_t>();
+    auto num = [&](const char* k, double& v) {
+      if (j.contains(k)) v = j.at(k).get<double>();
+    };
+    num("bf16_tflops", d.bf16_tflops);
+    num("fp32_tflops", d.fp32_tflops);
+    num("hbm_gbps", d.hbm_gbps);
+    num("intra_gbps", d.intra_gbps);
+    num("inter_gbps", d.inter_gbps);
+    num("matmul_efficiency", d.matmul_efficiency);
+    num("memory_efficiency", d.memory_efficiency);
+    num("link_efficiency", d.link_efficiency);
+    if (j.contains("gpus_per_node")) d.gpus_per_node = j.at("gpus_per_node").get<int64_t>();
+    if (j.contains("source")) d.source = j.at("source").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("--device file '{}': a field has the wrong type ({})", path, e.what());
+  }
+  check(d, path);
+  return d;
+}
+
+}  // namespace
+
+double Device::matmul_gflops(DType dtype) const {
+  const double peak = dtype == DType::F32 ? fp32_tflops : bf16_tflops;
+  if (!(peak > 0))
+    fail("device '{}' has no {} matmul rate; plan another --dtype or give the rate", name, to_string(dtype));
+  return peak * 1e3 * matmul_efficiency;
+}
+
+std::vector<std::string> device_names() {
+  std::vector<std::string> v;
+  for (const Device& d : kPresets) v.push_back(d.name);
+  v.emplace_back("cpu");
+  return v;
+}
+
+Device parse_device(std::string_view text) {
+  for (const Device& d : kPresets)
+    if (text == d.name) return d;
+  if (text == "cpu") return this_cpu();
+  if (text.rfind("custom:", 0) == 0) return custom(text);
+  return from_file(text);
+}
+
+}  // namespace remat

@@ -1,0 +1,539 @@
+// Parallel layouts (NOTE [Parallel layouts]): one rank's model from the tensor table at its shapes,
+// its pipeline stage's step replayed by the memory model, and the step time from the device's rates.
+#include "remat/layout.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "remat/error.h"
+#include "remat/planner.h"
+#include "remat/runtime.h"
+#include "remat/policy.h"
+#include "remat/schedule.h"
+
+namespace remat {
+
+std::string to_string(const Layout& l) {
+  std::string s = fmt::format("tp {}{}, pp {}", l.tp, l.sp ? " + sp" : "", l.pp);
+  if (l.vpp > 1) s += fmt::format(" x {} chunks", l.vpp);
+  s += fmt::format(", dp {}", l.dp);
+  if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
+  s += fmt::format(", micro-batch {} x {}", l.micro_batch, l.micro_batches());
+  return s;
+}
+
+void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
+  auto positive = [](const char* name, int64_t v) {
+    if (v < 1) fail("Layout.{} must be a positive integer, got {}", name, v);
+  };
+  positive("tp", l.tp);
+  positive("pp", l.pp);
+  positive("vpp", l.vpp);
+  positive("dp", l.dp);
+  positive("micro_batch", l.micro_batch);
+  if (l.global_batch < 0) fail("Layout.global_batch must be >= 0 (0 = micro_batch * dp), got {}", l.global_batch);
+  if (l.zero < 0 || l.zero > 3) fail("Layout.zero must be 0, 1, 2 or 3, got {}", l.zero);
+  if (l.grad_bytes != 2 && l.grad_bytes != 4)
+    fail("Layout.grad_bytes must be 4 (fp32 gradient buffers) or 2 (fp16/bf16), got {}", l.grad_bytes);
+  if (cfg.dtype == DType::F32 && l.grad_bytes != 4)
+    fail("Layout.grad_bytes {} is for mixed precision; fp32 training keeps fp32 gradients (4)", l.grad_bytes);
+  if (l.tp > device.gpus_per_node)
+    fail("Layout.tp {} spans nodes: device '{}' has {} per node, and tensor parallelism stays inside one", l.tp,
+         device.name, device.gpus_per_node);
+  if (cfg.heads % l.tp != 0 || cfg.kv() % l.tp != 0)
+    fail("Layout.tp {} must divide the attention heads ({}) and key/value heads ({})", l.tp, cfg.heads, cfg.kv());
+  if (cfg.hidden() % l.tp != 0) fail("Layout.tp {} must divide the MLP width ({})", l.tp, cfg.hidden());
+  if (l.sp && l.tp == 1) fail("Layout.sp (sequence parallelism) needs tp > 1");
+  if (l.sp && cfg.seq % l.tp != 0) fail("Layout.sp: the sequence ({}) must divide by tp {}", cfg.seq, l.tp);
+  if (cfg.layers % (l.pp * l.vpp) != 0)
+    fail("Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many", l.pp, l.vpp, cfg.layers);
+  if (l.vpp > 1 && l.pp == 1) fail("Layout.vpp {} interleaves pipeline stages; it needs pp > 1", l.vpp);
+  if (l.batch() % (l.micro_batch * l.dp) != 0)
+    fail("Layout.global_batch {} does not split into micro-batches of {} over dp {}: make it a multiple of {}",
+         l.batch(), l.micro_batch, l.dp, l.micro_batch * l.dp);
+  if (l.vpp > 1 && l.micro_batches() % l.pp != 0)
+    fail("Layout.vpp {}: interleaved 1F1B needs the micro-batches per step ({}) to be a multiple of pp {}", l.vpp,
+         l.micro_batches(), l.pp);
+  if (l.zero >= 2 && l.pp > 1)
+    fail("Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
+         "zero 0 or 1 with pipelines",
+         l.zero, l.pp);
+  if (device.engine) {
+    if (l.tp > 1 || l.pp > 1)
+      fail("device cpu is remat's own engine, which trains tp 1, pp 1 (data parallel on c10d); plan tp {} pp {} "
+           "for a GPU --device",
+           l.tp, l.pp);
+    if (l.zero > 1) fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
+    if (cfg.dtype != DType::F32) fail("device cpu: the engine trains fp32, got {}", to_string(cfg.dtype));
+  }
+}
+
+namespace {
+
+// One rank's model at a layout's tensor-parallel split and micro-batch, with its op times.
+struct Shapes {
+  ModelConfig cfg;
+  std::shared_ptr<const ModelSpec> spec;
+  MachineRates rates;
+  CostModel costs;                  // the block's ops (estimate_op)
+  double stem_fwd = 0, stem_bwd = 0, head_fwd = 0, head_bwd = 0;
+  double block_comm = 0;            // tensor-parallel collectives of one block, forward + backward
+  std::vector<double> comm_fwd;     // per block op: its forward's collectives (a recompute repeats them)
+  std::vector<BlockOption> frontier;  // for "auto", computed on first use
+  ScheduleCache cache;
+};
+
+MachineRates rates_of(const Device& d, DType dtype) {
+  MachineRates r;
+  r.matmul_gflops = d.matmul_gflops(dtype);
+  r.memory_gbps = d.hbm_gbps * d.memory_efficiency;
+  r.link_gbps = d.intra_gbps * d.link_efficiency;
+  return r;
+}
+
+std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, const Device& device) {
+  auto s = std::make_unique<Shapes>();
+  s->cfg = cfg;
+  s->cfg.tp = l.tp;
+  s->cfg.sp = l.sp;
+  s->cfg.batch = l.micro_batch;
+  s->spec = std::make_shared<const ModelSpec>(make_model(s->cfg));
+  s->rates = rates_of(device, cfg.dtype);
+  if (!(s->rates.link_gbps > 0)) s->rates.link_gbps = s->rates.memory_gbps;  // tp 1: no collectives to time
+  const BlockSpec& b = s->spec->block;
+  for (size_t op = 0; op < b.ops.size(); ++op) {
+    s->costs.block.push_back(estimate_op(b, static_cast<int>(op), s->rates));
+    const OpComm c = b.comm(static_cast<int>(op));
+    s->comm_fwd.push_back(c.forward / (s->rates.link_gbps * 1e6));
+    s->block_comm += (c.forward + c.backward) / (s->rates.link_gbps * 1e6);
+  }
+  auto stage = [&](const BlockSpec& st, double& fwd, double& bwd) {
+    for (size_t op = 0; op < st.ops.size(); ++op) {
+      const OpTime t = estimate_op(st, static_cast<int>(op), s->rates);
+      fwd += t.forward_ms;
+      bwd += t.backward_ms;
+    }
+  };
+  if (s->spec->has_stem) stage(s->spec->stem, s->stem_fwd, s->stem_bwd);
+  stage(s->spec->head, s->head_fwd, s->head_bwd);
+  s->costs.source = "estimated from the device's rates";
+  return s;
+}
+
+std::vector<LayerRange> stage_chunks(int64_t layers, int64_t pp, int64_t vpp, int64_t stage) {
+  const int64_t per = layers / (pp * vpp);
+  std::vector<LayerRange> c;
+  for (int64_t k = 0; k < vpp; ++k) c.push_back({(k * pp + stage) * per, (k * pp + stage + 1) * per});
+  return c;
+}
+
+// The data-parallel rank whose ZeRO share of `numel` elements is the largest.
+int largest_shard(int64_t numel, int64_t world) {
+  int best = 0;
+  int64_t size = -1;
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t n = shard_first(numel, static_cast<int>(r + 1), static_cast<int>(world)) -
+                      shard_first(numel, static_cast<int>(r), static_cast<int>(world));
+    if (n > size) size = n, best = static_cast<int>(r);
+  }
+  return best;
+}
+
+// A policy over the layers of `chunks`, as a policy string: "attn", or "layers:0-5=attn,6-11=none".
+std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::vector<std::string>& text) {
+  std::vector<std::pair<int64_t, std::string>> layers;
+  for (const LayerRange& c : chunks)
+    for (int64_t l = c.first; l < c.end; ++l) layers.push_back({l, text[l]});
+  bool uniform = true;
+  for (const auto& [l, t] : layers) uniform = uniform && t == layers.front().second;
+  if (uniform) return layers.front().second;
+  std::string s = "layers:";
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1].first == layers[j].first + 1 && layers[j + 1].second == layers[i].second)
+      ++j;
+    s += fmt::format("{}{}={}", i ? "," : "",
+                     i == j ? std::to_string(layers[i].first) : fmt::format("{}-{}", layers[i].first, layers[j].first),
+                     layers[i].second);
+    i = j + 1;
+  }
+  return s;
+}
+
+class Evaluator {
+ public:
+  Evaluator(const ModelConfig& cfg, const Device& device, const PlanOptions& options)
+      : cfg_(cfg), device_(device), options_(options) {}
+
+  Shapes& shapes(const Layout& l) {
+    const auto key = std::make_tuple(l.tp, l.sp, l.micro_batch);
+    auto it = shapes_.find(key);
+    if (it == shapes_.end()) it = shapes_.emplace(key, make_shapes(cfg_, l, device_)).first;
+    return *it->second;
+  }
+
+  int64_t budget() const {
+    return options_.budget > 0 ? options_.budget : std::max<int64_t>(0, device_.memory - options_.reserve);
+  }
+
+  // Stage `stage`'s part of the step under per-layer policies `layers` (all of the model's layers).
+  StepPlan compile(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
+    return compile_step(sh.spec, layers, stage_chunks(cfg_.layers, l.pp, l.vpp, stage), &sh.cache);
+  }
+
+  StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
+    return memory(l, stage, compile(sh, l, stage, layers));
+  }
+
+  StepMemory memory(const Layout& l, int stage, const StepPlan& plan) {
+    int64_t numel = 0;
+    for (const ModelParam& p : plan.params) numel += p.spec->numel();
+    const int m = static_cast<int>(l.micro_batches());
+    StepShape shape;
+    if (device_.engine) {
+      shape = trainer_step_shape(m, static_cast<int>(l.dp), largest_shard(numel, l.dp), l.zero);
+    } else {
+      shape.micro = m;
+      shape.scaled_loss = m * l.dp > 1;
+      shape.world = static_cast<int>(l.dp);
+      shape.rank = largest_shard(numel, l.dp);
+      shape.zero = l.zero;
+      shape.grad_buffers = true;
+      shape.grad_bytes = l.grad_bytes;
+      shape.stages = static_cast<int>(l.pp);
+      shape.stage = stage;
+      shape.chunks = static_cast<int>(l.vpp);
+    }
+    ++evaluated_;
+    return simulate_memory(plan, threads(l), nullptr, shape);
+  }
+
+  // Threads whose scratch the memory model counts: the trainer's split of this machine's cores
+  // for the engine; one per device otherwise.
+  ThreadConfig threads(const Layout& l) const {
+    if (!device_.engine) return {1, 1};
+    return l.dp > 1 ? data_parallel_threads(static_cast<int>(l.dp)) : default_threads();
+  }
+
+  // Time of one micro-batch of a stage's `plan` (all chunks), its backward share and its collectives.
+  void time(Shapes& sh, const Layout& l, const StepPlan& plan, RankPlan& r, double& recompute_ms, double& comm_ms) {
+    const ModelSpec& m = *sh.spec;
+    recompute_ms = comm_ms = 0;
+    r.micro_ms = r.backward_ms = r.p2p_ms = 0;
+    double block_fwd = 0, block_bwd = 0;
+    for (const OpTime& t : sh.costs.block) block_fwd += t.forward_ms, block_bwd += t.backward_ms;
+    const int64_t act = m.block.tensors[m.block.inputs[0]].bytes();
+    const double p2p_rate = p2p_gbps(l) * 1e6;
+    for (const StagePlan& st : plan.stages) {
+      if (st.role == StagePlan::Role::Stem) r.micro_ms += sh.stem_fwd + sh.stem_bwd, r.backward_ms += sh.stem_bwd;
+      if (st.role == StagePlan::Role::Head) r.micro_ms += sh.head_fwd + sh.head_bwd, r.backward_ms += sh.head_bwd;
+      if (st.role != StagePlan::Role::Block) continue;
+      double rec = 0;
+      for (int op : st.schedule->recomputed) rec += sh.costs.block[op].forward_ms, comm_ms += sh.comm_fwd[op];
+      recompute_ms += rec;
+      r.micro_ms += block_fwd + block_bwd + rec;
+      r.backward_ms += block_bwd + rec;
+      comm_ms += sh.block_comm;
+    }
+    for (const LayerRange& c : r.chunks) {
+      // Pipeline sends: the activation forward, its gradient back, at each end that is not the model's.
+      const int transfers = (c.first > 0 ? 1 : 0) + (c.end < m.layers ? 1 : 0);
+      if (l.pp > 1) r.p2p_ms += transfers * static_cast<double>(act) / p2p_rate;
+    }
+  }
+
+  double p2p_gbps(const Layout& l) const {
+    // Pipeline neighbours are tp * dp ranks apart: in another node once that fills one.
+    return (l.tp * l.dp >= device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) * device_.link_efficiency;
+  }
+  double dp_gbps(const Layout& l) const {
+    return (l.tp * l.dp > device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) * device_.link_efficiency;
+  }
+
+  // The fastest per-layer choice of the block's frontier that fits the budget on stage `stage`:
+  // every layer of the stage one option, or the cheapest mix of two neighbouring options.
+  void auto_policy(Shapes& sh, const Layout& l, int stage, ResolvedPolicy& layers, std::vector<std::string>& text) {
+    if (sh.frontier.empty()) sh.frontier = block_frontier(sh.spec->block, sh.costs, keep_everything(sh.spec->block));
+    std::vector<const BlockOption*> options;
+    for (const BlockOption& o : sh.frontier) options.push_back(&o);
+    std::stable_sort(options.begin(), options.end(),
+                     [](const BlockOption* a, const BlockOption* b) { return a->recompute_ms < b->recompute_ms; });
+    const std::vector<LayerRange> chunks = stage_chunks(cfg_.layers, l.pp, l.vpp, stage);
+    std::vector<int64_t> mine;
+    for (const LayerRange& c : chunks)
+      for (int64_t x = c.first; x < c.end; ++x) mine.push_back(x);
+    auto assign = [&](const BlockOption* cheap, const BlockOption* dear, size_t n_cheap) {
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const BlockOption* o = i < n_cheap ? cheap : dear;
+        layers.layers[mine[i]] = o->policy;
+        text[mine[i]] = o->text;
+      }
+    };
+    const int64_t budget = this->budget();
+    for (size_t k = 0; k < options.size(); ++k) {
+      assign(options[k], options[k], mine.size());
+      if (memory(sh, l, stage, layers).total_peak() > budget) continue;
+      if (k == 0) return;
+      // As many layers as still fit on the cheaper option before it.
+      size_t lo = 0, hi = mine.size();
+      while (lo < hi) {
+        const size_t mid = (lo + hi + 1) / 2;
+        assign(options[k - 1], options[k], mid);
+        if (memory(sh, l, stage, layers).total_peak() <= budget) lo = mid;
+        else hi = mid - 1;
+      }
+      assign(options[k - 1], options[k], lo);
+      return;
+    }
+    // Nothing fits: the option that saves least (recompute everything the frontier can).
+    const BlockOption* least = &sh.frontier.back();
+    assign(least, least, mine.size());
+  }
+
+  LayoutPlan plan(const Layout& l, const std::string& policy, bool all_stages) {
+    validate(l, cfg_, device_);
+    Shapes& sh = shapes(l);
+    LayoutPlan p;
+    p.layout = l;
+    p.policy = policy;
+    p.budget = budget();
+    const bool automatic = policy == "auto";
+    ResolvedPolicy fixed;
+    std::vector<std::string> text(cfg_.layers, policy);
+    if (!automatic) {
+      const Policy parsed = Policy::parse(policy);
+      if (parsed.is_budget())
+        fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto",
+             policy);
+      fixed = parsed.resolve(sh.spec->block, cfg_.layers);
+      if (fixed.chunk > 0) fail("policy '{}' checkpoints chunks of layers, which layouts do not plan", policy);
+    }
+    std::vector<int> stages;
+    for (int s = 0; s < static_cast<int>(l.pp); ++s)
+      if (all_stages || s <= 1 || s == l.pp - 1) stages.push_back(s);
+    double worst_time = -1;
+    int slowest = 0;
+    std::vector<double> recompute(stages.size()), comm(stages.size());
+    for (size_t i = 0; i < stages.size(); ++i) {
+      RankPlan r;
+      r.stage = stages[i];
+      r.chunks = stage_chunks(cfg_.layers, l.pp, l.vpp, r.stage);
+      ResolvedPolicy layers = fixed;
+      if (automatic) {
+        layers.layers.assign(cfg_.layers, keep_everything(sh.spec->block));
+        auto_policy(sh, l, r.stage, layers, text);
+      }
+      r.policy = automatic ? rank_policy_text(r.chunks, text) : policy;
+      const StepPlan plan = compile(sh, l, r.stage, layers);
+      r.memory = memory(l, r.stage, plan);
+      time(sh, l, plan, r, recompute[i], comm[i]);
+      if (r.micro_ms + r.p2p_ms > worst_time) worst_time = r.micro_ms + r.p2p_ms, slowest = static_cast<int>(i);
+      if (p.ranks.empty() || r.memory.total_peak() > p.peak()) p.worst = static_cast<int>(p.ranks.size());
+      p.ranks.push_back(std::move(r));
+    }
+    p.fits = p.peak() <= p.budget;
+    step_time(sh, l, p, p.ranks[slowest], recompute[slowest], comm[slowest]);
+    return p;
+  }
+
+  void step_time(Shapes& sh, const Layout& l, LayoutPlan& p, const RankPlan& slow, double recompute_ms,
+                 double comm_ms) {
+    LayoutTime& t = p.time;
+    const double m = static_cast<double>(l.micro_batches());
+    t.compute_s = m * slow.micro_ms / 1e3;
+    t.recompute_s = m * recompute_ms / 1e3;
+    t.tp_comm_s = l.tp > 1 ? m * comm_ms / 1e3 : 0;
+    t.bubble_s = static_cast<double>(l.pp - 1) / static_cast<double>(l.vpp) * (slow.micro_ms + slow.p2p_ms) / 1e3;
+    t.p2p_s = m * slow.p2p_ms / 1e3;
+    // Data parallelism, on the most-loaded rank's parameters: all-reduce the gradients (ZeRO:
+    // reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights again for
+    // the backward), overlapped with the last micro-batch's backward.
+    const ModelSpec& spec = *sh.spec;
+    const StepMemory& worst = p.rank().memory;
+    const int64_t wbytes = dtype_size(spec.block.dtype);
+    const double numel = static_cast<double>(worst.params) / wbytes * (l.zero >= 3 ? static_cast<double>(l.dp) : 1.0);
+    const double d = static_cast<double>(l.dp), share = (d - 1) / d;
+    double bytes = 0;
+    if (l.zero == 0) bytes = 2 * share * numel * l.grad_bytes;
+    else bytes = share * numel * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
+    if (l.dp > 1 && !device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
+    t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
+    // A word embedding tied across the first and last stage: its gradient all-reduced between them.
+    for (const ParamSpec& ps : spec.head.params)
+      if (!ps.tied_to.empty() && l.pp > 1)
+        t.p2p_s += static_cast<double>(ps.numel() * l.grad_bytes) / (device_.inter_gbps * device_.link_efficiency * 1e9);
+    // Adam over this rank's share: read weights, gradients, master and moments; write them back.
+    const double owned = static_cast<double>(worst.optimizer) / (spec.block.dtype == DType::F32 ? 8 : 12);
+    t.optimizer_s = owned * (spec.block.dtype == DType::F32 ? 28.0 : 30.0) / (sh.rates.memory_gbps * 1e9);
+    t.step_s = t.compute_s + t.bubble_s + t.p2p_s + t.dp_exposed_s + t.optimizer_s;
+    // Model FLOPs (no recompute) over the devices' peak.
+    ModelConfig whole = cfg_;
+    whole.batch = l.micro_batch;
+    const double flops = static_cast<double>(make_model(whole).step_flops()) * static_cast<double>(l.batch()) /
+                         static_cast<double>(l.micro_batch);
+    const double peak = (cfg_.dtype == DType::F32 ? device_.fp32_tflops : device_.bf16_tflops) * 1e12;
+    t.mfu = t.step_s > 0 ? flops / t.step_s / (static_cast<double>(l.gpus()) * peak) : 0;
+    t.tokens_per_s = t.step_s > 0 ? static_cast<double>(l.batch() * cfg_.seq) / t.step_s : 0;
+  }
+
+  int64_t evaluated() const { return evaluated_; }
+  const Device& device() const { return device_; }
+  const ModelConfig& cfg() const { return cfg_; }
+
+ private:
+  ModelConfig cfg_;
+  Device device_;
+  PlanOptions options_;
+  std::map<std::tuple<int64_t, bool, int64_t>, std::unique_ptr<Shapes>> shapes_;
+  int64_t evaluated_ = 0;
+};
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t k = 1; k <= n; ++k)
+    if (n % k == 0) d.push_back(k);
+  return d;
+}
+
+}  // namespace
+
+LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Device& device, const std::string& policy,
+                       const PlanOptions& options) {
+  validate(cfg);
+  Evaluator e(cfg, device, options);
+  return e.plan(layout, policy, options.all_stages);
+}
+
+SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
+                            const PlanOptions& options) {
+  validate(cfg);
+  if (space.gpus < 1) fail("SearchSpace.gpus must be a positive integer, got {}", space.gpus);
+  if (space.global_batch < 1) fail("SearchSpace.global_batch must be a positive integer, got {}", space.global_batch);
+  if (top < 1) fail("search_layouts: top must be >= 1, got {}", top);
+  Evaluator e(cfg, device, options);
+  SearchResult res;
+  // Every layout that validates, each timed with no recompute: a bound no policy beats.
+  struct Candidate {
+    Layout layout;
+    double bound;
+  };
+  std::vector<Candidate> layouts;
+  for (int64_t tp : divisors(cfg.heads)) {
+    if (space.tp > 0 && tp != space.tp) continue;
+    if (tp > device.gpus_per_node || space.gpus % tp != 0 || cfg.kv() % tp != 0 || cfg.hidden() % tp != 0) continue;
+    for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+      if (space.sp_fixed >= 0 && sp != space.sp_fixed) continue;
+      if (sp && cfg.seq % tp != 0) continue;
+      for (int64_t pp : divisors(cfg.layers)) {
+        if (space.pp > 0 && pp != space.pp) continue;
+        if ((space.gpus / tp) % pp != 0) continue;
+        const int64_t dp = space.gpus / (tp * pp);
+        if (space.dp > 0 && dp != space.dp) continue;
+        for (int64_t vpp = 1; vpp <= (pp > 1 ? space.max_vpp : 1); ++vpp) {
+          if (space.vpp > 0 && vpp != space.vpp) continue;
+          if (cfg.layers % (pp * vpp) != 0) continue;
+          for (int64_t mb : space.micro_batches) {
+            if (space.micro_batch > 0 && mb != space.micro_batch) continue;
+            for (int zero : space.zero) {
+              if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
+              if (zero > 0 && dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
+              Layout l;
+              l.tp = tp, l.sp = sp != 0, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero;
+              l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
+              try {
+                validate(l, cfg, device);
+              } catch (const Error&) {
+                continue;
+              }
+              layouts.push_back({l, 0});
+            }
+          }
+        }
+      }
+    }
+  }
+  res.candidates = static_cast<int64_t>(layouts.size());
+  // Bound each layout by its time with no recompute (memory is replayed only when needed).
+  for (Candidate& c : layouts) {
+    Shapes& sh = e.shapes(c.layout);
+    RankPlan r;
+    r.chunks = stage_chunks(cfg.layers, c.layout.pp, c.layout.vpp, 0);
+    ResolvedPolicy none;
+    none.layers.assign(cfg.layers, keep_everything(sh.spec->block));
+    double rec = 0, comm = 0;
+    e.time(sh, c.layout, e.compile(sh, c.layout, 0, none), r, rec, comm);
+    const double m = static_cast<double>(c.layout.micro_batches());
+    c.bound = (m + static_cast<double>(c.layout.pp - 1) / static_cast<double>(c.layout.vpp)) * (r.micro_ms + r.p2p_ms);
+  }
+  std::stable_sort(layouts.begin(), layouts.end(), [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
+
+  // The fixed policies on every layout that may still make the list, fastest bound first; then
+  // "auto" (each stage planned against the budget) on those whose bound beats the list's last.
+  std::vector<std::string> fixed;
+  bool automatic = false;
+  for (const std::string& p : space.policies) {
+    if (p == "auto") automatic = true;
+    else fixed.push_back(p);
+  }
+  std::vector<LayoutPlan> found(layouts.size());
+  std::vector<bool> has(layouts.size(), false);
+  auto kth = [&] {
+    std::vector<double> t;
+    for (size_t i = 0; i < found.size(); ++i)
+      if (has[i]) t.push_back(found[i].time.step_s * 1e3);
+    if (static_cast<int>(t.size()) < top) return 1e300;
+    std::nth_element(t.begin(), t.begin() + (top - 1), t.end());
+    return t[top - 1];
+  };
+  bool have_least = false;
+  auto consider = [&](size_t i, const std::string& policy) {
+    LayoutPlan p = e.plan(layouts[i].layout, policy, false);
+    if (!have_least || p.peak() < res.least.peak()) res.least = p, have_least = true;
+    if (p.fits && (!has[i] || p.time.step_s < found[i].time.step_s)) found[i] = std::move(p), has[i] = true;
+  };
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (layouts[i].bound >= kth()) break;  // sorted: no later layout is faster
+    for (const std::string& policy : fixed) consider(i, policy);
+  }
+  if (automatic) {
+    int tried = 0;
+    for (size_t i = 0; i < layouts.size() && tried < 48; ++i) {
+      if (layouts[i].bound >= kth()) break;
+      if (has[i] && found[i].policy == "none") continue;  // nothing recomputed: auto cannot beat it
+      consider(i, "auto");
+      ++tried;
+    }
+  }
+  res.evaluated = e.evaluated();
+  // The fastest, replayed on every stage.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < found.size(); ++i)
+    if (has[i]) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return found[a].time.step_s < found[b].time.step_s; });
+  for (size_t i : order) {
+    if (static_cast<int>(res.best.size()) >= top) break;
+    LayoutPlan full = e.plan(found[i].layout, found[i].policy, true);
+    if (full.fits) res.best.push_back(std::move(full));
+  }
+  std::stable_sort(res.best.begin(), res.best.end(),
+                   [](const LayoutPlan& a, const LayoutPlan& b) { return a.time.step_s < b.time.step_s; });
+  if (have_least && res.best.empty()) res.least = e.plan(res.least.layout, res.least.policy, true);
+  return res;
+}
+
+int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options) {
+  const int64_t first = space.gpus;
+  for (int64_t n = 2 * first; n <= 65536; n *= 2) {
+    space.gpus = n;
+    space.dp = 0;  // the data-parallel size follows the count
+    if (!search_layouts(cfg, space, device, 1, options).best.empty()) return n;
+  }
+  return 0;
+}
+
+}  // namespace remat

@@ -1,0 +1,352 @@
+// Parallel layouts against published formulas: Korthikanti et al. 2022 (activations per layer under
+// tensor and sequence parallelism and selective recompute), Megatron's and the ZeRO paper's bytes
+// per parameter, and the 1F1B schedule's micro-batches in flight.
+#include <cctype>
+
+#include <gtest/gtest.h>
+
+#include "remat/block.h"
+#include "remat/error.h"
+#include "remat/memory_model.h"
+#include "remat/layout.h"
+#include "remat/policy.h"
+#include "remat/schedule.h"
+
+namespace remat {
+namespace {
+
+// A GPT block as Korthikanti et al. count it: fp16, dropout on, attention scores stored dense.
+ModelConfig paper_block(int64_t t, bool sp) {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.layers = 4;
+  c.dim = 256;  // h
+  c.heads = 8;  // a
+  c.seq = 128;  // s
+  c.batch = 2;  // b
+  c.vocab = 512;
+  c.dtype = DType::F16;
+  c.dropout = 0.1;
+  c.attn_block = c.seq;  // one block: the dense (B, H, T, T) layout
+  c.tp = t;
+  c.sp = sp;
+  return c;
+}
+
+// What one layer keeps for its backward: its saved tensors and its input (the LayerNorm input the
+// paper counts as 2sbh).
+int64_t layer_bytes(const ModelConfig& c, const char* policy) {
+  const BlockSpec b = make_block(c);
+  const Schedule s = compile_schedule(b, Policy::parse(policy).resolve(b, c.layers).layers[0]);
+  return s.saved_bytes(b) + b.tensors[b.inputs[0]].bytes();
+}
+
+// remat also keeps each LayerNorm's mean and 1/std per token in fp32, which the paper's count
+// leaves out: 2 norms x 2 x 4 bytes per token, per rank's tokens.
+int64_t norm_stats(const ModelConfig& c) { return 16 * c.batch * c.rank_seq(); }
+
+struct Row {
+  const char* name;
+  int64_t t;
+  bool sp;
+  const char* policy;
+  // Bytes per layer as Table 2 writes them, with s b h a t of the config.
+  double (*formula)(double s, double b, double h, double a, double t);
+  bool stats;  // the row keeps the norm statistics
+};
+
+const Row kTable2[] = {
+    {"no parallelism", 1, false, "none", [](double s, double b, double h, double a, double) { return s * b * h * (34 + 5 * a * s / h); }, true},
+    {"tensor parallel (baseline)", 4, false, "none",
+     [](double s, double b, double h, double a, double t) { return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)); }, true},
+    {"tensor + sequence parallel", 4, true, "none",
+     [](double s, double b, double h, double a, double t) { return s * b * h / t * (34 + 5 * a * s / h); }, true},
+    {"tensor parallel + selective recompute", 4, false, "attn",
+     [](double s, double b, double h, double, double t) { return s * b * h * (10 + 24 / t); }, true},
+    {"tensor + sequence parallel + selective recompute", 4, true, "attn",
+     [](double s, double b, double h, double, double t) { return s * b * h / t * 34; }, true},
+    {"full activation recompute", 4, false, "full", [](double s, double b, double h, double, double) { return 2 * s * b * h; }, false},
+    {"full activation recompute with sequence parallel", 4, true, "full",
+     [](double s, double b, double h, double, double t) { return 2 * s * b * h / t; }, false},
+};
+
+class Table2 : public ::testing::TestWithParam<Row> {};
+
+TEST_P(Table2, ActivationsPerLayerMatchTheFormulaToTheByte) {
+  const Row& row = GetParam();
+  for (int64_t t : {row.t, row.t == 1 ? int64_t{1} : int64_t{2}, row.t == 1 ? int64_t{1} : int64_t{8}}) {
+    const ModelConfig c = paper_block(t, row.sp);
+    const double want = row.formula(static_cast<double>(c.seq), static_cast<double>(c.batch),
+                                    static_cast<double>(c.dim), static_cast<double>(c.heads), static_cast<double>(t));
+    const int64_t got = layer_bytes(c, row.policy) - (row.stats ? norm_stats(c) : 0);
+    EXPECT_EQ(got, static_cast<int64_t>(want)) << row.name << " at t = " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Korthikanti2022, Table2, ::testing::ValuesIn(kTable2), [](const auto& info) {
+  std::string n = info.param.name;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});
+
+// The check above can fail: a block that kept one more (s, b, h) fp16 tensor would be off by 2sbh.
+TEST(Table2Check, CatchesAnExtraTensor) {
+  const ModelConfig c = paper_block(1, false);
+  const int64_t sbh = c.seq * c.batch * c.dim;
+  const int64_t none = layer_bytes(c, "none") - norm_stats(c);
+  EXPECT_NE(none + 2 * sbh, sbh * (34 + 5 * c.heads * c.seq / c.dim));
+  EXPECT_EQ(none, sbh * (34 + 5 * c.heads * c.seq / c.dim));
+}
+
+// Weights, gradients and optimizer state of one rank, per parameter.
+struct ParamBytes {
+  int64_t numel = 0;
+  int64_t weights = 0, grads = 0, optimizer = 0;
+};
+
+ParamBytes param_bytes(const ModelConfig& c, int zero, int world, int grad_bytes) {
+  auto spec = std::make_shared<const ModelSpec>(make_model(c));
+  ResolvedPolicy none;
+  none.layers.assign(c.layers, keep_everything(spec->block));
+  StepShape shape;
+  shape.world = world;
+  shape.rank = world - 1;  // the last shard is the largest (shard_first rounds down)
+  shape.zero = zero;
+  shape.grad_buffers = true;
+  shape.grad_bytes = grad_bytes;
+  const StepMemory m = simulate_memory(compile_step(spec, none), {1, 1}, nullptr, shape);
+  return {spec->param_numel(), m.params, m.grads, m.optimizer};
+}
+
+ModelConfig mixed_model() {
+  ModelConfig c = paper_block(1, false);
+  c.dtype = DType::BF16;
+  return c;
+}
+
+// Megatron's accounting (Korthikanti et al., Narayanan et al.): bf16 weights, fp32 gradients, fp32
+// master weights and Adam moments: 18 bytes per parameter; 6 + 12 / d with the distributed
+// optimizer (ZeRO-1).
+TEST(MegatronBytes, EighteenPerParameterAndSixPlusTwelveOverD) {
+  const ModelConfig c = mixed_model();
+  const ParamBytes b = param_bytes(c, 0, 1, 4);
+  EXPECT_EQ(b.weights + b.grads + b.optimizer, 18 * b.numel);
+  for (int d : {2, 4, 8}) {
+    const ParamBytes z = param_bytes(c, 1, d, 4);
+    const int64_t shard = b.numel - shard_first(b.numel, d - 1, d);  // the largest share
+    EXPECT_EQ(z.weights + z.grads, 6 * b.numel) << "d = " << d;
+    EXPECT_EQ(z.optimizer, 12 * shard) << "d = " << d;
+    EXPECT_LE(12 * shard - 12 * b.numel / d, 12) << "a shard is psi / d, rounded";
+  }
+}
+
+// The ZeRO paper (Rajbhandari et al. 2020), fp16 gradients, K = 12: stage 0 (2 + 2 + K) psi,
+// stage 1 2psi + 2psi + K psi / N, stage 2 2psi + (2 + K) psi / N, stage 3 (2 + 2 + K) psi / N.
+TEST(ZeroBytes, StagesZeroToThreeAsThePaperDefinesThem) {
+  const ModelConfig c = mixed_model();
+  const int n = 8;
+  const int64_t psi = param_bytes(c, 0, 1, 2).numel;
+  const int64_t share = psi - shard_first(psi, n - 1, n);
+  auto total = [&](int zero) {
+    const ParamBytes b = param_bytes(c, zero, n, 2);
+    return b.weights + b.grads + b.optimizer;
+  };
+  EXPECT_EQ(total(0), (2 + 2 + 12) * psi);
+  EXPECT_EQ(total(1), 2 * psi + 2 * psi + 12 * share);
+  EXPECT_EQ(total(2), 2 * psi + (2 + 12) * share);
+  EXPECT_EQ(total(3), (2 + 2 + 12) * share);
+}
+
+// How many of a stage's micro-batches (chunk forwards) are alive at once under an order.
+int most_in_flight(const std::vector<PipelineStep>& order) {
+  int live = 0, most = 0;
+  for (const PipelineStep& s : order) {
+    live += s.forward ? 1 : -1;
+    most = std::max(most, live);
+  }
+  return most;
+}
+
+// 1F1B: stage r holds p - r micro-batches at most (the first stage p), fewer when there are fewer.
+TEST(Pipeline, FirstStageHoldsPMicroBatchesFewerWhenThereAreFewer) {
+  for (int p : {1, 2, 4, 8})
+    for (int m : {1, 3, 8, 16})
+      for (int r = 0; r < p; ++r) {
+        const std::vector<PipelineStep> order = pipeline_order(p, r, 1, m);
+        EXPECT_EQ(most_in_flight(order), std::min(p - r, m)) << "p " << p << " m " << m << " stage " << r;
+        EXPECT_EQ(static_cast<int>(order.size()), 2 * m);
+      }
+}
+
+// Interleaved 1F1B with v chunks: the first stage holds v p + p - 1 chunk micro-batches of L / (p v)
+// layers each, L (1 + (p - 1) / (p v)) layers' worth: Korthikanti et al.'s factor.
+TEST(Pipeline, InterleavedFirstStageHoldsTheFactorMore) {
+  for (int p : {2, 4})
+    for (int v : {2, 3}) {
+      const std::vector<PipelineStep> order = pipeline_order(p, 0, v, 4 * p);
+      EXPECT_EQ(most_in_flight(order), v * p + p - 1) << "p " << p << " v " << v;
+      // Every (micro-batch, chunk) runs forward once, then backward once.
+      std::vector<int> state(4 * p * v, 0);
+      for (const PipelineStep& s : order) {
+        int& st = state[s.micro * v + s.chunk];
+        EXPECT_EQ(st, s.forward ? 0 : 1);
+        st = s.forward ? 1 : 2;
+      }
+      for (int st : state) EXPECT_EQ(st, 2);
+    }
+}
+
+// The memory model folds the pipeline order over each chunk's passes: the same peak as replaying
+// every op of every micro-batch.
+TEST(Pipeline, FoldingChunkPassesEqualsReplayingEveryOp) {
+  ModelConfig c = mixed_model();
+  c.layers = 8;
+  auto spec = std::make_shared<const ModelSpec>(make_model(c));
+  const ResolvedPolicy none = Policy::parse("attn").resolve(spec->block, c.layers);
+  for (int p : {2, 4})
+    for (int v : {1, 2})
+      for (int m : {p, 3 * p, 8 * p})
+        for (int r = 0; r < p; ++r) {
+          std::vector<LayerRange> chunks;
+          const int64_t per = c.layers / (p * v);
+          for (int k = 0; k < v; ++k) chunks.push_back({(k * p + r) * per, (k * p + r + 1) * per});
+          const StepPlan plan = compile_step(spec, none, chunks);
+          StepShape s;
+          s.micro = m;
+          s.scaled_loss = true;
+          s.stages = p;
+          s.stage = r;
+          s.chunks = v;
+          const StepMemory folded = simulate_memory(plan, {1, 1}, nullptr, s);
+          s.op_by_op = true;
+          const StepMemory all = simulate_memory(plan, {1, 1}, nullptr, s);
+          EXPECT_EQ(folded.total_peak(), all.total_peak()) << "p " << p << " v " << v << " m " << m << " stage " << r;
+          EXPECT_EQ(folded.peak_at, all.peak_at);
+        }
+}
+
+// A pipeline stage's activations grow with the micro-batches in flight: p of them on the first.
+TEST(Pipeline, FirstStagePeakCountsPMicroBatches) {
+  ModelConfig c = mixed_model();
+  c.layers = 8;
+  auto spec = std::make_shared<const ModelSpec>(make_model(c));
+  const ResolvedPolicy full = Policy::parse("full").resolve(spec->block, c.layers);
+  const int p = 4;
+  const StepPlan plan = compile_step(spec, full, {{2, 4}});  // stage 1 of 4: no stem, no head
+  auto peak = [&](int m) {
+    StepShape s;
+    s.micro = m, s.scaled_loss = true, s.stages = p, s.stage = 1;
+    return simulate_memory(plan, {1, 1}, nullptr, s).total_peak();
+  };
+  // Under full recompute a micro-batch in flight keeps the inputs of the stage's two layers.
+  const int64_t x = spec->block.tensors[spec->block.inputs[0]].bytes();
+  EXPECT_EQ(peak(2) - peak(1), 2 * x);
+  EXPECT_EQ(peak(3) - peak(2), 2 * x);
+  EXPECT_EQ(peak(8), peak(3));  // stage 1 of 4 holds p - 1 = 3
+}
+
+// A rank of a tensor-parallel group holds 1 / t of every split parameter and all of the others.
+TEST(TensorParallel, RanksHoldTheirShareOfTheParameters) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.layers = 2, c.dim = 128, c.heads = 8, c.kv_heads = 4, c.ffn = 344, c.vocab = 512, c.seq = 16, c.batch = 1;
+  c.dtype = DType::BF16;
+  const int64_t whole = make_model(c).param_numel();
+  int64_t replicated = 0;
+  const ModelSpec one = make_model(c);
+  for (const BlockSpec* b : {&one.block})
+    for (const ParamSpec& p : b->params)
+      if (p.name.find("rms") == 0) replicated += p.numel() * c.layers;
+  for (const ParamSpec& p : one.head.params)
+    if (p.name.find("rms") == 0) replicated += p.numel();
+  for (int64_t t : {2, 4}) {
+    c.tp = t;
+    const int64_t rank = make_model(c).param_numel();
+    EXPECT_EQ(rank * t, whole + (t - 1) * replicated) << "t = " << t;
+  }
+}
+
+// A layout that fits is found, and its most-loaded stage is the one reported.
+TEST(Layouts, TheMostLoadedStageIsReported) {
+  ModelConfig c = mixed_model();
+  c.layers = 8;
+  Device d = parse_device("a100-80gb");
+  Layout l;
+  l.tp = 2, l.sp = true, l.pp = 4, l.dp = 2, l.zero = 1, l.micro_batch = 2, l.global_batch = 32;
+  const LayoutPlan all = plan_layout(c, l, d, "attn");
+  ASSERT_EQ(all.ranks.size(), 4u);
+  for (const RankPlan& r : all.ranks) EXPECT_LE(r.memory.total_peak(), all.peak());
+  PlanOptions quick;
+  quick.all_stages = false;  // the search's shortcut: stages 0, 1 and the last
+  EXPECT_EQ(plan_layout(c, l, d, "attn", quick).peak(), all.peak());
+  EXPECT_TRUE(all.fits);
+}
+
+// "auto" gives each stage the fastest choice that fits: never slower than a preset that fits,
+// never over the budget.
+TEST(Layouts, AutoFitsAndBeatsTheFittingPreset) {
+  ModelConfig c = mixed_model();
+  c.layers = 8, c.seq = 512, c.batch = 1;
+  const Device d = parse_device("a100-80gb");
+  Layout l;
+  l.pp = 4, l.micro_batch = 4, l.global_batch = 16;
+  const int64_t none = plan_layout(c, l, d, "none").peak();
+  PlanOptions o;
+  o.budget = none * 3 / 4;  // none does not fit
+  const LayoutPlan full = plan_layout(c, l, d, "full", o), automatic = plan_layout(c, l, d, "auto", o);
+  ASSERT_TRUE(full.fits);
+  EXPECT_TRUE(automatic.fits);
+  EXPECT_LE(automatic.peak(), o.budget);
+  EXPECT_LT(automatic.time.step_s, full.time.step_s);
+  EXPECT_FALSE(plan_layout(c, l, d, "none", o).fits);
+}
+
+// Layouts that cannot be run are refused, naming the field.
+TEST(Layouts, RefusesLayoutsThatDoNotFitTheModel) {
+  const ModelConfig c = mixed_model();  // 8 heads, 4 layers
+  const Device d = parse_device("h100-80gb");
+  auto message = [&](Layout l) {
+    try {
+      validate(l, c, d);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Layout l;
+  l.tp = 3;
+  EXPECT_NE(message(l).find("Layout.tp 3"), std::string::npos);
+  l = {};
+  l.pp = 3;
+  EXPECT_NE(message(l).find("Layout.pp 3"), std::string::npos);
+  l = {};
+  l.tp = 16;
+  EXPECT_NE(message(l).find("spans nodes"), std::string::npos);
+  l = {};
+  l.dp = 2, l.global_batch = 3;
+  EXPECT_NE(message(l).find("Layout.global_batch 3"), std::string::npos);
+  l = {};
+  l.pp = 2, l.zero = 2, l.dp = 2;
+  EXPECT_NE(message(l).find("Layout.zero 2"), std::string::npos);
+  l = {};
+  l.pp = 2, l.vpp = 2, l.global_batch = 3;
+  EXPECT_NE(message(l).find("vpp"), std::string::npos);
+  EXPECT_EQ(message(Layout{}), "");
+}
+
+TEST(Devices, PresetsCustomAndRefusals) {
+  const Device h = parse_device("h100-80gb");
+  EXPECT_EQ(h.memory, int64_t{81559} << 20);
+  EXPECT_EQ(h.bf16_tflops, 989);
+  const Device c = parse_device("custom:96GiB,700,3000,400,50,4");
+  EXPECT_EQ(c.memory, int64_t{96} << 30);
+  EXPECT_EQ(c.gpus_per_node, 4);
+  EXPECT_THROW(parse_device("custom:96GiB,700"), Error);
+  EXPECT_THROW(parse_device("custom:lots,700,3000"), Error);
+  EXPECT_THROW(parse_device("custom:96GiB,-1,3000"), Error);
+  EXPECT_THROW(parse_device("/nonexistent/device.json"), Error);
+}
+
+}  // namespace
+}  // namespace remat

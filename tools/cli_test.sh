@@ -86,5 +86,21 @@ if [ -z "$math_saved" ] || [ -z "$flash_saved" ] || [ "$flash_saved" -ge "$math_
   echo "FAIL: flash saves '$flash_saved' bytes, math '$math_saved'"; failures=$((failures + 1))
 fi
 
+# Multi-GPU layouts: bad flags are refused before any search; a search prints layouts that fit and
+# their breakdown; a request that cannot fit says the GPU count that does, and still writes JSON.
+expect_error 2 "--device 'tpu9' is neither a preset (h100-80gb" plan --model gpt3-175b --gpus 64 --device tpu9
+expect_error 2 "--tp 3 x --pp 2 x --dp 2 is 12 GPUs, not --gpus 8" plan --model gpt3-175b --gpus 8 --tp 3 --pp 2 --dp 2 --device h100-80gb
+expect_error 2 "bad --grad-dtype 'fp8'" plan --model gpt3-175b --gpus 64 --device h100-80gb --grad-dtype fp8
+expect_error 2 "--budget and --reserve both" plan --model gpt3-175b --gpus 64 --device h100-80gb --budget 70GiB --reserve 1GiB
+expect_error 2 "is a budget; a layout plans each stage" plan --model gpt3-175b --gpus 64 --device h100-80gb --policies budget:50%
+expect_error 2 "GPUs fit" plan --model gpt3-175b --gpus 8 --device a100-80gb --json "$tmp/refused.json"
+grep -q '"fits": false' "$tmp/refused.json" && grep -q '"min_gpus": [1-9]' "$tmp/refused.json" && grep -q '"least"' "$tmp/refused.json" ||
+  { echo "FAIL: refusal JSON"; head -c 600 "$tmp/refused.json"; failures=$((failures + 1)); }
+"$remat" plan --model llama-70b --gpus 16 --device h100-80gb --json "$tmp/layouts.json" >"$tmp/layouts.out" 2>"$tmp/layouts.err" ||
+  { echo "FAIL: plan --gpus 16 exit $?"; cat "$tmp/layouts.err"; failures=$((failures + 1)); }
+grep -q "fastest layouts that fit" "$tmp/layouts.out" && grep -q "| every GPU\|| stage 0" "$tmp/layouts.out" &&
+  grep -q "MFU" "$tmp/layouts.out" && grep -q '"fits": true' "$tmp/layouts.json" ||
+  { echo "FAIL: plan --gpus 16 output"; cat "$tmp/layouts.out"; failures=$((failures + 1)); }
+
 if [ $failures -ne 0 ]; then echo "$failures CLI check(s) failed"; exit 1; fi
 echo "CLI checks passed"

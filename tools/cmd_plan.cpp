@@ -182,30 +182,37 @@ nlohmann::json plan_json(const LayoutPlan& p) {
 
 void print_breakdown(const LayoutPlan& p, double tokens) {
   const LayoutTime& t = p.time;
-  fmt::print("\n{} with {}:\n\n", to_string(p.layout), p.policy);
+  const bool pipeline = p.layout.pp > 1;
+  fmt::print("\n{} with {}:\n\n", to_string(p.layout), p.policy == "auto" ? "auto (each stage planned)" : p.policy);
   Table m;
-  m.header = {"per GPU", "weights", "gradients", "optimizer", "activations (peak)", "buffers + data", "total", "headroom",
-              "policy"};
-  m.numeric = {false, true, true, true, true, true, true, true, false};
+  m.header = {p.layout.gpus() > 1 || p.layout.pp > 1 ? "per GPU" : "memory", "weights", "gradients", "optimizer", "activations (peak)", "buffers + data", "total", "headroom"};
+  m.numeric = {false, true, true, true, true, true, true, true};
+  // Every stage up to 8; beyond, the first two, the most loaded and the last (--json has all).
   std::vector<size_t> shown;
   for (size_t i = 0; i < p.ranks.size(); ++i)
-    if (i < 2 || i + 1 == p.ranks.size() || static_cast<int>(i) == p.worst) shown.push_back(i);
+    if (p.ranks.size() <= 8 || i < 2 || i + 1 == p.ranks.size() || static_cast<int>(i) == p.worst) shown.push_back(i);
   for (size_t k = 0; k < shown.size(); ++k) {
     const RankPlan& r = p.ranks[shown[k]];
     const StepMemory& s = r.memory;
-    std::string name = p.layout.pp > 1 ? fmt::format("stage {}", r.stage) : "every GPU";
-    if (static_cast<int>(shown[k]) == p.worst && p.layout.pp > 1) name += " (most)";
+    std::string name = pipeline ? fmt::format("stage {}", r.stage) : "every GPU";
+    if (static_cast<int>(shown[k]) == p.worst && pipeline) name += " (most)";
     m.rows.push_back({name, bytes_str(s.params), bytes_str(s.grads), bytes_str(s.optimizer), bytes_str(s.peak),
                       bytes_str(s.buffers - s.grads + s.data), bytes_str(s.total_peak()),
-                      bytes_str(p.budget - s.total_peak()), r.policy});
+                      bytes_str(p.budget - s.total_peak())});
     if (k + 1 < shown.size() && shown[k + 1] > shown[k] + 1)
-      m.rows.push_back({fmt::format("stages {}-{}", shown[k] + 1, shown[k + 1] - 1), "", "", "", "(less than stage 1)",
-                        "", "", "", ""});
+      m.rows.push_back({fmt::format("stages {}-{}", p.ranks[shown[k] + 1].stage, p.ranks[shown[k + 1] - 1].stage),
+                        "(in --json)", "", "", "", "", "", ""});
   }
-  fmt::print("{}\n  peak at ({}): {}\n\n", m.markdown(), p.layout.pp > 1 ? fmt::format("stage {}", p.rank().stage) : "",
-             p.rank().memory.peak_at);
-  fmt::print("  step {}: compute {} (recompute {}, tensor-parallel collectives {}), pipeline bubble {}, pipeline "
-             "sends {}, data-parallel reduction {} ({} not hidden), optimizer {}\n",
+  fmt::print("{}\n", m.markdown());
+  fmt::print("  peak{}: {} = {} B, at the {}\n", pipeline ? fmt::format(" (stage {})", p.rank().stage) : "",
+             bytes_str(p.peak()), p.peak(), p.rank().memory.peak_at);
+  if (p.policy == "auto") {
+    fmt::print("  recompute per stage:\n");
+    for (size_t i : shown)
+      fmt::print("    {}: {}\n", pipeline ? fmt::format("stage {}", p.ranks[i].stage) : "every GPU", p.ranks[i].policy);
+  }
+  fmt::print("\n  step {}: compute {} on the slowest stage (recompute {}, tensor-parallel collectives {}), pipeline "
+             "bubble {}, pipeline sends {}, data-parallel reduction {} ({} not hidden), optimizer {}\n",
              seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s), seconds_str(t.tp_comm_s),
              seconds_str(t.bubble_s), seconds_str(t.p2p_s), seconds_str(t.dp_comm_s), seconds_str(t.dp_exposed_s),
              seconds_str(t.optimizer_s));
@@ -289,8 +296,10 @@ int run_layouts(PlanFlags& f) {
                space.grad_bytes == 4 ? "fp32" : "16-bit");
   else
     fmt::print("  remat's own engine and trainer (remat train --nproc): exact to the byte against its tracker\n");
-  fmt::print("  per GPU: {} usable ({} {})\n", bytes_str(budget), bytes_str(device.memory),
-             opt.budget > 0 ? "(given --budget)" : fmt::format("- {} reserved for the CUDA context, NCCL and the allocator", bytes_str(opt.reserve)));
+  fmt::print("  per {}: {} usable ({} {})\n", device.engine ? "rank" : "GPU", bytes_str(budget), bytes_str(device.memory),
+             opt.budget > 0 ? "(given --budget)"
+             : device.engine ? fmt::format("- {} kept free for the system (--reserve)", bytes_str(opt.reserve))
+                             : fmt::format("- {} reserved for the CUDA context, NCCL and the allocator", bytes_str(opt.reserve)));
   fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", res.candidates, res.evaluated, searched_s);
 
   auto write_json = [&] {
@@ -335,7 +344,7 @@ int run_layouts(PlanFlags& f) {
   t.numeric = {true, false, false, true, true, true, true, true};
   for (size_t i = 0; i < res.best.size(); ++i) {
     const LayoutPlan& p = res.best[i];
-    std::string policy = p.policy == "auto" ? "auto: " + p.rank().policy : p.policy;
+    std::string policy = p.policy == "auto" ? "auto (per stage)" : p.policy;
     t.rows.push_back({std::to_string(i + 1), to_string(p.layout), policy, bytes_str(p.peak()),
                       bytes_str(p.budget - p.peak()), seconds_str(p.time.step_s),
                       fmt::format("{:.1f}%", 100 * p.time.mfu), fmt::format("{:.0f}", p.time.tokens_per_s)});

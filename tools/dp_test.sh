@@ -14,7 +14,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 for i in $(seq 1 3000); do echo "line $i: the fox and the dog met $((i * 7 % 13)) times by the river."; done > "$tmp/text.txt"
-args=(--layers 2 --dim 32 --heads 4 --batch 4 --seq 32 --dropout 0.1 --eval-every 0 --data "$tmp/text.txt")
+model=(--layers 2 --dim 32 --heads 4 --batch 4 --seq 32 --dropout 0.1)
+args=("${model[@]}" --eval-every 0 --data "$tmp/text.txt")
 
 run() {  # run NAME ARGS...: train, keep stdout in $tmp/NAME.out
   local name=$1
@@ -39,6 +40,14 @@ run zero1 --steps 30 --nproc 2 --zero 1 --bucket-mb 0.05
 grep -q "rank 1: peak .*equal" "$tmp/zero1.out" || fail "ZeRO-1 peak not predicted: $(grep rank "$tmp/zero1.out")"
 for f in dp2 zero1; do
   [ "$(grep -c 'rank [0-9]: peak .*, equal)' "$tmp/$f.out")" -eq 2 ] || fail "$f: a rank's peak differs from its prediction: $(grep 'rank ' "$tmp/$f.out")"
+done
+
+# remat plan --device cpu --dp 2 predicts the most-loaded rank's peak that training measured.
+for z in 0 1; do
+  f=$([ $z -eq 0 ] && echo dp2 || echo zero1)
+  measured=$(sed -n 's/^ *rank [0-9]: peak .* = \([0-9]*\) B .*/\1/p' "$tmp/$f.out" | sort -n | tail -1)
+  planned=$("$remat" plan --device cpu --dp 2 --zero $z "${model[@]}" | sed -n 's/^  peak: .* = \([0-9]*\) B, .*/\1/p')
+  [ -n "$measured" ] && [ "$planned" = "$measured" ] || fail "ZeRO-$z: remat plan --dp 2 says $planned B, training measured $measured B"
 done
 
 # 3 and 4 ranks sum in another order than one process does: equal within 1e-4 of the loss.

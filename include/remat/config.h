@@ -59,6 +59,9 @@ struct ModelConfig {
 // sizes, the block kind and what that kind supports (blocks/kinds.cpp).
 void validate(const ModelConfig& cfg);
 
+// True for the floating-point types (those that carry gradients).
+inline bool is_float(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
 // Bytes of one element.
 inline int64_t dtype_size(DType t) {
   switch (t) {

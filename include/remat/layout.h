@@ -155,7 +155,7 @@ struct SearchSpace {
 
 struct SearchResult {
   std::vector<LayoutPlan> best;     // the fastest that fit, fastest first, each replayed in full
-  int64_t evaluated = 0;            // layouts x policies whose memory was replayed
+  int64_t evaluated = 0;            // stage memory replays run (memoized ones not counted)
   int64_t candidates = 0;           // layouts that pass validate()
   LayoutPlan least;                 // when none fits: the one with the smallest per-device peak
 };

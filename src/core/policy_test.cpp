@@ -213,6 +213,14 @@ TEST(Budget, ParsesSizesAndPercentages) {
     EXPECT_THROW(parse_budget(bad), Error) << bad;
 }
 
+// A percentage is a share of none's activations and parameter gradients (Planner::bytes_of), and
+// says so wherever it is printed.
+TEST(Budget, PercentagesAreLabelledAsWhatTheyMeasure) {
+  EXPECT_EQ(to_string(parse_budget("60%")),
+            "60% of none's activations and gradients (above weights, optimizer and data)");
+  EXPECT_EQ(to_string(parse_budget("300MiB")), "300.0 MiB");
+}
+
 TEST(Budget, IsParsedWithThePolicy) {
   EXPECT_EQ(Policy::parse("budget:300MiB+keep:qkv").budget().bytes, 300LL << 20);
   EXPECT_TRUE(Policy::parse("budget:60%").is_budget());

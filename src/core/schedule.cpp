@@ -18,8 +18,6 @@ int64_t Schedule::saved_bytes(const BlockSpec& spec) const {
 
 namespace {
 
-bool is_float(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
-
 // Gradient buffers as the compiler tracks them: who shares which memory. Buffer 0 is the stage's
 // incoming dy, which belongs to autograd.
 class GradState {
@@ -227,6 +225,16 @@ std::shared_ptr<const Schedule> ScheduleCache::get(const BlockSpec& spec, const 
   return s;
 }
 
+namespace {
+bool same_choices(const LayerPolicy& a, const LayerPolicy& b) {
+  if (&a == &b) return true;
+  if (a.tensors.size() != b.tensors.size()) return false;
+  for (size_t t = 0; t < a.tensors.size(); ++t)
+    if (a.tensors[t].choice != b.tensors[t].choice) return false;
+  return true;
+}
+}  // namespace
+
 StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy, ScheduleCache* cache) {
   const int64_t layers = model->layers;
   return compile_step(std::move(model), policy, {{0, layers}}, cache);
@@ -246,7 +254,10 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
   plan.chunk = policy.chunk;
   plan.chunks = chunks;
   const bool stem = m.has_stem && !chunks.empty() && chunks.front().first == 0;
-  std::unordered_map<std::string, int> ids;  // model parameter id by name
+  std::unordered_map<std::string, int> ids;  // model parameter id by name (stem and head only)
+  std::shared_ptr<const Schedule> last_block;
+  const LayerPolicy* last_policy = nullptr;
+  std::vector<bool> last_need;
   // Parameters by model name: the stem's and the head's as they are, block l's as "h<l>.<name>".
   auto add_stage = [&](StagePlan::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp, int chunk) {
     StagePlan st;
@@ -262,11 +273,18 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
     std::vector<bool> need;
     for (size_t k = 0; k < spec.inputs.size(); ++k)
       need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
-    st.schedule = sc.get(spec, lp, need);
-    const std::string prefix = role == StagePlan::Role::Block ? fmt::format("h{}.", layer) : std::string();
+    // Consecutive layers mostly choose alike: reuse the last block's schedule without a lookup.
+    const bool same = role == StagePlan::Role::Block && last_block && need == last_need &&
+                      same_choices(*last_policy, lp);
+    st.schedule = same ? last_block : sc.get(spec, lp, need);
+    if (role == StagePlan::Role::Block) last_block = st.schedule, last_policy = &lp, last_need = need;
+    const bool block = role == StagePlan::Role::Block;
+    const std::string prefix = block ? "h" + std::to_string(layer) + "." : std::string();
     for (const ParamSpec& p : spec.params) {
       std::string name = p.tied_to.empty() ? prefix + p.name : p.tied_to;
-      const auto found = ids.find(name);
+      // Only the stem's and the head's names can meet again (ties, duplicates); a block's are
+      // unique by their layer prefix and skip the index.
+      const auto found = block && p.tied_to.empty() ? ids.end() : ids.find(name);
       int id = found == ids.end() ? -1 : found->second;
       if (!p.tied_to.empty() && id < 0 && stem)
         fail_runtime("internal: '{}' in '{}' is tied to '{}', which no earlier stage has", p.name, spec.kind, p.tied_to);
@@ -274,7 +292,7 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
         fail_runtime("internal: two parameters of the model are named '{}'", name);
       if (id < 0) {  // (a tied parameter without the stem: this rank's copy)
         id = static_cast<int>(plan.params.size());
-        ids.emplace(name, id);
+        if (!block) ids.emplace(name, id);
         plan.params.push_back({std::move(name), &p, 0});
       }
       ++plan.params[id].uses;

@@ -23,8 +23,6 @@ namespace {
 
 double tol(at::ScalarType t) { return t == at::kDouble ? 1e-12 : 1e-5; }
 
-bool is_float(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
-
 // Masked attention scores hold the lowest finite value; compare the rest, and the mask exactly.
 ::testing::AssertionResult close_unmasked(const at::Tensor& got, const at::Tensor& want, double t) {
   const at::Tensor masked = want.to(at::kDouble) < -1e30;

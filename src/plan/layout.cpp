@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -85,6 +86,7 @@ struct Shapes {
   std::vector<double> comm_fwd;     // per block op: its forward's collectives (a recompute repeats them)
   std::vector<BlockOption> frontier;  // for "auto", computed on first use
   ScheduleCache cache;
+  std::map<std::string, ResolvedPolicy> resolved;  // by policy string
 };
 
 MachineRates rates_of(const Device& d, DType dtype) {
@@ -176,6 +178,19 @@ class Evaluator {
     return *it->second;
   }
 
+  // `policy` resolved for the shapes' block, once per (shapes, policy).
+  const ResolvedPolicy& resolve(Shapes& sh, const std::string& policy) {
+    auto it = sh.resolved.find(policy);
+    if (it != sh.resolved.end()) return it->second;
+    const Policy parsed = Policy::parse(policy);
+    if (parsed.is_budget())
+      fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto",
+           policy);
+    ResolvedPolicy r = parsed.resolve(sh.spec->block, cfg_.layers);
+    if (r.chunk > 0) fail("policy '{}' checkpoints chunks of layers, which layouts do not plan", policy);
+    return sh.resolved.emplace(policy, std::move(r)).first->second;
+  }
+
   int64_t budget() const {
     return options_.budget > 0 ? options_.budget : std::max<int64_t>(0, device_.memory - options_.reserve);
   }
@@ -185,8 +200,19 @@ class Evaluator {
     return compile_step(sh.spec, layers, stage_chunks(cfg_.layers, l.pp, l.vpp, stage), &sh.cache);
   }
 
+  // Memoized by everything the replay reads: the layout, the stage and its layers' choices (the
+  // search and each stage's policy search ask for the same replay many times).
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    return memory(l, stage, compile(sh, l, stage, layers));
+    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.micro_batch, l.pp, l.vpp, l.dp,
+                                  l.zero, l.global_batch, l.grad_bytes, stage);
+    for (const LayerRange& c : stage_chunks(cfg_.layers, l.pp, l.vpp, stage))
+      for (int64_t x = c.first; x < c.end; ++x)
+        for (const TensorPolicy& t : layers.layers[x].tensors) key += t.choice == Choice::Save ? '1' : '0';
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    StepMemory m = memory(l, stage, compile(sh, l, stage, layers));
+    memo_.emplace(std::move(key), m);
+    return m;
   }
 
   StepMemory memory(const Layout& l, int stage, const StepPlan& plan) {
@@ -219,8 +245,10 @@ class Evaluator {
     return l.dp > 1 ? data_parallel_threads(static_cast<int>(l.dp)) : default_threads();
   }
 
-  // Time of one micro-batch of a stage's `plan` (all chunks), its backward share and its collectives.
-  void time(Shapes& sh, const Layout& l, const StepPlan& plan, RankPlan& r, double& recompute_ms, double& comm_ms) {
+  // Time of one micro-batch of a stage's layers under `layers` (all chunks), its backward share
+  // and its collectives. Reads the compiled schedules' recomputed ops; builds no step.
+  void time(Shapes& sh, const Layout& l, const ResolvedPolicy& layers, RankPlan& r, double& recompute_ms,
+            double& comm_ms) {
     const ModelSpec& m = *sh.spec;
     recompute_ms = comm_ms = 0;
     r.micro_ms = r.backward_ms = r.p2p_ms = 0;
@@ -228,16 +256,31 @@ class Evaluator {
     for (const OpTime& t : sh.costs.block) block_fwd += t.forward_ms, block_bwd += t.backward_ms;
     const int64_t act = m.block.tensors[m.block.inputs[0]].bytes();
     const double p2p_rate = p2p_gbps(l) * 1e6;
-    for (const StagePlan& st : plan.stages) {
-      if (st.role == StagePlan::Role::Stem) r.micro_ms += sh.stem_fwd + sh.stem_bwd, r.backward_ms += sh.stem_bwd;
-      if (st.role == StagePlan::Role::Head) r.micro_ms += sh.head_fwd + sh.head_bwd, r.backward_ms += sh.head_bwd;
-      if (st.role != StagePlan::Role::Block) continue;
-      double rec = 0;
-      for (int op : st.schedule->recomputed) rec += sh.costs.block[op].forward_ms, comm_ms += sh.comm_fwd[op];
-      recompute_ms += rec;
-      r.micro_ms += block_fwd + block_bwd + rec;
-      r.backward_ms += block_bwd + rec;
-      comm_ms += sh.block_comm;
+    std::vector<bool> need;  // a block's inputs all need their gradient (the stem is before it)
+    for (int in : m.block.inputs) need.push_back(is_float(m.block.tensors[in].dtype));
+    auto same = [](const LayerPolicy& a, const LayerPolicy& b) {
+      for (size_t t = 0; t < a.tensors.size(); ++t)
+        if (a.tensors[t].choice != b.tensors[t].choice) return false;
+      return true;
+    };
+    const LayerPolicy* last = nullptr;  // the previous layer's choices, and their times below
+    double rec = 0, rec_comm = 0;
+    for (const LayerRange& c : r.chunks) {
+      if (c.first == 0 && m.has_stem) r.micro_ms += sh.stem_fwd + sh.stem_bwd, r.backward_ms += sh.stem_bwd;
+      if (c.end == m.layers) r.micro_ms += sh.head_fwd + sh.head_bwd, r.backward_ms += sh.head_bwd;
+      for (int64_t x = c.first; x < c.end; ++x) {
+        const LayerPolicy& lp = layers.layers[x];
+        if (last == nullptr || !same(*last, lp)) {
+          rec = rec_comm = 0;
+          for (int op : sh.cache.get(m.block, lp, need)->recomputed)
+            rec += sh.costs.block[op].forward_ms, rec_comm += sh.comm_fwd[op];
+        }
+        last = &lp;
+        recompute_ms += rec;
+        comm_ms += rec_comm + sh.block_comm;
+        r.micro_ms += block_fwd + block_bwd + rec;
+        r.backward_ms += block_bwd + rec;
+      }
     }
     for (const LayerRange& c : r.chunks) {
       // Pipeline sends: the activation forward, its gradient back, at each end that is not the model's.
@@ -257,7 +300,17 @@ class Evaluator {
   // The fastest per-layer choice of the block's frontier that fits the budget on stage `stage`:
   // every layer of the stage one option, or the cheapest mix of two neighbouring options.
   void auto_policy(Shapes& sh, const Layout& l, int stage, ResolvedPolicy& layers, std::vector<std::string>& text) {
-    if (sh.frontier.empty()) sh.frontier = block_frontier(sh.spec->block, sh.costs, keep_everything(sh.spec->block));
+    // The frontier's choice sets are those of the first micro-batch size planned at this split
+    // (sizes scale with the micro-batch; computing it is the search's dearest step), priced and
+    // ordered on this one's ops.
+    auto& frontier = frontiers_[{l.tp, l.sp}];
+    if (frontier.empty()) frontier = block_frontier(sh.spec->block, sh.costs, keep_everything(sh.spec->block));
+    if (sh.frontier.empty()) {
+      sh.frontier = frontier;
+      std::vector<bool> need;
+      for (int in : sh.spec->block.inputs) need.push_back(is_float(sh.spec->block.tensors[in].dtype));
+      for (BlockOption& o : sh.frontier) o.recompute_ms = sh.costs.recompute_ms(*sh.cache.get(sh.spec->block, o.policy, need));
+    }
     std::vector<const BlockOption*> options;
     for (const BlockOption& o : sh.frontier) options.push_back(&o);
     std::stable_sort(options.begin(), options.end(),
@@ -274,27 +327,44 @@ class Evaluator {
       }
     };
     const int64_t budget = this->budget();
-    for (size_t k = 0; k < options.size(); ++k) {
+    auto fits = [&](size_t k) {
       assign(options[k], options[k], mine.size());
-      if (memory(sh, l, stage, layers).total_peak() > budget) continue;
-      if (k == 0) return;
-      // As many layers as still fit on the cheaper option before it.
-      size_t lo = 0, hi = mine.size();
-      while (lo < hi) {
-        const size_t mid = (lo + hi + 1) / 2;
-        assign(options[k - 1], options[k], mid);
-        if (memory(sh, l, stage, layers).total_peak() <= budget) lo = mid;
-        else hi = mid - 1;
-      }
-      assign(options[k - 1], options[k], lo);
+      return memory(sh, l, stage, layers).total_peak() <= budget;
+    };
+    // The frontier saves fewer bytes the more it recomputes, so the stage's peak falls along it:
+    // bisect for the cheapest option that fits (the planner's exact search is for one process;
+    // a layout search replays thousands of stages).
+    const size_t n = options.size();
+    if (!fits(n - 1)) {  // nothing fits: recompute everything the frontier can
+      assign(options[n - 1], options[n - 1], mine.size());
       return;
     }
-    // Nothing fits: the option that saves least (recompute everything the frontier can).
-    const BlockOption* least = &sh.frontier.back();
-    assign(least, least, mine.size());
+    size_t lo = 0, hi = n - 1;  // options[hi] fits
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      if (fits(mid)) hi = mid;
+      else lo = mid + 1;
+    }
+    const size_t k = hi;
+    if (k == 0) {
+      assign(options[0], options[0], mine.size());
+      return;
+    }
+    // As many layers as still fit on the cheaper option before it.
+    size_t few = 0, many = mine.size();
+    while (few < many) {
+      const size_t mid = (few + many + 1) / 2;
+      assign(options[k - 1], options[k], mid);
+      if (memory(sh, l, stage, layers).total_peak() <= budget) few = mid;
+      else many = mid - 1;
+    }
+    assign(options[k - 1], options[k], few);
   }
 
-  LayoutPlan plan(const Layout& l, const std::string& policy, bool all_stages) {
+  // The layout under `policy` on every stage (or, unless `all_stages`, the first two and the last:
+  // the most loaded in 1F1B, and the head's). With `stop_over_budget`, the first stage over the
+  // budget ends it: fits is false and the peak a lower bound.
+  LayoutPlan plan(const Layout& l, const std::string& policy, bool all_stages, bool stop_over_budget = false) {
     validate(l, cfg_, device_);
     Shapes& sh = shapes(l);
     LayoutPlan p;
@@ -304,14 +374,7 @@ class Evaluator {
     const bool automatic = policy == "auto";
     ResolvedPolicy fixed;
     std::vector<std::string> text(cfg_.layers, policy);
-    if (!automatic) {
-      const Policy parsed = Policy::parse(policy);
-      if (parsed.is_budget())
-        fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto",
-             policy);
-      fixed = parsed.resolve(sh.spec->block, cfg_.layers);
-      if (fixed.chunk > 0) fail("policy '{}' checkpoints chunks of layers, which layouts do not plan", policy);
-    }
+    if (!automatic) fixed = resolve(sh, policy);
     std::vector<int> stages;
     for (int s = 0; s < static_cast<int>(l.pp); ++s)
       if (all_stages || s <= 1 || s == l.pp - 1) stages.push_back(s);
@@ -328,12 +391,12 @@ class Evaluator {
         auto_policy(sh, l, r.stage, layers, text);
       }
       r.policy = automatic ? rank_policy_text(r.chunks, text) : policy;
-      const StepPlan plan = compile(sh, l, r.stage, layers);
-      r.memory = memory(l, r.stage, plan);
-      time(sh, l, plan, r, recompute[i], comm[i]);
+      r.memory = memory(sh, l, r.stage, layers);
+      time(sh, l, layers, r, recompute[i], comm[i]);
       if (r.micro_ms + r.p2p_ms > worst_time) worst_time = r.micro_ms + r.p2p_ms, slowest = static_cast<int>(i);
       if (p.ranks.empty() || r.memory.total_peak() > p.peak()) p.worst = static_cast<int>(p.ranks.size());
       p.ranks.push_back(std::move(r));
+      if (stop_over_budget && p.peak() > p.budget) return p;
     }
     p.fits = p.peak() <= p.budget;
     step_time(sh, l, p, p.ranks[slowest], recompute[slowest], comm[slowest]);
@@ -389,6 +452,8 @@ class Evaluator {
   Device device_;
   PlanOptions options_;
   std::map<std::tuple<int64_t, bool, int64_t>, std::unique_ptr<Shapes>> shapes_;
+  std::unordered_map<std::string, StepMemory> memo_;
+  std::map<std::pair<int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by (tp, sp)
   int64_t evaluated_ = 0;
 };
 
@@ -457,28 +522,43 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
     }
   }
   res.candidates = static_cast<int64_t>(layouts.size());
-  // Bound each layout by its time with no recompute (memory is replayed only when needed).
-  for (Candidate& c : layouts) {
-    Shapes& sh = e.shapes(c.layout);
-    RankPlan r;
-    r.chunks = stage_chunks(cfg.layers, c.layout.pp, c.layout.vpp, 0);
-    ResolvedPolicy none;
-    none.layers.assign(cfg.layers, keep_everything(sh.spec->block));
-    double rec = 0, comm = 0;
-    e.time(sh, c.layout, e.compile(sh, c.layout, 0, none), r, rec, comm);
-    const double m = static_cast<double>(c.layout.micro_batches());
-    c.bound = (m + static_cast<double>(c.layout.pp - 1) / static_cast<double>(c.layout.vpp)) * (r.micro_ms + r.p2p_ms);
-  }
-  std::stable_sort(layouts.begin(), layouts.end(), [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
-
-  // The fixed policies on every layout that may still make the list, fastest bound first; then
-  // "auto" (each stage planned against the budget) on those whose bound beats the list's last.
   std::vector<std::string> fixed;
   bool automatic = false;
   for (const std::string& p : space.policies) {
     if (p == "auto") automatic = true;
     else fixed.push_back(p);
   }
+  // Every (layout, policy) pair with a lower bound on its step time that needs no memory replay:
+  // the first stage's compute, sends and bubble ("auto" is bounded by recomputing nothing).
+  struct Pair {
+    size_t layout;
+    std::string policy;
+    double bound;
+  };
+  std::vector<Pair> pairs;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const Layout& l = layouts[i].layout;
+    Shapes& sh = e.shapes(l);
+    auto bound = [&](const ResolvedPolicy& policy) {
+      RankPlan r;
+      r.chunks = stage_chunks(cfg.layers, l.pp, l.vpp, 0);
+      double rec = 0, comm = 0;
+      e.time(sh, l, policy, r, rec, comm);
+      return (static_cast<double>(l.micro_batches()) + static_cast<double>(l.pp - 1) / static_cast<double>(l.vpp)) *
+             (r.micro_ms + r.p2p_ms);
+    };
+    for (const std::string& policy : fixed) pairs.push_back({i, policy, bound(e.resolve(sh, policy))});
+    if (automatic) {
+      ResolvedPolicy none;
+      none.layers.assign(cfg.layers, keep_everything(sh.spec->block));
+      pairs.push_back({i, "auto", bound(none)});
+    }
+  }
+  std::stable_sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) { return a.bound < b.bound; });
+
+  // Replay the pairs fastest bound first until no bound beats the list's last entry: the list is
+  // then exactly the fastest that fit. "auto" (a search on each stage) stops after 48 layouts fit;
+  // one that cannot fit costs a replay per stage.
   std::vector<LayoutPlan> found(layouts.size());
   std::vector<bool> has(layouts.size(), false);
   auto kth = [&] {
@@ -490,23 +570,30 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
     return t[top - 1];
   };
   bool have_least = false;
-  auto consider = [&](size_t i, const std::string& policy) {
-    LayoutPlan p = e.plan(layouts[i].layout, policy, false);
-    if (!have_least || p.peak() < res.least.peak()) res.least = p, have_least = true;
-    if (p.fits && (!has[i] || p.time.step_s < found[i].time.step_s)) found[i] = std::move(p), has[i] = true;
-  };
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    if (layouts[i].bound >= kth()) break;  // sorted: no later layout is faster
-    for (const std::string& policy : fixed) consider(i, policy);
+  // Nothing fits unless full recompute (the least any policy keeps; "auto" recomputes no more)
+  // fits somewhere: find that first, so a refusal costs one replay per layout, not one per policy.
+  const bool probe = automatic || std::find(fixed.begin(), fixed.end(), "full") != fixed.end();
+  bool hopeless = probe;
+  for (size_t i = 0; probe && i < layouts.size() && hopeless; ++i) {
+    LayoutPlan p = e.plan(layouts[i].layout, "full", false);
+    hopeless = !p.fits;
+    if (!have_least || p.peak() < res.least.peak()) res.least = std::move(p), have_least = true;
   }
-  if (automatic) {
-    int tried = 0;
-    for (size_t i = 0; i < layouts.size() && tried < 48; ++i) {
-      if (layouts[i].bound >= kth()) break;
+  if (hopeless) pairs.clear();
+  int automatic_fit = 0;
+  for (const Pair& pair : pairs) {
+    if (pair.bound >= kth()) break;  // sorted: no later pair is faster
+    const size_t i = pair.layout;
+    if (pair.policy == "auto") {
+      if (automatic_fit >= 48) continue;
       if (has[i] && found[i].policy == "none") continue;  // nothing recomputed: auto cannot beat it
-      consider(i, "auto");
-      ++tried;
     }
+    // Once one layout fits no refusal is printed, so a stage over the budget may end a replay.
+    const bool any_fit = std::find(has.begin(), has.end(), true) != has.end();
+    LayoutPlan p = e.plan(layouts[i].layout, pair.policy, false, any_fit);
+    if (pair.policy == "auto" && p.fits) ++automatic_fit;
+    if (!any_fit && (!have_least || p.peak() < res.least.peak())) res.least = p, have_least = true;
+    if (p.fits && (!has[i] || p.time.step_s < found[i].time.step_s)) found[i] = std::move(p), has[i] = true;
   }
   res.evaluated = e.evaluated();
   // The fastest, replayed on every stage.
@@ -528,6 +615,7 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
 
 int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options) {
   const int64_t first = space.gpus;
+  space.policies = {"full"};  // fits with some policy exactly when it fits with full recompute
   for (int64_t n = 2 * first; n <= 65536; n *= 2) {
     space.gpus = n;
     space.dp = 0;  // the data-parallel size follows the count

@@ -302,6 +302,58 @@ TEST(Layouts, AutoFitsAndBeatsTheFittingPreset) {
   EXPECT_FALSE(plan_layout(c, l, d, "none", o).fits);
 }
 
+// The search prunes by a time bound and stops replaying a layout at its first stage over the
+// budget; with fixed policies its list must equal planning every layout in full and sorting.
+TEST(Layouts, SearchEqualsPlanningEveryLayout) {
+  ModelConfig c = mixed_model();
+  c.layers = 8, c.seq = 512;
+  Device d = parse_device("a100-80gb");
+  SearchSpace space;
+  space.gpus = 8, space.global_batch = 16;
+  space.policies = {"none", "attn", "full"};
+  Layout probe;
+  probe.dp = 8, probe.zero = 3, probe.micro_batch = 1, probe.global_batch = 16;
+  PlanOptions o;
+  o.budget = plan_layout(c, probe, d, "attn").peak();  // the fastest bounds do not fit
+  const int top = 12;
+  const SearchResult found = search_layouts(c, space, d, top, o);
+  std::vector<std::pair<double, std::string>> all;  // (step, layout and policy) of every fitting pair
+  int64_t candidates = 0;
+  for (int64_t tp : {1, 2, 4, 8})
+    for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+      for (int64_t pp : {1, 2, 4, 8})
+        for (int64_t vpp = 1; vpp <= (pp > 1 ? 4 : 1); ++vpp)
+          for (int64_t mb : {1, 2, 4, 8})
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (tp * pp > 8) continue;
+              Layout l;
+              l.tp = tp, l.sp = sp != 0, l.pp = pp, l.vpp = vpp, l.dp = 8 / (tp * pp), l.zero = zero;
+              l.micro_batch = mb, l.global_batch = 16;
+              if (zero > 0 && l.dp == 1) continue;
+              try {
+                validate(l, c, d);
+              } catch (const Error&) {
+                continue;
+              }
+              ++candidates;
+              std::pair<double, std::string> best{1e300, ""};
+              for (const std::string& policy : space.policies) {
+                const LayoutPlan p = plan_layout(c, l, d, policy, o);
+                if (p.fits && p.time.step_s < best.first) best = {p.time.step_s, to_string(l) + " " + policy};
+              }
+              if (!best.second.empty()) all.push_back(best);
+            }
+  EXPECT_EQ(found.candidates, candidates);
+  std::stable_sort(all.begin(), all.end());
+  ASSERT_GE(all.size(), static_cast<size_t>(top));
+  ASSERT_EQ(found.best.size(), static_cast<size_t>(top));
+  for (int i = 0; i < top; ++i) {
+    EXPECT_EQ(found.best[i].time.step_s, all[i].first) << i;
+    EXPECT_EQ(to_string(found.best[i].layout) + " " + found.best[i].policy, all[i].second) << i;
+  }
+  EXPECT_LT(all.size(), static_cast<size_t>(candidates));  // the budget refused some
+}
+
 // Layouts that cannot be run are refused, naming the field.
 TEST(Layouts, RefusesLayoutsThatDoNotFitTheModel) {
   const ModelConfig c = mixed_model();  // 8 heads, 4 layers

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -128,18 +129,21 @@ StepMemory Planner::memory_of(const std::vector<const BlockOption*>& choice) con
 }
 
 // The knapsack rounds bytes up, so its answer can leave a little of the budget unused. Move layers
-// to faster options while the exact simulation still fits, largest saving first.
+// to faster options while the exact simulation still fits, largest saving first, until no move
+// fits. A faster option saves more bytes and later moves only add bytes, so a move that did not fit
+// is not retried: each (layer, option) is simulated at most once, and no cap cuts the search short
+// (a cap of 400 made more budget give a slower plan when the move that fit came after 778 that did not).
 std::vector<const BlockOption*> Planner::improve(std::vector<const BlockOption*> choice, int64_t total) const {
-  int evaluations = 0;
-  for (bool moved = true; moved && evaluations < 400;) {
+  std::set<std::pair<int64_t, const BlockOption*>> too_big;
+  for (bool moved = true; moved;) {
     moved = false;
     std::vector<std::pair<double, std::pair<int64_t, const BlockOption*>>> moves;
     for (int64_t l = 0; l < spec_->layers; ++l)
       for (const BlockOption& o : frontier_)
-        if (o.recompute_ms < choice[l]->recompute_ms) moves.push_back({choice[l]->recompute_ms - o.recompute_ms, {l, &o}});
-    std::sort(moves.begin(), moves.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        if (o.recompute_ms < choice[l]->recompute_ms && !too_big.count({l, &o}))
+          moves.push_back({choice[l]->recompute_ms - o.recompute_ms, {l, &o}});
+    std::stable_sort(moves.begin(), moves.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     for (const auto& [gain, move] : moves) {
-      if (++evaluations > 400) break;
       std::vector<const BlockOption*> next = choice;
       next[move.first] = move.second;
       if (memory_of(next).total_peak() <= total) {
@@ -147,6 +151,7 @@ std::vector<const BlockOption*> Planner::improve(std::vector<const BlockOption*>
         moved = true;
         break;
       }
+      too_big.insert(move);
     }
   }
   return choice;

@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
+#include "remat/costs.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 #include "remat/model.h"
@@ -84,6 +88,55 @@ TEST(Plan, StepTimeNeverGrowsWithTheBudget) {
     EXPECT_LE(p.step_ms, last) << b;
     last = p.step_ms;
   }
+}
+
+// The same on the README's GPT-2 (T = 1024, dropout) with fixed rates, where the improvement step
+// once stopped after 400 simulations and more budget gave a slower plan.
+TEST(Plan, StepTimeNeverGrowsWithTheBudgetOnGpt2) {
+  ModelConfig c;
+  c.arch = "gpt2", c.layers = 6, c.dim = 512, c.heads = 8, c.seq = 1024, c.batch = 8, c.vocab = 256;
+  c.dropout = 0.1;
+  MachineRates rates;
+  rates.matmul_gflops = 300, rates.memory_gbps = 20;
+  const CostModel costs = estimate_costs(make_model(c), rates);
+  const Planner planner(c, costs, keep_everything(make_model(c).block));
+  const Plan least = planner.plan(Budget{planner.none_memory().base() + 1, 0});
+  // Near the minimum, where most moves do not fit, in steps of 64 KiB; then across the range.
+  std::vector<int64_t> budgets;
+  for (int i = 0; i <= 24; ++i) budgets.push_back(least.min_budget + i * (int64_t{64} << 10));
+  for (int i = 1; i <= 16; ++i)
+    budgets.push_back(budgets[24] + (planner.none_memory().total_peak() - budgets[24]) * i / 16);
+  double last = std::numeric_limits<double>::infinity();
+  for (int64_t b : budgets) {
+    const Plan p = planner.plan(Budget{b, 0});
+    ASSERT_TRUE(p.fits) << b;
+    EXPECT_LE(p.step_ms, last) << "budget " << b;
+    last = p.step_ms;
+  }
+}
+
+// Estimated costs come from a calibration measured once per (CPU, BLAS, threads) and reused, so
+// one command gives one answer under load; an unreadable calibration is measured again.
+TEST(Calibration, IsMeasuredOnceAndReused) {
+  const std::string dir = testing::temp_dir("rates");
+  const ThreadConfig threads{1, 1};
+  const MachineRates first = calibrated_rates(threads, dir);
+  EXPECT_GT(first.matmul_gflops, 0);
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  // Planted rates come back: the second call read the file and measured nothing.
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(files[0]));
+  j["matmul_gflops"] = 123.5;
+  j["memory_gbps"] = 4.25;
+  std::ofstream(files[0]) << j.dump();
+  const MachineRates again = calibrated_rates(threads, dir);
+  EXPECT_EQ(again.matmul_gflops, 123.5);
+  EXPECT_EQ(again.memory_gbps, 4.25);
+  std::ofstream(files[0]) << "{ not json";
+  EXPECT_NE(calibrated_rates(threads, dir).matmul_gflops, 123.5);
+  EXPECT_EQ(nlohmann::json::accept(std::ifstream(files[0])), true);  // replaced by a good one
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Plan, PinsAreKept) {

@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test setup build clean gpt2 planner train
+.PHONY: run test setup build clean gpt2 planner train layouts
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
@@ -34,6 +34,15 @@ train: build
 	$(BUILD)/remat train --save runs/fortunes --csv results/train.csv --chart results/train.png --chart results/train.svg \
 	  | tee results/train.txt
 	$(BUILD)/remat sample --load runs/fortunes --prompt "The meaning of life is" --tokens 400 --seed 7 | tee results/sample.txt
+
+# Multi-GPU plans: the fastest layouts for GPT-3 175B on 64 A100s, LLaMA-70B on 16 H100s and a 1T
+# model on 512 A100s, and Korthikanti et al.'s Table 3 models under their four settings. Seconds.
+layouts: build
+	@for m in "gpt3-175b --gpus 64 --device a100-80gb" "llama-70b --gpus 16 --device h100-80gb" \
+	          "megatron-1t --gpus 512 --device a100-80gb"; do \
+	  echo "\$$ remat plan --model $$m"; $(BUILD)/remat plan --model $$m --top 3 || exit 1; echo; \
+	done | tee results/layouts.txt
+	tools/table3.sh $(BUILD)/remat | tee results/table3.md
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

@@ -43,6 +43,16 @@ struct ShapeFlags {
 };
 
 // Progress on stderr: one rewritten line on a terminal, plain lines otherwise.
+// A seed: a non-negative integer (CLI11 would wrap -1 into an unsigned value).
+inline CLI::Validator seed_check() {
+  return CLI::Validator(
+      [](std::string& v) {
+        return v.find_first_not_of("0123456789") == std::string::npos ? std::string()
+                                                                      : "must be a non-negative integer, got '" + v + "'";
+      },
+      "SEED");
+}
+
 void progress(const std::string& line);
 void end_progress();
 

@@ -74,6 +74,25 @@ expect_error 2 "unknown --attention 'sdpa'" bench "${tiny[@]}" --attention sdpa
 grep -q '"fits": true' "$tmp/plan.json" || { echo "FAIL: plan JSON"; cat "$tmp/plan.json"; failures=$((failures + 1)); }
 grep -q "policy: " "$tmp/plan.out" || { echo "FAIL: plan prints no policy"; failures=$((failures + 1)); }
 
+# Hostile sizes, values and files (issue 13): refused in one line before any work, never a hang.
+expect_error 2 "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads 1 --budget 1GB
+expect_error 2 "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB
+expect_error 2 "--layers 100000000 is over the limit 16384" plan --layers 100000000 --budget 1GB
+expect_error 2 "makes tensors of" plan --batch 16000000 --seq 16000000 --budget 1GB
+expect_error 2 "--weight-decay must be a finite number >= 0, got nan" train --weight-decay nan --steps 1
+expect_error 2 "--clip must be a finite number >= 0 (0 = off), got nan" train --clip nan --steps 1
+expect_error 2 "--lr inf and --min-lr" train --lr inf --steps 1
+expect_error 2 "--seed: must be a non-negative integer, got '-1'" train --seed -1 --steps 1
+expect_error 2 "--json was given an empty value" bench "${tiny[@]}" --json ''
+expect_error 2 "--data was given an empty value" train --data '' --steps 1
+expect_error 2 "is not a regular file (a folder, FIFO or device)" train --data "$tmp" --steps 1
+mkfifo "$tmp/fifo" "$tmp/fifo_state" && mkdir "$tmp/fifo_run" && mv "$tmp/fifo_state" "$tmp/fifo_run/state.bin"
+expect_error 2 "is not a regular file (a folder, FIFO or device)" train --data "$tmp/fifo" --steps 1
+expect_error 2 "is not a regular file (a FIFO, device or folder)" sample --load "$tmp/fifo_run"
+expect_error 2 "--tokens must be in 0..1000000" sample --load "$tmp/fifo_run" --tokens 99999999999
+printf 'tiny' > "$tmp/tiny.txt"
+expect_error 2 "has 4 bytes; with --seq 128 and 10% held out it needs at least 1290" train --data "$tmp/tiny.txt" --steps 1
+
 # --attention flash plans a fused kernel: none keeps fewer bytes than with math attention's T x T tensors.
 none_saved() {
   "$remat" plan --arch gpt2 --layers 2 --dim 16 --heads 4 --seq 64 --batch 2 --budget 90% --costs estimated \

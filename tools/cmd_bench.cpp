@@ -93,7 +93,7 @@ Command add_bench(CLI::App& parent) {
   a->add_option("--steps", f->steps, "timed steps per policy")->capture_default_str();
   a->add_option("--warmup", f->warmup, "untimed steps before them")->capture_default_str();
   a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (default: 1/cores, measured fastest)");
-  a->add_option("--seed", f->seed, "weights and data")->capture_default_str();
+  a->add_option("--seed", f->seed, "weights and data")->check(seed_check())->capture_default_str();
   a->add_flag("--verify", f->verify, "ops engine: check every recomputed tensor bitwise against the forward's");
   a->add_flag("--profile", f->profile, "ops engine: print per-op forward, recompute and backward times");
   a->add_flag("--frontier", f->frontier, "ops engine: draw the planner's predicted frontier on the chart");

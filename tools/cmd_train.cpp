@@ -184,7 +184,7 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--clip", o.clip, "global gradient-norm clip; 0 = off")->capture_default_str();
   a->add_option("--eval-every", o.eval_every, "validation every N steps; 0 = at the end")->capture_default_str();
   a->add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
-  a->add_option("--seed", o.seed, "weights, batches, dropout")->capture_default_str();
+  a->add_option("--seed", o.seed, "weights, batches, dropout")->check(seed_check())->capture_default_str();
   a->add_option("--save", o.save_dir, "write the train state to this folder");
   a->add_option("--save-every", o.save_every, "steps between saves; 0 = at the end")->capture_default_str();
   a->add_option("--resume", f->resume, "continue the run saved in this folder");
@@ -211,7 +211,7 @@ Command add_sample(CLI::App& parent) {
   a->add_option("--tokens", f->o.tokens, "bytes to generate")->capture_default_str();
   a->add_option("--temperature", f->o.temperature, "> 0; lower is more conservative")->capture_default_str();
   a->add_option("--top-k", f->o.top_k, "sample from the k likeliest bytes; 0 = all")->capture_default_str();
-  a->add_option("--seed", f->o.seed, "sampling seed")->capture_default_str();
+  a->add_option("--seed", f->o.seed, "sampling seed")->check(seed_check())->capture_default_str();
   return {a, [f] {
             fmt::print("{}\n", sample(f->load, f->o));
             return 0;

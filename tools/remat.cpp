@@ -59,6 +59,18 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  // An option given an empty value ("--json ''", "--data ''") is a mistake, never a default.
+  for (const remat::cli::Command& c : commands) {
+    if (!c.app->parsed()) continue;
+    for (const CLI::Option* o : c.app->get_options())
+      if (o->count() > 0 && o->get_expected_min() > 0)
+        for (const std::string& v : o->results())
+          if (v.empty()) {
+            fmt::print(stderr, "remat: error: {} was given an empty value; give one, or leave the option out\n",
+                       o->get_name());
+            return 2;
+          }
+  }
   try {
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed()) return c.run();

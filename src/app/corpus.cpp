@@ -19,7 +19,19 @@ namespace {
 
 constexpr const char* kFortunes = "/usr/share/games/fortunes";
 
+// The most text remat train reads (it holds the corpus in memory twice: text and windows).
+constexpr int64_t kMaxCorpusBytes = int64_t{4} << 30;
+
 std::string read_file(const std::string& path) {
+  // A FIFO would block open() forever and a folder reads as 0 bytes: only regular files.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) fail("cannot read --data '{}': no such file", path);
+  if (!std::filesystem::is_regular_file(st))
+    fail("--data '{}' is not a regular file (a folder, FIFO or device); give a text file", path);
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > static_cast<uintmax_t>(kMaxCorpusBytes))
+    fail("--data '{}' has {} bytes; remat train reads at most {} (4 GiB)", path, size, kMaxCorpusBytes);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read --data '{}': {}", path, std::strerror(errno));
   std::stringstream s;
@@ -54,9 +66,17 @@ Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   const std::string text = path.empty() ? fortunes() : read_file(path);
   const int64_t n = static_cast<int64_t>(text.size());
   const int64_t val = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
-  if (n - val < 2 * (seq + 1) || val < seq + 1)
+  // Training needs two windows of seq + 1 bytes, validation one.
+  auto enough = [&](int64_t bytes) {
+    const int64_t held = static_cast<int64_t>(static_cast<double>(bytes) * val_fraction);
+    return bytes - held >= 2 * (seq + 1) && held >= seq + 1;
+  };
+  if (!enough(n)) {
+    int64_t least = static_cast<int64_t>(static_cast<double>(seq + 1) / val_fraction);
+    while (!enough(least)) ++least;
     fail("--data '{}' has {} bytes; with --seq {} and {:g}% held out it needs at least {}", path.empty() ? kFortunes : path,
-         n, seq, 100 * val_fraction, static_cast<int64_t>(3 * (seq + 1) / std::min(val_fraction, 1 - val_fraction)));
+         n, seq, 100 * val_fraction, least);
+  }
   Corpus c;
   c.train = text.substr(0, n - val);
   c.val = text.substr(n - val);

@@ -5,6 +5,7 @@
 #include <random>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include "app/train.h"
 #include "app/train_state.h"
@@ -16,16 +17,30 @@ namespace remat {
 std::string sample(const std::string& dir, const SampleOptions& o) {
   if (!(o.temperature > 0)) fail("--temperature must be > 0, got {}", o.temperature);
   if (o.top_k < 0 || o.top_k > 256) fail("--top-k must be in 0..256 (0 = all), got {}", o.top_k);
-  if (o.tokens < 0) fail("--tokens must be >= 0, got {}", o.tokens);
+  if (o.tokens < 0 || o.tokens > kMaxSampleTokens)
+    fail("--tokens must be in 0..{} (bytes to generate), got {}", kMaxSampleTokens, o.tokens);
   const TrainState s = load_train_state(dir);
   const TrainOptions defaults;
-  TrainOptions t = options_from(s.header.at("options"), defaults);
+  TrainOptions t;
+  try {
+    t = options_from(s.header.at("options"), defaults);
+  } catch (const nlohmann::json::exception& e) {
+    fail("train state in '{}' is corrupt: malformed options ({})", dir, e.what());
+  }
   t.model.vocab = 256;
   t.model.batch = 1;
   GPT model(t.model, Policy::parse("none"));
   {
     at::NoGradGuard no_grad;
-    for (const auto& item : model->named_parameters()) item.value().copy_(s.tensor("param:" + item.key()));
+    for (const auto& item : model->named_parameters()) {
+      const at::Tensor& w = s.tensor("param:" + item.key());
+      if (w.sizes() != item.value().sizes())
+        fail("train state in '{}' is corrupt: '{}' has shape [{}], the model [{}]", dir, item.key(),
+             fmt::join(w.sizes(), ", "), fmt::join(item.value().sizes(), ", "));
+      if (!at::isfinite(w).all().item<bool>())
+        fail("train state in '{}' holds non-finite weights in '{}'; resume from an earlier copy", dir, item.key());
+      item.value().copy_(w);
+    }
   }
   model->eval();
   std::mt19937_64 rng(o.seed);

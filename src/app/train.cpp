@@ -87,10 +87,13 @@ void check_options(const TrainOptions& o) {
   validate(o.model);
   if (o.steps < 1) fail("--steps must be >= 1, got {}", o.steps);
   if (o.accum < 1) fail("--accum must be >= 1, got {}", o.accum);
-  if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr) fail("--lr {} and --min-lr {} need 0 <= min-lr <= lr, lr > 0", o.lr, o.min_lr);
+  // Written as !(x >= 0) so that NaN is refused too.
+  if (!(o.lr > 0) || !std::isfinite(o.lr) || !(o.min_lr >= 0) || o.min_lr > o.lr)
+    fail("--lr {} and --min-lr {} need 0 <= min-lr <= lr, lr > 0 and finite", o.lr, o.min_lr);
   if (o.warmup < 0) fail("--warmup must be >= 0, got {}", o.warmup);
-  if (o.weight_decay < 0) fail("--weight-decay must be >= 0, got {}", o.weight_decay);
-  if (o.clip < 0) fail("--clip must be >= 0 (0 = off), got {}", o.clip);
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
+    fail("--weight-decay must be a finite number >= 0, got {}", o.weight_decay);
+  if (!(o.clip >= 0) || !std::isfinite(o.clip)) fail("--clip must be a finite number >= 0 (0 = off), got {}", o.clip);
   if (o.eval_every < 0 || o.eval_batches < 1) fail("--eval-every must be >= 0 and --eval-batches >= 1");
   if (o.save_every < 0) fail("--save-every must be >= 0, got {}", o.save_every);
   if (!(o.val_fraction > 0 && o.val_fraction < 0.5)) fail("--val-fraction must be in (0, 0.5), got {}", o.val_fraction);

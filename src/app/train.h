@@ -107,9 +107,12 @@ uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro);
 // The options a train state recorded (its header's "options"), over `base` for the rest.
 TrainOptions options_from(const nlohmann::json& saved, TrainOptions base);
 
+// The most bytes one `remat sample` generates (each is a forward of the whole model).
+inline constexpr int64_t kMaxSampleTokens = 1000000;
+
 struct SampleOptions {
   std::string prompt;           // "" starts from a newline
-  int64_t tokens = 300;         // bytes to generate
+  int64_t tokens = 300;         // bytes to generate, 0..kMaxSampleTokens
   double temperature = 0.8;     // > 0
   int64_t top_k = 40;           // 0 = all 256
   uint64_t seed = 1;

@@ -92,8 +92,17 @@ void save_train_state(const std::string& dir, const TrainState& state) {
   }
 }
 
+// Every field of the file is untrusted: offsets, sizes and shapes are checked against the file
+// before anything is allocated or copied, and a malformed header names the file, not the parser.
 TrainState load_train_state(const std::string& dir) {
   const std::string file = path_of(dir);
+  std::error_code ec;
+  const auto status = std::filesystem::status(file, ec);
+  if (ec || !std::filesystem::exists(status))
+    fail("cannot read train state '{}': {}; give the folder passed to --save", file,
+         ec ? ec.message() : std::string("no such file"));
+  if (!std::filesystem::is_regular_file(status))
+    fail("train state '{}' is not a regular file (a FIFO, device or folder); give the folder passed to --save", file);
   std::ifstream in(file, std::ios::binary);
   if (!in) fail("cannot read train state '{}': {}; give the folder passed to --save", file, std::strerror(errno));
   std::stringstream buf;
@@ -106,23 +115,41 @@ TrainState load_train_state(const std::string& dir) {
     fail("train state '{}' is corrupt or truncated (checksum mismatch); resume from an earlier copy or start over",
          file);
   const uint64_t json_len = get_u64(data, 8);
-  if (16 + json_len + 8 > data.size()) fail("train state '{}' is corrupt: header length {} past the end", file, json_len);
+  if (json_len > data.size() - 24) fail("train state '{}' is corrupt: header length {} past the end", file, json_len);
   TrainState state;
   try {
     state.header = nlohmann::json::parse(data.substr(16, json_len));
   } catch (const std::exception& e) {
     fail("train state '{}' is corrupt: unreadable header ({})", file, e.what());
   }
-  const uint64_t payload = 16 + json_len, payload_end = data.size() - 8;
-  for (const auto& e : state.header.at("tensors")) {
-    const uint64_t off = e.at("offset").get<uint64_t>(), bytes = e.at("bytes").get<uint64_t>();
-    if (payload + off + bytes > payload_end)
-      fail("train state '{}' is corrupt: tensor '{}' past the end", file, e.at("name").get<std::string>());
-    at::Tensor t = at::empty(e.at("shape").get<std::vector<int64_t>>(),
-                             at::TensorOptions().dtype(dtype_of(e.at("dtype").get<std::string>(), file)));
-    if (t.nbytes() != bytes) fail("train state '{}' is corrupt: tensor '{}' has the wrong size", file, e.at("name").get<std::string>());
-    std::memcpy(t.data_ptr(), data.data() + payload + off, bytes);
-    state.tensors.emplace_back(e.at("name").get<std::string>(), std::move(t));
+  const uint64_t payload = 16 + json_len, room = data.size() - 8 - payload;
+  try {
+    if (!state.header.is_object() || !state.header.contains("tensors") || !state.header.at("tensors").is_array())
+      fail("train state '{}' is corrupt: the header has no tensor list", file);
+    for (const auto& e : state.header.at("tensors")) {
+      const std::string name = e.at("name").get<std::string>();
+      const auto& o = e.at("offset");
+      const auto& n = e.at("bytes");
+      if (!o.is_number_unsigned() || !n.is_number_unsigned())
+        fail("train state '{}' is corrupt: tensor '{}' has a negative or non-integer offset or size", file, name);
+      const uint64_t off = o.get<uint64_t>(), bytes = n.get<uint64_t>();
+      if (off > room || bytes > room - off) fail("train state '{}' is corrupt: tensor '{}' past the end", file, name);
+      const at::ScalarType type = dtype_of(e.at("dtype").get<std::string>(), file);
+      const std::vector<int64_t> shape = e.at("shape").get<std::vector<int64_t>>();
+      uint64_t numel = 1;
+      for (int64_t d : shape) {
+        if (d < 0 || (d > 0 && numel > bytes / static_cast<uint64_t>(d)))
+          fail("train state '{}' is corrupt: tensor '{}' has shape dimension {} for {} bytes", file, name, d, bytes);
+        numel *= static_cast<uint64_t>(d);
+      }
+      if (numel * c10::elementSize(type) != bytes)
+        fail("train state '{}' is corrupt: tensor '{}' has the wrong size", file, name);
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+      std::memcpy(t.data_ptr(), data.data() + payload + off, bytes);
+      state.tensors.emplace_back(name, std::move(t));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("train state '{}' is corrupt: malformed tensor list ({})", file, e.what());
   }
   return state;
 }

@@ -2,18 +2,26 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 
 #include "remat/error.h"
 #include "app/train_state.h"
 #include "test_util.h"
 
+#include <nlohmann/json.hpp>
+
 namespace remat {
 namespace {
 
 using testing::temp_dir;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // A few kilobytes of varied English-like text.
 std::string corpus_file(const std::string& dir) {
@@ -185,6 +193,65 @@ TEST(TrainState, TruncatedFileIsRefused) {
   EXPECT_THROW(load_train_state(run), Error);
   std::filesystem::resize_file(file, 10);
   EXPECT_THROW(load_train_state(run), Error);
+  std::filesystem::remove_all(dir);
+}
+
+// A forger can recompute FNV-1a: every header field is checked as untrusted input. Rewrites the
+// header of `file` with `edit` and a valid checksum.
+void forge(const std::string& file, const std::function<void(nlohmann::json&)>& edit) {
+  std::ifstream in(file, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto u64 = [&](size_t at) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(data[at + i])) << (8 * i);
+    return v;
+  };
+  const uint64_t len = u64(8);
+  nlohmann::json h = nlohmann::json::parse(data.substr(16, len));
+  edit(h);
+  const std::string json = h.dump();
+  std::string out = data.substr(0, 8);
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  out += json + data.substr(16 + len, data.size() - 8 - 16 - len);
+  uint64_t f = 1469598103934665603ULL;
+  for (unsigned char c : out) f = (f ^ c) * 1099511628211ULL;
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((f >> (8 * i)) & 0xff);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
+}
+
+std::string load_error(const std::string& run) {
+  try {
+    load_train_state(run);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainState, ForgedHeadersAreRefused) {
+  const std::string dir = temp_dir("forged");
+  const std::string run = saved_run(dir);
+  const std::string file = run + "/state.bin", good = dir + "/good.bin";
+  std::filesystem::copy_file(file, good);
+  auto again = [&](const std::function<void(nlohmann::json&)>& edit) {
+    std::filesystem::copy_file(good, file, std::filesystem::copy_options::overwrite_existing);
+    forge(file, edit);
+    return load_error(run);
+  };
+  EXPECT_EQ(again([](nlohmann::json&) {}), "");  // the forger's checksum is valid
+  EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["offset"] = -8; }), "negative or non-integer"));
+  EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["offset"] = 1ULL << 62; }), "past the end"));
+  EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["shape"] = {1 << 30, 1 << 30}; }), "shape dimension"));
+  EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["shape"] = {-1}; }), "shape dimension"));
+  EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["name"] = 7; }), "malformed tensor list"));
+  EXPECT_TRUE(contains(again([](nlohmann::json& h) { h.erase("tensors"); }), "no tensor list"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainState, NonRegularFilesAreRefused) {
+  const std::string dir = temp_dir("fifo");
+  ASSERT_EQ(::mkfifo((dir + "/state.bin").c_str(), 0600), 0);
+  EXPECT_TRUE(contains(load_error(dir), "is not a regular file"));  // and does not block in open()
   std::filesystem::remove_all(dir);
 }
 

@@ -1,6 +1,9 @@
 // The list of block kinds, and what depends only on it: validation and whole models.
 #include "blocks/kinds.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "remat/error.h"
 
 namespace remat::blocks {
@@ -52,6 +55,30 @@ void validate(const ModelConfig& c) {
   positive("attn_block", c.attn_block);
   if (c.ffn < 0) fail("ModelConfig.ffn must be >= 0 (0 means 4 * dim), got {}", c.ffn);
   if (c.kv_heads < 0) fail("ModelConfig.kv_heads must be >= 0 (0 means heads), got {}", c.kv_heads);
+  // Upper bounds, far past any model trained, so that every size and product of sizes below fits
+  // int64 (overflow corrupted plans and the heap) and a plan answers in bounded time.
+  auto at_most = [](const char* name, int64_t v, int64_t limit, const char* why) {
+    if (v > limit) fail("ModelConfig.{} {} is over the limit {} ({})", name, v, limit, why);
+  };
+  constexpr int64_t k16M = int64_t{1} << 24;
+  at_most("layers", c.layers, 16384, "planning replays every layer");
+  at_most("dim", c.dim, int64_t{1} << 20, "a 1T model has 25600");
+  at_most("heads", c.heads, 65536, "a 1T model has 160");
+  at_most("batch", c.batch, k16M, "sequences per micro-batch");
+  at_most("seq", c.seq, k16M, "tokens per sequence");
+  at_most("vocab", c.vocab, k16M, "tokens in the vocabulary");
+  at_most("ffn", c.ffn, k16M, "the MLP width");
+  at_most("tp", c.tp, 4096, "tensor-parallel ranks");
+  // The largest tensors: (B, T, widest) activations, (B, H, T, T) attention scores and the weight
+  // matrices, counted in doubles so that nothing wraps; 2^60 bytes is an exabyte.
+  const double b = static_cast<double>(c.batch), t = static_cast<double>(c.seq), d = static_cast<double>(c.dim);
+  const double widest = std::max({3 * d, 2 * static_cast<double>(c.ffn > 0 ? c.ffn : 4 * c.dim),
+                                  static_cast<double>(c.vocab)});
+  const double largest = 8 * std::max({b * t * widest, b * static_cast<double>(c.heads) * t * t, widest * d});
+  if (largest > std::ldexp(1.0, 60))
+    fail("ModelConfig batch {} x seq {} x dim {} (heads {}, vocab {}) makes tensors of {:.3g} bytes, over 2^60: "
+         "shrink the batch, sequence or width",
+         c.batch, c.seq, c.dim, c.heads, c.vocab, largest);
   if (c.dim % c.heads != 0)
     fail("ModelConfig.dim {} is not divisible by ModelConfig.heads {}; pick heads that divide dim (e.g. {})", c.dim,
          c.heads, c.dim % 8 == 0 ? 8 : 1);

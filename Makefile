@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test setup build clean gpt2 planner train layouts
+.PHONY: run test setup build clean gpt2 planner train layouts flash llama dp
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
@@ -43,6 +43,37 @@ layouts: build
 	  echo "\$$ remat plan --model $$m"; $(BUILD)/remat plan --model $$m --top 3 || exit 1; echo; \
 	done | tee results/layouts.txt
 	tools/table3.sh $(BUILD)/remat | tee results/table3.md
+
+# Fused (flash) attention against math attention on GPT-2 blocks (width 512, 8 heads, dropout 0.1):
+# batch 8 at T = 1024 and 2048, in one round-robin run each; batch 2 at T = 4096 (both) and 8192
+# (flash only: math attention's predicted peak does not fit this machine). About 40 minutes.
+flash: build
+	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --attention math,flash \
+	  --policies none,attn,mlp-act,full --steps 3 --warmup 1 --markdown results/flash-1024.md --json results/flash-1024.json
+	$(BUILD)/remat bench --arch gpt2 --seq 2048 --dropout 0.1 --attention math,flash \
+	  --policies none,attn,full --steps 2 --warmup 1 --markdown results/flash-2048.md --json results/flash-2048.json
+	$(BUILD)/remat bench --arch gpt2 --seq 4096 --batch 2 --dropout 0.1 --attention math,flash \
+	  --policies none --steps 1 --warmup 1 --markdown results/flash-4096.md --json results/flash-4096.json
+	$(BUILD)/remat bench --arch gpt2 --seq 8192 --batch 2 --dropout 0.1 --attention flash \
+	  --policies none,full --steps 1 --warmup 0 --markdown results/flash-8192.md --json results/flash-8192.json
+	-$(BUILD)/remat bench --arch gpt2 --seq 8192 --batch 2 --dropout 0.1 --attention math --policies none \
+	  --steps 1 --warmup 0 2>&1 | tail -1 | tee results/flash-8192-math.txt
+
+# The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
+# policies, every recompute verified bitwise (--verify). About 4 minutes.
+llama: build
+	$(BUILD)/remat bench --arch llama --heads 8 --kv-heads 2 --verify --engine ops \
+	  --policies none,attn,mlp-act,norm,attn+mlp-act,full,every:2 --steps 3 --warmup 1 \
+	  --markdown results/llama.md --json results/llama.json
+
+# Data parallel against one process on this machine's 2 cores, at the same global batch of 16
+# sequences (40 steps of the default fortunes model each), and bytes per rank with ZeRO-1.
+dp: build
+	@( set -e; \
+	  for a in "--nproc 2 --batch 8" "--nproc 2 --batch 8 --zero 1" "--batch 8 --accum 2" "--batch 16" \
+	           "--batch 8 --accum 2 --threads 1/1"; do \
+	    echo "\$$ remat train --steps 40 --eval-every 0 $$a"; $(BUILD)/remat train --steps 40 --eval-every 0 $$a 2>/dev/null; echo; \
+	  done ) | tee results/dp.txt
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

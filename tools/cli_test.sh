@@ -90,6 +90,7 @@ mkfifo "$tmp/fifo" "$tmp/fifo_state" && mkdir "$tmp/fifo_run" && mv "$tmp/fifo_s
 expect_error 2 "is not a regular file (a folder, FIFO or device)" train --data "$tmp/fifo" --steps 1
 expect_error 2 "is not a regular file (a FIFO, device or folder)" sample --load "$tmp/fifo_run"
 expect_error 2 "--tokens must be in 0..1000000" sample --load "$tmp/fifo_run" --tokens 99999999999
+expect_error 2 "with math attention, none (every bench's reference step) is predicted to peak at" bench --arch gpt2 --seq 65536 --batch 8 --policies none --steps 1 --warmup 0
 printf 'tiny' > "$tmp/tiny.txt"
 expect_error 2 "has 4 bytes; with --seq 128 and 10% held out it needs at least 1290" train --data "$tmp/tiny.txt" --steps 1
 

@@ -32,6 +32,11 @@ std::string to_string(const ThreadConfig& t);
 // thread, and this machine's cores / ranks for BLAS and remat's kernels.
 ThreadConfig data_parallel_threads(int ranks);
 
+// This machine's memory from /proc/meminfo: MemTotal, and MemAvailable (what a new process may
+// use without swapping). 0 when unknown.
+int64_t physical_memory();
+int64_t available_memory();
+
 // What this process runs with now: at::get_num_threads() and remat's kernel threads.
 ThreadConfig current_threads();
 

@@ -22,6 +22,10 @@
 #include "remat/planner.h"
 #include "remat/policy.h"
 #include "remat/resolve.h"
+#include "remat/runtime.h"
+#include "remat/schedule.h"
+#include "remat/memory_model.h"
+#include "remat/units.h"
 #include "util/timing.h"
 
 namespace remat {
@@ -199,7 +203,20 @@ BenchResult run_bench(const BenchOptions& o) {
     Variant v;
     v.cfg = o.model;
     v.cfg.attention = a;
-    if (has_ops) check_engine(v.cfg);
+    if (has_ops) {
+      check_engine(v.cfg);
+      // Every variant first runs `none` for its reference gradients: refuse, before any work, a
+      // shape whose none does not fit this machine (the kernel's OOM killer would end the run).
+      ResolvedPolicy keep;
+      keep.layers.assign(v.cfg.layers, keep_everything(make_block(v.cfg)));
+      const int64_t need = simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(v.cfg)), keep),
+                                           o.threads).total_peak();
+      const int64_t have = available_memory();
+      if (have > 0 && need > have / 10 * 9)
+        fail("with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
+             "available: try --attention flash, a shorter --seq or a smaller --batch",
+             to_string(a), bytes_str(need), bytes_str(have));
+    }
     ResolveOptions ro;
     ro.costs = CostSource::Measured;
     ro.threads = o.threads;

@@ -37,13 +37,6 @@ const Device kPresets[] = {
      "way); HDR 200 Gb/s per GPU (DGX A100); 40960 MiB as nvidia-smi reports"},
 };
 
-int64_t physical_memory() {
-  std::ifstream in("/proc/meminfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("MemTotal:", 0) == 0) return std::atoll(line.c_str() + 9) * 1024;
-  return 0;
-}
-
 Device this_cpu() {
   const ThreadConfig threads = default_threads();
   const MachineRates r = calibrated_rates(threads);

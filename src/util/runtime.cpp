@@ -3,8 +3,10 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -86,5 +88,18 @@ double matmul_gflops(int n, int reps) {
   std::sort(seconds.begin(), seconds.end());
   return 2.0 * n * n * static_cast<double>(n) / seconds[seconds.size() / 2] / 1e9;
 }
+
+namespace {
+int64_t meminfo(const char* key) {
+  std::ifstream in("/proc/meminfo");
+  const std::string k = key;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(k, 0) == 0) return std::atoll(line.c_str() + k.size()) * 1024;
+  return 0;
+}
+}  // namespace
+
+int64_t physical_memory() { return meminfo("MemTotal:"); }
+int64_t available_memory() { return meminfo("MemAvailable:"); }
 
 }  // namespace remat

@@ -28,7 +28,7 @@ planner: build
 	  --steps 5 --warmup 1 --json results/planner.json --csv results/planner.csv --markdown results/planner.md \
 	  --chart results/planner.png --chart results/planner.svg
 
-# A byte-level GPT on Debian's English fortunes with the default settings (about 10 minutes), its
+# A byte-level GPT on Debian's English fortunes with the default settings (about 15 minutes), its
 # loss chart, and a sample from the trained model.
 train: build
 	$(BUILD)/remat train --save runs/fortunes --csv results/train.csv --chart results/train.png --chart results/train.svg \
@@ -40,7 +40,7 @@ train: build
 layouts: build
 	@for m in "gpt3-175b --gpus 64 --device a100-80gb" "llama-70b --gpus 16 --device h100-80gb" \
 	          "megatron-1t --gpus 512 --device a100-80gb"; do \
-	  echo "\$$ remat plan --model $$m"; $(BUILD)/remat plan --model $$m --top 3 || exit 1; echo; \
+	  echo "\$$ remat plan --model $$m --top 3"; $(BUILD)/remat plan --model $$m --top 3 || exit 1; echo; \
 	done | tee results/layouts.txt
 	tools/table3.sh $(BUILD)/remat | tee results/table3.md
 

@@ -50,6 +50,13 @@ TEST(Frontier, SpansNoneToTheLeastMemory) {
   EXPECT_EQ(front.front().text, "none");
   EXPECT_EQ(front.front().recompute_ms, 0.0);
   for (size_t i = 1; i < front.size(); ++i) EXPECT_LE(front[i].saved, front[i - 1].saved);
+  // The other end: the least bytes any subset of the searched tensors saves (brute force over
+  // every subset) is the frontier's last option.
+  int64_t least = front.front().saved;
+  for (const BlockOption& o : block_frontier_brute_force(spec.block, unit_costs(spec), pins))
+    least = std::min(least, o.saved);
+  EXPECT_EQ(front.back().saved, least);
+  EXPECT_LT(least, front.front().saved / 4);  // and it is far below none
 }
 
 TEST(Plan, FitsTheBudgetOrNamesTheMinimum) {

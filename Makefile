@@ -12,7 +12,7 @@ run: build
 	  --chart results/seed.png --chart results/seed.svg
 
 # GPT-2 blocks at seq 1024 with dropout 0.1 (GPT-2's own setting), per-tensor policies on the engine.
-# About 8 minutes on 2 cores.
+# About 12 minutes on 2 cores.
 gpt2: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 \
 	  --policies none,attn,mlp-act,attn+mlp-act,norm,full,every:2 --steps 5 --warmup 1 \
@@ -21,7 +21,7 @@ gpt2: build
 
 # The planner against the presets: plans at 20/40/60/80% of none's activation memory, measured in
 # the same round-robin run as the presets that fit under 80% (and none, the reference); predicted
-# and measured peak side by side. About 13 minutes.
+# and measured peak side by side. About 16 minutes.
 planner: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --frontier \
 	  --policies "budget:20%,budget:40%,budget:60%,budget:80%,none,attn,attn+mlp-act,full,every:2" \
@@ -46,7 +46,7 @@ layouts: build
 
 # Fused (flash) attention against math attention on GPT-2 blocks (width 512, 8 heads, dropout 0.1):
 # batch 8 at T = 1024 and 2048, in one round-robin run each; batch 2 at T = 4096 (both) and 8192
-# (flash only: math attention's predicted peak does not fit this machine). About 40 minutes.
+# (flash only: math attention's predicted peak does not fit this machine). About 30 minutes.
 flash: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --attention math,flash \
 	  --policies none,attn,mlp-act,full --steps 3 --warmup 1 --markdown results/flash-1024.md --json results/flash-1024.json
@@ -60,7 +60,7 @@ flash: build
 	  --steps 1 --warmup 0 2>&1 | tail -1 | tee results/flash-8192-math.txt
 
 # The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
-# policies, every recompute verified bitwise (--verify). About 4 minutes.
+# policies, every recompute verified bitwise (--verify). About 2 minutes.
 llama: build
 	$(BUILD)/remat bench --arch llama --heads 8 --kv-heads 2 --verify --engine ops \
 	  --policies none,attn,mlp-act,norm,attn+mlp-act,full,every:2 --steps 3 --warmup 1 \

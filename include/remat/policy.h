@@ -56,6 +56,8 @@ struct LayerPolicy {
   std::vector<TensorPolicy> tensors;
 
   bool saves(int tensor) const { return tensors[tensor].choice == Choice::Save; }
+  // True when both make the same choice for every tensor (the schedule they compile to is equal).
+  bool same_choices(const LayerPolicy& other) const;
   // True when no choosable tensor is recomputed.
   bool keeps_all(const BlockSpec& spec) const;
   // True when every choosable tensor is recomputed.

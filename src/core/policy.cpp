@@ -85,6 +85,14 @@ void merge(TensorPolicy& cur, Choice choice, Strength strength, std::string_view
 
 }  // namespace
 
+bool LayerPolicy::same_choices(const LayerPolicy& other) const {
+  if (this == &other) return true;
+  if (tensors.size() != other.tensors.size()) return false;
+  for (size_t t = 0; t < tensors.size(); ++t)
+    if (tensors[t].choice != other.tensors[t].choice) return false;
+  return true;
+}
+
 bool LayerPolicy::keeps_all(const BlockSpec& spec) const {
   for (int t : spec.choosable())
     if (!saves(t)) return false;

@@ -121,6 +121,15 @@ TEST(Policy, LayerRangesAssignPresets) {
   EXPECT_TRUE(r.layers[5].drops_all(b));
 }
 
+TEST(Policy, SameChoicesComparesEveryTensorChoice) {
+  const BlockSpec b = gpt2();
+  const ResolvedPolicy r = Policy::parse("layers:0-2=attn,3-5=mlp-act").resolve(b, 6);
+  EXPECT_TRUE(r.layers[0].same_choices(r.layers[2]));
+  EXPECT_FALSE(r.layers[0].same_choices(r.layers[3]));
+  const ResolvedPolicy other = Policy::parse("attn").resolve(b, 6);
+  EXPECT_TRUE(r.layers[1].same_choices(other.layers[5]));  // equal choices, different objects
+}
+
 TEST(Policy, SplitsListsWithoutBreakingPolicies) {
   EXPECT_EQ(split_policy_list("none,full,every:2,every:3"), (Names{"none", "full", "every:2", "every:3"}));
   EXPECT_EQ(split_policy_list("none,save:ln1,qkv,layers:0-1=attn,2-5=full,attn+mlp-act"),

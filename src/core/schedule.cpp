@@ -225,16 +225,6 @@ std::shared_ptr<const Schedule> ScheduleCache::get(const BlockSpec& spec, const 
   return s;
 }
 
-namespace {
-bool same_choices(const LayerPolicy& a, const LayerPolicy& b) {
-  if (&a == &b) return true;
-  if (a.tensors.size() != b.tensors.size()) return false;
-  for (size_t t = 0; t < a.tensors.size(); ++t)
-    if (a.tensors[t].choice != b.tensors[t].choice) return false;
-  return true;
-}
-}  // namespace
-
 StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy, ScheduleCache* cache) {
   const int64_t layers = model->layers;
   return compile_step(std::move(model), policy, {{0, layers}}, cache);
@@ -275,7 +265,7 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
       need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
     // Consecutive layers mostly choose alike: reuse the last block's schedule without a lookup.
     const bool same = role == StagePlan::Role::Block && last_block && need == last_need &&
-                      same_choices(*last_policy, lp);
+                      last_policy->same_choices(lp);
     st.schedule = same ? last_block : sc.get(spec, lp, need);
     if (role == StagePlan::Role::Block) last_block = st.schedule, last_policy = &lp, last_need = need;
     const bool block = role == StagePlan::Role::Block;

@@ -258,11 +258,6 @@ class Evaluator {
     const double p2p_rate = p2p_gbps(l) * 1e6;
     std::vector<bool> need;  // a block's inputs all need their gradient (the stem is before it)
     for (int in : m.block.inputs) need.push_back(is_float(m.block.tensors[in].dtype));
-    auto same = [](const LayerPolicy& a, const LayerPolicy& b) {
-      for (size_t t = 0; t < a.tensors.size(); ++t)
-        if (a.tensors[t].choice != b.tensors[t].choice) return false;
-      return true;
-    };
     const LayerPolicy* last = nullptr;  // the previous layer's choices, and their times below
     double rec = 0, rec_comm = 0;
     for (const LayerRange& c : r.chunks) {
@@ -270,7 +265,7 @@ class Evaluator {
       if (c.end == m.layers) r.micro_ms += sh.head_fwd + sh.head_bwd, r.backward_ms += sh.head_bwd;
       for (int64_t x = c.first; x < c.end; ++x) {
         const LayerPolicy& lp = layers.layers[x];
-        if (last == nullptr || !same(*last, lp)) {
+        if (last == nullptr || !last->same_choices(lp)) {
           rec = rec_comm = 0;
           for (int op : sh.cache.get(m.block, lp, need)->recomputed)
             rec += sh.costs.block[op].forward_ms, rec_comm += sh.comm_fwd[op];

@@ -1,9 +1,10 @@
 # The front door. `make run`: set up, build, run the seed experiment. `make test`: set up, build, test.
+SHELL := /bin/bash
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test setup build clean gpt2 planner train layouts flash llama dp
+.PHONY: run test sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
@@ -77,6 +78,37 @@ dp: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+# libFuzzer (clang, with ASan + UBSan) on the policy grammar, the size and budget parsers, config
+# validation, the train-state loader and the data loader: FUZZ_SECONDS each (default 60), starting
+# from the seed corpora in fuzz/corpus/ (read only; new inputs go to $(FUZZ_BUILD)/corpus/). A crash
+# leaves its input in $(FUZZ_BUILD)/crashes/ and fails the target.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= fuzz_policy fuzz_sizes fuzz_config fuzz_train_state fuzz_data
+fuzz:
+	@scripts/setup.sh fuzz
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Release -DREMAT_FUZZ=ON -DREMAT_TESTS=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j$(JOBS) --target $(FUZZ_TARGETS)
+	@mkdir -p $(FUZZ_BUILD)/crashes
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  ASAN_OPTIONS=detect_leaks=0 $(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=4096 \
+	    -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/$$t- \
+	    $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t 2>&1 | grep -E "^(#[0-9]+ *DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)|Done [0-9]+ runs" ; \
+	  test $${PIPESTATUS[0]} -eq 0 || { echo "fuzz: $$t found a crash: $(FUZZ_BUILD)/crashes/"; exit 1; }; \
+	done
+
+# The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails the test),
+# in its own build folder; the tracking allocator's free-block cache is off there. CI runs it after
+# `make test`. About 25 minutes from a cold cache on 2 cores.
+SANITIZE_BUILD ?= build-sanitize
+sanitize: setup
+	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DREMAT_SANITIZE=ON >/dev/null
+	@cmake --build $(SANITIZE_BUILD) -j$(JOBS)
+	cd $(SANITIZE_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j$(JOBS)
 
 setup:
 	@scripts/setup.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages remat needs (only the missing ones) and checks that OpenBLAS is the
-# BLAS that LibTorch will load. Idempotent; `make run` and `make test` call it first.
+# BLAS that LibTorch will load. Idempotent; `make run` and `make test` call it first. `setup.sh fuzz`
+# adds clang and its libFuzzer runtime (`make fuzz`); GCC's sanitizers (`make sanitize`) come with g++.
 set -euo pipefail
 
 packages=(
@@ -13,6 +14,9 @@ packages=(
   gnuplot-nox                        # charts (PNG and SVG)
   fortunes                           # default training corpus for `remat train`
 )
+if [ "${1:-}" = fuzz ]; then
+  packages+=(clang libclang-rt-dev)  # libFuzzer and clang's ASan/UBSan runtimes
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -8,6 +8,9 @@
 #include <ATen/ATen.h>
 
 #include "remat/block.h"
+#include "remat/memory.h"
+#include "remat/model.h"
+#include "remat/optim.h"
 #include "remat/units.h"
 
 namespace remat::testing {
@@ -24,6 +27,27 @@ ModelConfig tiny(const std::string& arch, double dropout) {
   c.dropout = dropout;
   c.attn_block = 4;
   return c;
+}
+
+MeasuredStep measure_step(const ModelConfig& c, const ResolvedPolicy& policy) {
+  MeasuredStep m;
+  const int64_t empty = MemoryTracker::live();
+  at::manual_seed(1);
+  GPT model(c, policy);
+  Adam adam(model->parameters(), AdamOptions{1e-3});
+  at::manual_seed(2);
+  auto [input, target] = random_batch(c);
+  const int64_t before = MemoryTracker::live();
+  m.base = before - empty;
+  MemoryTracker::reset_peak();
+  {
+    at::Tensor loss = model->forward(input, target);
+    m.saved = MemoryTracker::live() - before;
+    loss.backward();
+  }
+  adam.step();
+  m.peak = MemoryTracker::peak() - before;
+  return m;
 }
 
 std::vector<std::string> all_kinds() { return block_kinds(); }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "remat/config.h"
+#include "remat/policy.h"
 
 namespace remat::testing {
 
@@ -17,6 +18,13 @@ namespace remat::testing {
 ModelConfig tiny(const std::string& arch, double dropout = 0.0);
 
 // Every registered block kind, and those that take tokens (have a stem).
+// One real training step (forward, backward, Adam) under `policy`, measured by the tracker: live
+// bytes before it (weights, optimizer state, data) and, above them, after the forward and at the peak.
+struct MeasuredStep {
+  int64_t base = 0, saved = 0, peak = 0;
+};
+MeasuredStep measure_step(const ModelConfig& c, const ResolvedPolicy& policy);
+
 std::vector<std::string> all_kinds();
 std::vector<std::string> token_kinds();
 

@@ -42,7 +42,6 @@ struct ShapeFlags {
   int64_t global_batch() const;
 };
 
-// Progress on stderr: one rewritten line on a terminal, plain lines otherwise.
 // A seed: a non-negative integer (CLI11 would wrap -1 into an unsigned value).
 inline CLI::Validator seed_check() {
   return CLI::Validator(
@@ -53,6 +52,7 @@ inline CLI::Validator seed_check() {
       "SEED");
 }
 
+// Progress on stderr: one rewritten line on a terminal, plain lines otherwise.
 void progress(const std::string& line);
 void end_progress();
 

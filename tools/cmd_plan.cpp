@@ -251,6 +251,12 @@ int run_layouts(PlanFlags& f) {
   space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.zero_fixed = f.zero;
+  // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
+  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch"})
+    if (f.app->count(flag) > 0) {
+      const int64_t v = f.app->get_option(flag)->as<int64_t>();
+      if (v < 1 || v > (1 << 20)) fail("{} must be in 1..1048576, got {}; leave it out to search", flag, v);
+    }
   if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
   if (!f.json.empty()) check_writable(f.json);
   const Device device = parse_device(f.device);

@@ -12,6 +12,7 @@
 #include "app/train.h"
 #include "cli.h"
 #include "remat/error.h"
+#include "remat/policy.h"
 #include "remat/units.h"
 
 namespace remat::cli {
@@ -21,7 +22,7 @@ namespace {
 struct TrainFlags {
   ShapeFlags shape;
   TrainOptions o;
-  std::string resume, csv, threads, master;
+  std::string resume, csv, threads, master, memory_limit;
   std::vector<std::string> charts;
   int nproc = 1, rank = -1, world = -1, timeout_s = 60;
   double bucket_mb = 2;
@@ -57,7 +58,6 @@ int launch(TrainFlags& f) {
 
 int run(TrainFlags& f, CLI::App* app) {
   if (f.nproc < 1 || f.nproc > 256) fail("--nproc must be in 1..256, got {}", f.nproc);
-  if (f.nproc > 1 && std::getenv("RANK") == nullptr && f.rank < 0) return launch(f);
   f.shape.cfg.vocab = 256;
   f.o.model = f.shape.resolve();
   if (!f.threads.empty()) f.o.threads = parse_threads(f.threads);
@@ -81,12 +81,24 @@ int run(TrainFlags& f, CLI::App* app) {
   f.o.dist.timeout = std::chrono::seconds(f.timeout_s);
   if (!(f.bucket_mb > 0) || f.bucket_mb > 4096) fail("--bucket-mb must be in (0, 4096], got {}", f.bucket_mb);
   f.o.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
-  const bool leader = f.o.dist.rank == 0;
+  if (!f.memory_limit.empty()) {
+    const Budget b = parse_budget(f.memory_limit);
+    if (b.bytes <= 0) fail("--memory-limit takes a size such as 2GiB or 300MiB, got '{}'", f.memory_limit);
+    f.o.memory_limit = b.bytes;
+  }
   if (!f.csv.empty()) check_writable(f.csv);
   for (const std::string& c : f.charts) {
     check_chart_path(c);
     check_writable(c);
   }
+  // --nproc: refuse bad flags here, once, before any rank starts (each would refuse them again).
+  if (f.nproc > 1 && std::getenv("RANK") == nullptr && f.rank < 0) {
+    TrainOptions ranks = f.o;
+    ranks.dist.world = f.nproc;
+    check_train_options(ranks);
+    return launch(f);
+  }
+  const bool leader = f.o.dist.rank == 0;
   std::vector<std::string> given;
   for (const CLI::Option* opt : app->get_options())
     if (opt->count() > 0 && !opt->get_lnames().empty()) given.push_back(opt->get_lnames()[0]);
@@ -106,16 +118,17 @@ int run(TrainFlags& f, CLI::App* app) {
       last_line = p.step;
     }
   };
-  if (leader) {
-    fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(f.o.model), f.o.policy,
-               f.o.steps, f.o.model.batch * f.o.model.seq * f.o.accum * f.o.dist.world, f.o.seed);
-    if (f.o.dist.world > 1)
+  const std::string resume = f.resume;
+  const double bucket_mb = f.bucket_mb;
+  f.o.started = [resume, bucket_mb](const TrainOptions& o, int64_t first_step) {
+    fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(o.model), o.policy, o.steps,
+               o.model.batch * o.model.seq * o.accum * o.dist.world, o.seed);
+    if (o.dist.world > 1)
       fmt::print("  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
-                 f.o.dist.world, f.o.accum, f.o.model.batch, f.o.zero, f.bucket_mb, f.o.dist.master_addr,
-                 f.o.dist.master_port);
-    if (!f.resume.empty()) fmt::print("  resuming the run saved in {}\n", f.resume);
+                 o.dist.world, o.accum, o.model.batch, o.zero, bucket_mb, o.dist.master_addr, o.dist.master_port);
+    if (!resume.empty()) fmt::print("  resuming the run saved in {} at step {}\n", resume, first_step + 1);
     std::fflush(stdout);
-  }
+  };
   const TrainResult r = train(f.o, f.resume, given);
   end_progress();
   if (!leader) return 0;
@@ -127,9 +140,13 @@ int run(TrainFlags& f, CLI::App* app) {
   }
   std::sort(speed.begin(), speed.end());
   fmt::print("  policy as run: {}\n", r.policy_text);
-  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} (predicted {}{})\n",
-             r.final_val_loss, speed.empty() ? 0.0 : speed[speed.size() / 2] / 1000, bytes_str(peak),
-             bytes_str(r.predicted_peak), peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
+  const std::string against =
+      r.predicted_peak == 0
+          ? fmt::format("not modelled for uniform:N; at most {}", bytes_str(r.peak_bound))
+          : fmt::format("predicted {}{}", bytes_str(r.predicted_peak),
+                        peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
+  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} ({})\n",
+             r.final_val_loss, speed.empty() ? 0.0 : speed[speed.size() / 2] / 1000, bytes_str(peak), against);
   if (r.rank_peaks.size() > 1) {
     std::vector<double> reduce, exposed;
     for (const TrainRecord& rec : r.log) {
@@ -195,6 +212,9 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--master", f->master, "data parallel across hosts: ADDR:PORT of rank 0 (or MASTER_ADDR, MASTER_PORT)");
   a->add_option("--zero", f->o.zero, "1: ZeRO-1, each rank keeps the Adam moments of its share")->capture_default_str();
   a->add_option("--bucket-mb", f->bucket_mb, "gradient all-reduce bucket size")->capture_default_str();
+  a->add_option("--memory-limit", f->memory_limit,
+                "bytes of tensors this process may hold, as a GPU's memory (e.g. 80GiB); beyond it a step stops "
+                "with the plan that fits");
   a->add_option("--dist-timeout", f->timeout_s, "seconds every collective and the rendezvous may take")
       ->capture_default_str();
   a->add_option("--csv", f->csv, "write the metrics as CSV");

@@ -1,6 +1,7 @@
 // remat: the command-line tool. Each subcommand (cmd_*.cpp) parses its flags, prints its
 // configuration and calls the library; main maps errors to exit codes (0 success, 1 a run that
 // failed, 2 bad input) and the library's API names to the flags that set them.
+#include <charconv>
 #include <csignal>
 #include <regex>
 #include <string>
@@ -39,6 +40,20 @@ std::string as_flags(const std::string& message) {
   return out;
 }
 
+// CLI11 reads an integer beyond int64's range as INT64_MAX, and the error then names that number:
+// refuse the text the user gave, as given.
+CLI::Validator fits_in_int64() {
+  return CLI::Validator(
+      [](std::string& v) {
+        int64_t x = 0;
+        const char* end = v.data() + v.size();
+        const auto [at, ec] = std::from_chars(v.data() + (!v.empty() && v[0] == '+'), end, x);
+        if (ec == std::errc::result_out_of_range) return "'" + v + "' is out of range (a 64-bit integer)";
+        return std::string();  // anything else: CLI11's own conversion decides
+      },
+      "");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,6 +68,9 @@ int main(int argc, char** argv) {
   });
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
                                                      remat::cli::add_train(app, argc, argv), remat::cli::add_sample(app)};
+  for (const remat::cli::Command& c : commands)
+    for (CLI::Option* o : c.app->get_options())
+      if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->check(fits_in_int64());
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -25,6 +25,14 @@ wait "$pid" 2>/dev/null
 step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 [ -n "$step" ] && [ "$step" -lt 600 ] || fail "the run finished (step $step) before kill -9; the test needs a longer run"
 
+# Resumed with every flag left out, the run is the saved one: its banner shows the saved shape (not
+# the flags' defaults) and the step it continues from, and it ends at the same weights.
+cp -r "$tmp/run" "$tmp/copy"
+"$remat" train --resume "$tmp/copy" --threads 1/1 > "$tmp/bare.out" 2> "$tmp/bare.err" || fail "bare resume: $(cat "$tmp/bare.err")"
+head -1 "$tmp/bare.out" | grep -q "L=2 C=32 H=4 B=4 T=32 .* 600 steps" || fail "bare resume banner: $(head -1 "$tmp/bare.out")"
+grep -q "resuming the run saved in $tmp/copy at step $((step + 1))" "$tmp/bare.out" || fail "no resume line: $(head -3 "$tmp/bare.out")"
+[ "$(sed -n 's/.*weights digest: //p' "$tmp/bare.out")" = "$want" ] || fail "bare resume ended at other weights"
+
 "$remat" train "${args[@]}" --save "$tmp/run" --save-every 10 --resume "$tmp/run" > "$tmp/resumed.out" 2> "$tmp/resumed.err" \
   || fail "resume: $(cat "$tmp/resumed.err")"
 got=$(sed -n 's/.*weights digest: //p' "$tmp/resumed.out")

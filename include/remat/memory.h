@@ -18,7 +18,22 @@
 
 #include <cstdint>
 
+#include "remat/error.h"
+
 namespace remat {
+
+// An allocation the tracking allocator could not make: over MemoryTracker::set_limit(), or refused
+// by the system. A runtime remat::Error; bench and train turn it into a report of the policy, the
+// bytes the step needed and a plan that fits.
+class OutOfMemory : public Error {
+ public:
+  OutOfMemory(int64_t requested, int64_t live, int64_t limit);
+  int64_t requested() const { return requested_; }  // bytes of the failed allocation
+  int64_t live() const { return live_; }            // bytes live when it failed
+  int64_t limit() const { return limit_; }          // set_limit(), or 0 when the system refused
+ private:
+  int64_t requested_, live_, limit_;
+};
 
 enum class MemoryDevice : uint8_t { CPU, CUDA };
 
@@ -41,8 +56,14 @@ class MemoryTracker {
   // CPU: returns every cached free block to the system.
   static void release_cache();
   // CPU: most bytes the free-block cache may hold; beyond it freed blocks go back to the system.
-  // Default 8 GiB; 0 disables the cache.
+  // Default 8 GiB; 0 disables the cache. Always 0 under AddressSanitizer (make sanitize), where a
+  // reused block would hide a use-after-free.
   static void set_cache_limit(int64_t bytes);
+  // CPU: the most bytes of tensor storage that may be live; an allocation beyond it throws
+  // OutOfMemory, as a device's memory would (rehearse a GPU's limit on CPU). 0 (the default): no
+  // limit but the system's.
+  static void set_limit(int64_t bytes);
+  static int64_t limit();
   // CPU: number of storages allocated since install() (cache hits included).
   static int64_t allocations();
 };

@@ -142,6 +142,7 @@ class Policy {
 // Splits a list of policies as --policies takes it. Separators are ';', or ',' when the next piece
 // starts a policy (a preset name or a form such as every:, save:), so commas inside a policy stay:
 // "none,save:ln1,qkv,layers:0-1=attn,2-5=full" -> none | save:ln1,qkv | layers:0-1=attn,2-5=full.
+// Throws remat::Error for an empty piece ("none,,full", a trailing ',').
 std::vector<std::string> split_policy_list(std::string_view list);
 
 }  // namespace remat

@@ -18,7 +18,8 @@ struct ThreadConfig {
 // The default: ATen 1, BLAS = number of cores. Measured on the 2-core machine (README, "Threads").
 ThreadConfig default_threads();
 
-// "A/B" (ATen A, BLAS B) or "N" (both N). Throws remat::Error for anything else.
+// "A/B" (ATen A, BLAS B) or "N" (both N), each at most 4 per core. Throws remat::Error for anything
+// else.
 ThreadConfig parse_threads(std::string_view text);
 
 // Applies both settings to this process. remat's own pointwise kernels run on `blas` threads too,

@@ -338,7 +338,7 @@ BenchResult run_bench(const BenchOptions& o) {
       MemoryTracker::reset_peak();
       const auto t0 = Clock::now();
       double fwd, bwd;
-      {
+      try {
         at::Tensor loss = e.subject->loss();
         fwd = ms_since(t0);
         const int64_t saved = MemoryTracker::live() - before;
@@ -346,6 +346,15 @@ BenchResult run_bench(const BenchOptions& o) {
         loss.backward();
         bwd = ms_since(t1);
         if (timed) e.row.saved_bytes = std::max(e.row.saved_bytes, saved);
+      } catch (const OutOfMemory& x) {
+        const int64_t available = available_memory();
+        fail_runtime("out of memory in a step of {} '{}': {} more were asked for with {} live ({}); {}; plan for "
+                     "this machine with --policies budget:{}MiB",
+                     to_string(e.row.engine), e.row.policy, bytes_str(x.requested()), bytes_str(x.live()),
+                     x.limit() > 0 ? "the limit is " + bytes_str(x.limit()) : "the system refused",
+                     e.row.predicted_peak_bytes >= 0 ? "its predicted peak is " + bytes_str(before + e.row.predicted_peak_bytes)
+                                                     : "its peak is not predicted",
+                     available * 6 / 10 >> 20);
       }
       e.adam->step();
       const double step = ms_since(t0);

@@ -63,6 +63,9 @@ std::string fortunes() {
 }  // namespace
 
 Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
+  if (!(val_fraction > 0 && val_fraction < 0.5))
+    fail("TrainOptions.val_fraction must be in (0, 0.5), got {}", val_fraction);
+  if (seq < 1 || seq > (int64_t{1} << 24)) fail("ModelConfig.seq must be in 1..16777216, got {}", seq);
   const std::string text = path.empty() ? fortunes() : read_file(path);
   const int64_t n = static_cast<int64_t>(text.size());
   const int64_t val = static_cast<int64_t>(static_cast<double>(n) * val_fraction);

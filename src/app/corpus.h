@@ -18,7 +18,8 @@ struct Corpus {
 };
 
 // The text of `path` ("" = Debian's English fortunes), its last `val_fraction` held out. Throws
-// remat::Error for a missing or unreadable file, or one too short for windows of `seq` bytes.
+// remat::Error for a missing or unreadable file, one too short for windows of `seq` bytes, or
+// val_fraction outside (0, 0.5).
 Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq);
 
 // (B, T) inputs and next-byte targets from windows of `text` starting at `starts`.

@@ -81,9 +81,7 @@ uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro) {
   return (z ^ (z >> 31)) & 0x7fffffffffffffffULL;  // at::manual_seed takes it as signed
 }
 
-namespace {
-
-void check_options(const TrainOptions& o) {
+void check_train_options(const TrainOptions& o) {
   validate(o.model);
   if (o.steps < 1) fail("--steps must be >= 1, got {}", o.steps);
   if (o.accum < 1) fail("--accum must be >= 1, got {}", o.accum);
@@ -101,7 +99,10 @@ void check_options(const TrainOptions& o) {
   if (o.zero != 0 && o.zero != 1) fail("--zero must be 0 or 1 (ZeRO-1 shards the Adam moments), got {}", o.zero);
   if (o.zero == 1 && o.dist.world == 1) fail("--zero 1 shards the Adam moments over ranks; give --nproc 2 or more");
   if (o.bucket_bytes <= 0) fail("--bucket-mb must be positive, got {} bytes", o.bucket_bytes);
+  if (!o.save_dir.empty() && o.dist.rank == 0) check_state_dir(o.save_dir);
 }
+
+namespace {
 
 double lr_at(const TrainOptions& o, int64_t step) {
   if (step < o.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup);
@@ -126,7 +127,8 @@ struct Run {
   int64_t step = 0;
   ResolvedPolicy policy;
   std::string policy_text;
-  int64_t predicted_peak = 0;
+  int64_t predicted_peak = 0;  // 0 for uniform:N, which the memory model does not cover
+  int64_t peak_bound = 0;      // uniform:N: an upper bound instead
   bool parallel() const { return o.dist.world > 1; }
   bool leader() const { return o.dist.rank == 0; }
 };
@@ -267,8 +269,24 @@ ModelConfig default_train_model() {
   return m;
 }
 
+// "--policy budget:... fits LIMIT: <the plan>", or why no policy does: what a report of memory that
+// ran out ends with. Planned with estimated costs, in microseconds, nothing allocated.
+std::string plan_that_fits(const Run& r, int64_t limit) {
+  const int64_t budget = limit / 20 * 19;  // 5% for what the tracker cannot see
+  try {
+    ResolveOptions ro;
+    ro.costs = CostSource::Estimated;
+    ro.threads = r.o.threads;
+    const Resolution fit = resolve_policy(Policy::parse(fmt::format("budget:{}", budget)), r.o.model, ro);
+    return fmt::format("--policy budget:{}MiB fits (peak {}): {}", budget >> 20, bytes_str(fit.memory.total_peak()), fit.text);
+  } catch (const Error& e) {
+    return fmt::format("no policy fits {}: {}", bytes_str(budget), e.what());
+  }
+}
+
 TrainResult train(const TrainOptions& given, const std::string& resume_dir,
                   const std::vector<std::string>& explicit_flags) {
+  const int64_t outside = MemoryTracker::live();  // what the process held before this run
   Run r;
   r.o = given;
   r.o.model.vocab = 256;
@@ -277,6 +295,14 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     saved = load_train_state(resume_dir);
     const Json& was = saved->header.at("options");
     r.o = options_from(was, r.o);
+    // Without --data, the saved run's text: its id is "PATH:BYTES:HASH" ("fortunes:..." for the default).
+    if (std::find(explicit_flags.begin(), explicit_flags.end(), "data") == explicit_flags.end()) {
+      const std::string id = was.at("data").get<std::string>();
+      const size_t hash = id.rfind(':'), bytes = hash == std::string::npos || hash == 0 ? hash : id.rfind(':', hash - 1);
+      if (bytes == std::string::npos) fail("train state '{}' names no data ('{}'); give --data", resume_dir, id);
+      const std::string path = id.substr(0, bytes);
+      r.o.data = path == "fortunes" ? std::string() : path;
+    }
     // Flags given now must not change the trajectory of the saved run.
     const Json now = options_json(given, was.at("data").get<std::string>());
     for (const std::string& flag : explicit_flags) {
@@ -295,7 +321,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
            "summed in that order)",
            resume_dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), r.o.threads.blas);
   }
-  check_options(r.o);
+  check_train_options(r.o);
   if (make_model(r.o.model).stem.tensors.empty())
     fail("remat train trains token models (gpt2, llama) on bytes; ModelConfig.arch {} takes float data",
          r.o.model.arch);
@@ -329,25 +355,49 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     r.model->set_grad_sink(r.buckets->sink());
     r.loss_sum = at::zeros({1}, at::kDouble);  // trainer_step_shape counts it
   }
+  // The memory guard. uniform:N chunks run under remat::checkpoint (autograd), which the memory
+  // model does not replay: they are guarded by a bound instead, none's step plus all of its
+  // activations once more (a chunk's rerun in backward never keeps more than that).
+  int64_t needs = 0;
   if (r.policy.chunk == 0) {
-    const StepMemory mem = simulate_memory(r.model->step_plan(), r.o.threads, nullptr, shape);
-    r.predicted_peak = mem.total_peak();
-    const int64_t available = available_memory();
-    if (available > 0 && mem.total_peak() * r.o.dist.world > available * 9 / 10)
-      fail("policy '{}' needs about {} per step on each of {} process(es) and this machine has {} available; try "
-           "--policy budget:{}MiB (the planner then recomputes what it must)",
-           r.o.policy, bytes_str(mem.total_peak()), r.o.dist.world, bytes_str(available),
-           available * 6 / 10 / r.o.dist.world / (1 << 20));
+    r.predicted_peak = simulate_memory(r.model->step_plan(), r.o.threads, nullptr, shape).total_peak();
+    needs = r.predicted_peak;
+  } else {
+    ResolvedPolicy none;
+    none.layers.assign(r.o.model.layers, keep_everything(make_block(r.o.model)));
+    const StepMemory m = simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(r.o.model)), none),
+                                         r.o.threads, nullptr, shape);
+    r.peak_bound = m.total_peak() + m.saved;
+    needs = r.peak_bound;
   }
+  if (r.o.memory_limit > 0) {
+    if (r.policy.chunk == 0 && outside + needs > r.o.memory_limit)
+      fail("policy '{}' peaks at {} per step{}, over TrainOptions.memory_limit {}; {}", r.o.policy, bytes_str(needs),
+           outside > 0 ? " with " + bytes_str(outside) + " held before" : std::string(), bytes_str(r.o.memory_limit),
+           plan_that_fits(r, r.o.memory_limit - outside));
+  } else if (const int64_t available = available_memory(); available > 0 && needs * r.o.dist.world > available * 9 / 10) {
+    fail("policy '{}' needs {} {} per step on each of {} process(es) and this machine has {} available; try "
+         "--policy budget:{}MiB (the planner then recomputes what it must)",
+         r.o.policy, r.policy.chunk == 0 ? "about" : "at most", bytes_str(needs), r.o.dist.world,
+         bytes_str(available), available * 6 / 10 / r.o.dist.world / (1 << 20));
+  }
+  struct Limit {  // the allocator's limit for this run only
+    explicit Limit(int64_t bytes) : before(MemoryTracker::limit()) { MemoryTracker::set_limit(bytes); }
+    ~Limit() { MemoryTracker::set_limit(before); }
+    int64_t before;
+  } limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
   if (saved) {
     restore(r, *saved, resume_dir);
     r.step = saved->header.at("step").get<int64_t>();
     if (r.step >= r.o.steps) fail("the run in '{}' already finished its {} steps", resume_dir, r.o.steps);
   }
 
+  if (r.o.started && r.leader()) r.o.started(r.o, r.step);
+
   TrainResult result;
   result.policy_text = r.policy_text;
   result.predicted_peak = r.predicted_peak;
+  result.peak_bound = r.peak_bound;
   if (r.buckets) result.buckets = r.buckets->buckets();
   int64_t last_saved = saved ? r.step : -1;
   int64_t my_peak = 0;
@@ -362,6 +412,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     r.adam->set_lr(lr);
     for (at::Tensor& p : r.params) p.mutable_grad() = at::Tensor();
     double loss = 0;
+    try {
     for (int64_t micro = 0; micro < r.o.accum; ++micro) {
       // Micro-batch `global` of the step: its data and its dropout are pure functions of
       // (seed, step, global), whichever rank runs it.
@@ -372,6 +423,16 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       if (micro_per_step > 1) l = l / static_cast<double>(micro_per_step);
       l.backward();
       loss += l.item<double>();
+    }
+    } catch (const OutOfMemory& e) {
+      const int64_t limit = (e.limit() > 0 ? e.limit() : available_memory()) - outside;
+      fail_runtime("out of memory in step {} under policy '{}': {} more were asked for with {} live ({}); the step "
+                   "{}; {}",
+                   r.step + 1, r.policy_text, bytes_str(e.requested()), bytes_str(e.live()),
+                   e.limit() > 0 ? "the limit is " + bytes_str(e.limit()) : "the system refused",
+                   r.predicted_peak > 0 ? "was predicted to peak at " + bytes_str(r.predicted_peak)
+                                        : "is not modelled for uniform:N",
+                   plan_that_fits(r, limit));
     }
     double reduce_s = 0, exposed_s = 0;
     if (r.parallel()) {

@@ -57,7 +57,15 @@ struct TrainOptions {
   DistConfig dist;
   int zero = 0;                  // 1: ZeRO-1, each rank keeps the Adam moments of its share only
   int64_t bucket_bytes = 2 << 20;  // gradient buckets close at the first stage boundary past this
+  // Bytes of tensor storage this process may hold (MemoryTracker::set_limit), as a GPU's memory
+  // would bound it; 0 = this machine's memory. A policy whose exact prediction is over it is refused
+  // before the first step; an allocation over it during a step stops the run with a report of the
+  // policy, the bytes the step needed and the plan that fits.
+  int64_t memory_limit = 0;
   std::function<void(const TrainProgress&)> progress;  // called after every step on rank 0; may be empty
+  // Called once on rank 0 before the first step, with the options the run trains with (on --resume,
+  // the saved run's, not the defaults of the flags left out) and the step it starts at. May be empty.
+  std::function<void(const TrainOptions&, int64_t first_step)> started;
 };
 
 // The default shape for `remat train`: 4 layers, dim 256, 8 heads, batch 16, seq 128.
@@ -81,7 +89,10 @@ struct TrainResult {
   double final_val_loss = 0;
   std::string weights_digest;    // remat::digest of the final weights
   std::string policy_text;       // the policy as resolved (a budget shows the plan)
-  int64_t predicted_peak = 0;    // the memory model's total peak for one step, of this rank
+  int64_t predicted_peak = 0;    // the memory model's total peak for one step, of this rank; 0 when
+                                 // the policy is uniform:N, which the model does not cover
+  int64_t peak_bound = 0;        // uniform:N: an upper bound on that peak (none's step plus its
+                                 // activations again), which the memory guard used
   std::vector<int64_t> rank_peaks;      // measured peak of each rank (its largest step), on rank 0
   std::vector<int64_t> rank_predicted;  // and predicted
   int buckets = 0;                      // gradient buckets (data parallelism)
@@ -90,6 +101,10 @@ struct TrainResult {
   // Training and validation loss against step (.png or .svg).
   void write_chart(const std::string& path, const std::string& title) const;
 };
+
+// Throws remat::Error naming the first bad option (a count, a rate, a ZeRO stage for the world
+// size, a --save folder this process cannot write: checked before any step). train() calls it.
+void check_train_options(const TrainOptions& options);
 
 // Runs training, or continues the run saved in `resume_dir`. When resuming, the saved options
 // are used; `explicit_flags` names the options the user gave on the command line ("dim", "lr"), and

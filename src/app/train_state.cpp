@@ -61,6 +61,36 @@ const at::Tensor& TrainState::tensor(const std::string& name) const {
   fail("train state has no tensor '{}'; it was written by another model or version", name);
 }
 
+void check_state_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (dir.empty()) fail("the train state folder is empty; give a folder name");
+  const fs::path p(dir);
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec)) fail("cannot save a train state in '{}': it is not a folder", dir);
+  // Create what is missing, try the file, and remove what was created, deepest first.
+  std::vector<fs::path> created;
+  for (fs::path at = fs::absolute(p, ec); !at.empty() && !fs::exists(at, ec); at = at.parent_path()) {
+    created.push_back(at);
+    if (at == at.parent_path()) break;
+  }
+  fs::create_directories(p, ec);
+  const std::string why = ec ? ec.message() : std::string();
+  auto undo = [&] {
+    for (const fs::path& c : created) fs::remove(c, ec);
+  };
+  if (!why.empty()) {
+    undo();
+    fail("cannot save a train state in '{}': {}", dir, why);
+  }
+  try {
+    check_writable(path_of(dir));
+  } catch (const Error&) {
+    undo();
+    throw;
+  }
+  undo();
+}
+
 void save_train_state(const std::string& dir, const TrainState& state) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

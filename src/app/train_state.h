@@ -28,6 +28,10 @@ struct TrainState {
 // Writes DIR/state.bin atomically, creating DIR if needed. Throws remat::Error on I/O failure.
 void save_train_state(const std::string& dir, const TrainState& state);
 
+// Throws a usage remat::Error naming `dir` unless save_train_state(dir, ...) could write there: the
+// folder exists and takes a new file, or it can be created. Creates nothing that outlives the call.
+void check_state_dir(const std::string& dir);
+
 // Reads DIR/state.bin. Throws remat::Error (usage kind) for a missing, truncated or corrupt file,
 // or an unknown format version, naming the file and what is wrong.
 TrainState load_train_state(const std::string& dir);

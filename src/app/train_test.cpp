@@ -12,6 +12,11 @@
 #include <gtest/gtest.h>
 
 #include "remat/error.h"
+#include "remat/memory.h"
+#include "remat/block.h"
+#include "remat/policy.h"
+#include "remat/units.h"
+#include "remat/memory_model.h"
 #include "app/train_state.h"
 #include "test_util.h"
 
@@ -317,6 +322,54 @@ TEST(Train, BadOptionsAreRefused) {
   o = tiny("");
   o.policy = "attn+";
   EXPECT_THROW(train(o), Error);
+}
+
+// none's exact bytes for one step of `o`.
+StepMemory none_step(const TrainOptions& o) {
+  const ResolvedPolicy none = Policy::parse("none").resolve(make_block(o.model), o.model.layers);
+  return simulate_memory(o.model, none, o.threads);
+}
+
+// A step that runs out of memory stops with a report: the policy, the bytes it needed, the plan
+// that fits. uniform:N is not modelled exactly, so nothing refuses it before the step.
+TEST(TrainMemory, OutOfMemoryDuringAStepNamesThePlanThatFits) {
+  TrainOptions o = tiny(corpus_file(temp_dir("oom")));
+  o.steps = 2;
+  o.policy = "uniform:1";
+  // Room for the weights, the optimizer state and the batch, and 1 KiB more: no step fits.
+  o.memory_limit = MemoryTracker::live() + none_step(o).base() + 1024;
+  try {
+    train(o);
+    FAIL() << "a limit below any step did not stop the step";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.kind(), Error::Kind::Runtime);
+    EXPECT_TRUE(contains(m, "out of memory in step 1 under policy 'uniform:1'")) << m;
+    EXPECT_TRUE(contains(m, "the limit is " + bytes_str(o.memory_limit))) << m;
+    EXPECT_TRUE(contains(m, "no policy fits")) << m;
+  }
+  EXPECT_EQ(MemoryTracker::limit(), 0);  // the run's limit is lifted again
+}
+
+// A policy whose exact prediction is over the limit is refused before the first step.
+TEST(TrainMemory, PredictionOverTheLimitIsRefusedFirst) {
+  TrainOptions o = tiny(corpus_file(temp_dir("oom_first")));
+  o.steps = 2;
+  const int64_t peak = none_step(o).total_peak();
+  o.memory_limit = MemoryTracker::live() + peak - 1;  // one byte short of none's exact peak
+  o.progress = [](const TrainProgress&) { FAIL() << "a step ran"; };
+  try {
+    train(o);
+    FAIL() << "none over the limit was not refused";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.kind(), Error::Kind::Usage);
+    EXPECT_TRUE(contains(m, "policy 'none' peaks at " + bytes_str(peak))) << m;
+    EXPECT_TRUE(contains(m, "--policy budget:")) << m;  // and the plan that fits
+  }
+  o.memory_limit += 1;  // at the exact peak it trains
+  o.progress = nullptr;
+  EXPECT_NO_THROW(train(o));
 }
 
 }  // namespace

@@ -386,8 +386,11 @@ std::vector<std::string> split_policy_list(std::string_view list) {
       if (!pieces.empty() && continues(pieces.back(), piece)) pieces.back() += "," + std::string(piece);
       else pieces.emplace_back(piece);
     }
-    for (std::string& p : pieces)
-      if (!p.empty()) out.push_back(std::move(p));
+    for (std::string& p : pieces) {
+      if (p.empty())
+        fail("empty policy in the list '{}'; separate policies with one ',' or ';' (e.g. none,full)", list);
+      out.push_back(std::move(p));
+    }
   }
   return out;
 }

@@ -141,6 +141,10 @@ TEST(Policy, SplitsListsWithoutBreakingPolicies) {
 }
 
 // Errors: one line each, naming the bad token.
+TEST(PolicyErrors, EmptyPieceOfAList) {
+  EXPECT_TRUE(contains(error_of([] { split_policy_list("none,,full"); }), "empty policy in the list 'none,,full'"));
+  EXPECT_TRUE(contains(error_of([] { split_policy_list("none;"); }), "empty policy in the list"));
+}
 TEST(PolicyErrors, Empty) { EXPECT_TRUE(contains(parse_error(""), "empty policy")); }
 TEST(PolicyErrors, UnknownPreset) {
   const std::string e = parse_error("atn");

@@ -471,7 +471,14 @@ LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Devic
 SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
                             const PlanOptions& options) {
   validate(cfg);
-  if (space.gpus < 1) fail("SearchSpace.gpus must be a positive integer, got {}", space.gpus);
+  constexpr int64_t kMostGpus = int64_t{1} << 20;
+  if (space.gpus < 1 || space.gpus > kMostGpus)
+    fail("SearchSpace.gpus must be in 1..{}, got {}", kMostGpus, space.gpus);
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"tp", space.tp}, {"pp", space.pp}, {"dp", space.dp},
+                         {"vpp", space.vpp}, {"micro_batch", space.micro_batch}})
+    if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 1..{} (0: searched), got {}", name, kMostGpus, v);
+  if (space.zero_fixed < -1 || space.zero_fixed > 3)
+    fail("SearchSpace.zero must be a ZeRO stage 0..3, got {}", space.zero_fixed);
   if (space.global_batch < 1) fail("SearchSpace.global_batch must be a positive integer, got {}", space.global_batch);
   if (top < 1) fail("search_layouts: top must be >= 1, got {}", top);
   Evaluator e(cfg, device, options);

@@ -20,31 +20,9 @@ namespace {
 
 using testing::tiny;
 
-struct Measured {
-  int64_t base = 0, saved = 0, peak = 0;
-};
+using Measured = testing::MeasuredStep;
 
-// One real training step (forward, backward, Adam) measured by the tracker.
-Measured measure(const ModelConfig& c, const ResolvedPolicy& policy) {
-  Measured m;
-  const int64_t empty = MemoryTracker::live();
-  at::manual_seed(1);
-  GPT model(c, policy);
-  Adam adam(model->parameters(), AdamOptions{1e-3});
-  at::manual_seed(2);
-  auto [input, target] = random_batch(c);
-  const int64_t before = MemoryTracker::live();
-  m.base = before - empty;
-  MemoryTracker::reset_peak();
-  {
-    at::Tensor loss = model->forward(input, target);
-    m.saved = MemoryTracker::live() - before;
-    loss.backward();
-  }
-  adam.step();
-  m.peak = MemoryTracker::peak() - before;
-  return m;
-}
+Measured measure(const ModelConfig& c, const ResolvedPolicy& policy) { return testing::measure_step(c, policy); }
 
 void expect_equal(const ModelConfig& c, const std::string& p) {
   const ResolvedPolicy policy = Policy::parse(p).resolve(make_block(c), c.layers);

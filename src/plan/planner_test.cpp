@@ -69,10 +69,12 @@ TEST(Plan, FitsTheBudgetOrNamesTheMinimum) {
   EXPECT_EQ(none.step_ms, none.none_step_ms);  // 100% of none's peak: nothing to recompute
   for (double pct : {95.0, 85.0, 75.0}) {
     const Plan p = make_plan(c, Budget{0, pct}, costs, pins);
-    if (!p.fits) continue;
-    EXPECT_LE(p.memory.total_peak(), p.budget) << pct;
-    const StepMemory check = simulate_memory(c, p.policy);
-    EXPECT_EQ(check.total_peak(), p.memory.total_peak());
+    ASSERT_TRUE(p.fits) << pct;  // a tiny GPT-2 with dropout has plans well below these
+    EXPECT_GT(p.step_ms, none.step_ms) << pct;  // something is recomputed
+    // The plan's peak is what a real step under it measures, and within the budget.
+    const testing::MeasuredStep m = testing::measure_step(c, p.policy);
+    EXPECT_EQ(m.base + m.peak, p.memory.total_peak()) << pct;
+    EXPECT_LE(m.base + m.peak, p.budget) << pct;
   }
   const Plan tight = make_plan(c, Budget{none.none_memory.base() + 1, 0}, costs, pins);
   EXPECT_FALSE(tight.fits);

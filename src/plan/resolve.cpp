@@ -1,6 +1,7 @@
 // resolve_policy: the one way a policy string becomes per-layer choices.
 #include "remat/resolve.h"
 
+#include "remat/costs.h"
 #include "remat/error.h"
 #include "remat/units.h"
 
@@ -17,9 +18,15 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
     return r;
   }
   const LayerPolicy pins = policy.pins(spec->block);  // name errors before any measuring
-  if (o.progress) o.progress(fmt::format("planning {}", policy.text()));
-  const CostModel costs = o.given ? *o.given : choose_costs(cfg, o.costs, o.threads);
-  const Plan plan = make_plan(cfg, policy.budget(), costs, pins);
+  // Whether any policy meets the budget does not depend on the op costs: ask with placeholder
+  // costs first, so that an impossible budget is refused before anything is measured.
+  Plan plan = make_plan(cfg, policy.budget(), estimate_costs(*spec, MachineRates{1.0, 1.0}), pins);
+  if (plan.fits) {
+    if (o.progress) o.progress(fmt::format("planning {}", policy.text()));
+    const CostModel costs = o.given ? *o.given : choose_costs(cfg, o.costs, o.threads);
+    plan = make_plan(cfg, policy.budget(), costs, pins);
+    r.costs = costs;
+  }
   if (!plan.fits)
     fail("budget {} cannot be met: the smallest peak any policy reaches is {} (weights {}, optimizer {}, data {}, "
          "activations and gradients {})",
@@ -28,7 +35,6 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
   r.policy = plan.policy;
   r.text = plan.policy_text;
   r.memory = plan.memory;
-  r.costs = costs;
   r.plan = plan;
   return r;
 }

@@ -1,5 +1,6 @@
 #include "remat/memory.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,24 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+
+// Under AddressSanitizer the free-block cache is off (a block handed out again hides a
+// use-after-free) and block headers are poisoned (a write before a tensor's data is reported).
+#if defined(__SANITIZE_ADDRESS__)
+#define REMAT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define REMAT_ASAN 1
+#endif
+#endif
+#ifdef REMAT_ASAN
+#include <sanitizer/asan_interface.h>
+#define REMAT_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define REMAT_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define REMAT_POISON(p, n) ((void)(p), (void)(n))
+#define REMAT_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 #ifdef REMAT_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -23,16 +42,22 @@ namespace {
 // c10's own allocator). The DataPtr's context is the data pointer itself, so raw_deleter works.
 constexpr size_t kHeader = 64;
 constexpr size_t kAlign = 64;
+#ifdef REMAT_ASAN
+constexpr int64_t kDefaultCacheLimit = 0;
+#else
+constexpr int64_t kDefaultCacheLimit = int64_t{8} << 30;
+#endif
 
 std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_allocations{0};
+std::atomic<int64_t> g_limit{0};
 
 struct Cache {
   std::mutex mu;
   std::unordered_map<size_t, std::vector<void*>> free;  // block size -> free blocks
   int64_t bytes = 0;
-  int64_t limit = int64_t{8} << 30;
+  int64_t limit = kDefaultCacheLimit;
 };
 Cache& cache() {
   static Cache* c = new Cache();  // never destroyed: storages may be freed during exit
@@ -49,12 +74,14 @@ void release(void* data) {
   if (data == nullptr) return;
   char* block = static_cast<char*>(data) - kHeader;
   size_t n;
+  REMAT_UNPOISON(block, kHeader);
   std::memcpy(&n, block, sizeof n);
   g_live.fetch_sub(static_cast<int64_t>(n), std::memory_order_relaxed);
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.bytes + static_cast<int64_t>(n) <= c.limit) {
+      REMAT_POISON(block, kHeader);
       c.free[n].push_back(block);
       c.bytes += static_cast<int64_t>(n);
       return;
@@ -64,6 +91,9 @@ void release(void* data) {
 }
 
 void* acquire(size_t n) {
+  const int64_t limit = g_limit.load(std::memory_order_relaxed);
+  if (limit > 0 && g_live.load(std::memory_order_relaxed) + static_cast<int64_t>(n) > limit)
+    throw OutOfMemory(static_cast<int64_t>(n), g_live.load(std::memory_order_relaxed), limit);
   Cache& c = cache();
   void* block = nullptr;
   {
@@ -72,13 +102,16 @@ void* acquire(size_t n) {
     if (it != c.free.end() && !it->second.empty()) {
       block = it->second.back();
       it->second.pop_back();
+      REMAT_UNPOISON(block, kHeader);
       c.bytes -= static_cast<int64_t>(n);
     }
   }
   if (block == nullptr) {
-    if (posix_memalign(&block, kAlign, n + kHeader) != 0) throw std::bad_alloc();
+    if (n > (size_t{1} << 62) || posix_memalign(&block, kAlign, n + kHeader) != 0)
+      throw OutOfMemory(static_cast<int64_t>(std::min<size_t>(n, size_t{1} << 62)), g_live.load(std::memory_order_relaxed), 0);
     std::memcpy(block, &n, sizeof n);
   }
+  REMAT_POISON(block, kHeader);
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   raise_peak(g_live.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n));
   return static_cast<char*>(block) + kHeader;
@@ -100,6 +133,18 @@ std::once_flag g_install;
 std::atomic<bool> g_installed{false};
 
 }  // namespace
+
+OutOfMemory::OutOfMemory(int64_t requested, int64_t live, int64_t limit)
+    : Error(limit > 0 ? fmt::format("out of memory: {} B asked for with {} B live, over the limit of {} B", requested, live, limit)
+                      : fmt::format("out of memory: the system refused {} B with {} B live", requested, live),
+            Kind::Runtime),
+      requested_(requested),
+      live_(live),
+      limit_(limit) {}
+
+void MemoryTracker::set_limit(int64_t bytes) { g_limit.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
+
+int64_t MemoryTracker::limit() { return g_limit.load(std::memory_order_relaxed); }
 
 void MemoryTracker::install() {
   std::call_once(g_install, [] {
@@ -151,7 +196,7 @@ void MemoryTracker::release_cache() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   for (auto& [size, blocks] : c.free)
-    for (void* b : blocks) std::free(b);
+    for (void* b : blocks) REMAT_UNPOISON(b, kHeader), std::free(b);
   c.free.clear();
   c.bytes = 0;
 }
@@ -159,6 +204,9 @@ void MemoryTracker::release_cache() {
 void MemoryTracker::set_cache_limit(int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(cache().mu);
+#ifdef REMAT_ASAN
+    bytes = 0;  // see REMAT_ASAN above
+#endif
     cache().limit = bytes < 0 ? 0 : bytes;
   }
   if (reserved() - live() > bytes) release_cache();

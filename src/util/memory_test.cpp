@@ -74,8 +74,26 @@ TEST(Memory, CountsAllocationsIncludingEmptyTensors) {
   const int64_t before = MemoryTracker::live();
   at::Tensor e = at::empty({0}, at::kFloat);
   at::Tensor f = at::empty({4}, at::kFloat);
-  EXPECT_GE(MemoryTracker::allocations() - n, 1);
+  EXPECT_EQ(MemoryTracker::allocations() - n, 2);  // the empty tensor's storage is allocated too
+  EXPECT_EQ(e.numel(), 0);
   EXPECT_EQ(MemoryTracker::live() - before, 16);
+}
+
+TEST(Memory, ALimitRefusesWhatWouldPassIt) {
+  const int64_t live = MemoryTracker::live();
+  MemoryTracker::set_limit(live + 4096);
+  at::Tensor fits = at::empty({1024}, at::kFloat);  // exactly at the limit
+  try {
+    at::Tensor over = at::empty({1}, at::kFloat);
+    MemoryTracker::set_limit(0);
+    FAIL() << "an allocation over the limit was made";
+  } catch (const OutOfMemory& e) {
+    MemoryTracker::set_limit(0);
+    EXPECT_EQ(e.requested(), 4);
+    EXPECT_EQ(e.live(), live + 4096);
+    EXPECT_EQ(e.limit(), live + 4096);
+  }
+  EXPECT_EQ(MemoryTracker::live(), live + 4096);  // the refused one was never counted
 }
 
 }  // namespace

@@ -49,11 +49,16 @@ ThreadConfig data_parallel_threads(int ranks) {
 
 ThreadConfig parse_threads(std::string_view text) {
   const size_t slash = text.find('/');
-  if (slash == std::string_view::npos) {
-    const int n = positive_int(text, text);
-    return {n, n};
-  }
-  return {positive_int(text.substr(0, slash), text), positive_int(text.substr(slash + 1), text)};
+  const ThreadConfig t = slash == std::string_view::npos
+                             ? ThreadConfig{positive_int(text, text), positive_int(text, text)}
+                             : ThreadConfig{positive_int(text.substr(0, slash), text), positive_int(text.substr(slash + 1), text)};
+  // Past a few threads per core they only wait for each other (999 ATen threads on 2 cores take
+  // minutes for a millisecond step).
+  const int most = 4 * default_threads().blas;
+  if (t.aten > most || t.blas > most)
+    fail("ThreadConfig '{}': at most {} threads each on this machine's {} cores (4 per core)", text, most,
+         default_threads().blas);
+  return t;
 }
 
 void apply_threads(const ThreadConfig& t) {

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Bad input, one row per case (issue 13). Every row must: exit with code 2; write exactly one line
+# on stderr, "remat: error: ...", containing the row's text (the bad value and what is allowed);
+# print no result or progress (the refusal comes before any work); finish within a minute (no
+# hang); and leave the sandbox exactly as it was: no file created, changed or replaced, devices and
+# FIFOs included. Usage: bad_input_test.sh path/to/remat
+set -u
+remat=$(realpath "$1")
+box=$(mktemp -d) scratch=$(mktemp -d)
+trap 'rm -rf "$box" "$scratch"' EXIT
+failures=0
+cases=0
+
+# ---- the sandbox: files a user already has, which bad input must not touch ------------------------
+echo '{"kept": true}' > "$box/keep.json"
+echo 'kept,1' > "$box/keep.csv"
+for i in $(seq 1 2000); do echo "line $i: the fox and the dog met $((i * 7 % 13)) times by the river."; done > "$box/text.txt"
+printf 'tiny' > "$box/tiny.txt"
+mkdir "$box/folder" "$box/fifo_run" "$box/garbage" "$box/truncated"
+mkfifo "$box/fifo" "$box/fifo_run/state.bin"
+shape=(--layers 1 --dim 16 --heads 2 --batch 2 --seq 16)
+"$remat" train "${shape[@]}" --steps 2 --eval-every 0 --data "$box/text.txt" --threads 1/1 --save "$box/run" \
+  >/dev/null 2>"$box/setup.err" || { echo "FAIL: setting up a train state: $(cat "$box/setup.err")"; exit 1; }
+rm "$box/setup.err"
+printf 'REMATTS1 this is not a train state' > "$box/garbage/state.bin"
+head -c 300 "$box/run/state.bin" > "$box/truncated/state.bin"
+echo '{"name": 5}' > "$box/device-type.json"
+echo '{' > "$box/device-syntax.json"
+
+# The sandbox as (type, path, inode; size and mtime but for folders, whose mtime a write check's
+# temporary file moves) and the content of every regular file.
+snapshot() {
+  find "$box" -type d -printf '%y %p %i\n' -o -printf '%y %p %s %T@ %i\n' | sort
+  find "$box" -type f -exec md5sum {} + | sort
+}
+before=$(snapshot)
+
+tiny=(--layers 2 --dim 16 --heads 4 --batch 2 --seq 8 --steps 1 --warmup 0)
+gpt3=(--model gpt3-175b --gpus 64 --device a100-80gb)
+
+# bad TEXT ARGS...: one row.
+bad() {
+  local text=$1
+  shift
+  cases=$((cases + 1))
+  (cd "$box" && timeout 60 "$remat" "$@" >"$scratch/out" 2>"$scratch/err" </dev/null)
+  local rc=$? why=""
+  local out="$scratch/out" err="$scratch/err"
+  if [ "$rc" -eq 124 ]; then why="hung (killed after 60 s)"
+  elif [ "$rc" -ne 2 ]; then why="exit $rc, not 2"
+  elif [ "$(grep -c . "$err")" -ne 1 ]; then why="$(grep -c . "$err") lines on stderr, not 1"
+  elif ! grep -q '^remat: error: ' "$err"; then why="stderr is not 'remat: error: ...'"
+  elif ! grep -qF -- "$text" "$err"; then why="stderr lacks '$text'"
+  elif grep -qE '^\||weights digest|^step ' "$out"; then why="it did work before refusing"
+  fi
+  local now
+  now=$(snapshot)
+  if [ -z "$why" ] && [ "$now" != "$before" ]; then
+    why="the sandbox changed: $(diff <(echo "$before") <(echo "$now") | grep '^[<>]' | head -3 | tr '\n' ' ')"
+    before=$now
+  fi
+  if [ -n "$why" ]; then
+    echo "FAIL: remat $*: $why"
+    sed 's/^/  stderr: /' "$err" | head -5
+    failures=$((failures + 1))
+  fi
+  rm -f "$out" "$err"
+}
+
+# ---- flags and their values ---------------------------------------------------------------------
+bad "The following argument was not expected: --bogus" bench --bogus
+bad "A subcommand is required" --layers 2
+bad "--layers must be a positive integer, got 0" bench "${tiny[@]}" --layers 0
+bad "--batch must be a positive integer, got -1" bench "${tiny[@]}" --batch -1
+bad "--dim 16 is not divisible by --heads 3" bench "${tiny[@]}" --heads 3
+bad "--heads 4 is not divisible by --kv-heads 3" bench "${tiny[@]}" --arch llama --kv-heads 3
+bad "--ffn must be >= 0 (0 means 4 * dim), got -4" bench "${tiny[@]}" --ffn -4
+bad "--attn-block must be a positive integer, got 0" bench "${tiny[@]}" --attn-block 0
+bad "--dropout must be in [0, 1), got 1.5" bench "${tiny[@]}" --arch gpt2 --dropout 1.5
+bad "--dropout must be in [0, 1), got nan" bench "${tiny[@]}" --arch gpt2 --dropout nan
+bad "unknown --arch 'gpt5'; allowed: seed, gpt2" bench "${tiny[@]}" --arch gpt5
+bad "unknown --engine 'gpu'; allowed: module, ops" bench "${tiny[@]}" --engine gpu
+bad "unknown --attention 'sdpa'" bench "${tiny[@]}" --attention sdpa
+bad "--attention takes one of math, flash here, got 'math,flash'" train --attention math,flash
+bad "--steps must be >= 1, got 0" bench "${tiny[@]}" --steps 0
+bad "--warmup must be >= 0, got -1" bench "${tiny[@]}" --warmup -1
+bad "--threads 'x'" bench "${tiny[@]}" --threads x
+bad "--threads '0/1': expected N or A/B with positive integers" bench "${tiny[@]}" --threads 0/1
+bad "--threads '999/1': at most" bench "${tiny[@]}" --threads 999/1
+bad "recomputes only some tensors" bench "${tiny[@]}" --policies attn --engine module
+bad "--json was given an empty value" bench "${tiny[@]}" --json ''
+bad "--policies was given an empty value" bench "${tiny[@]}" --policies ''
+# ---- sizes: limits that say why, overflow-safe products, out-of-range integers --------------------
+bad "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads 1 --budget 1GB
+bad "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB
+bad "--layers 100000000 is over the limit 16384" plan --layers 100000000 --budget 1GB
+bad "makes tensors of" plan --batch 16000000 --seq 16000000 --budget 1GB
+bad "--seq: '99999999999999999999' is out of range (a 64-bit integer)" plan --seq 99999999999999999999 --budget 1GB
+bad "--layers: '-99999999999999999999' is out of range" bench --layers -99999999999999999999
+bad "with math attention, none (every bench's reference step) is predicted to peak at" \
+  bench --arch gpt2 --seq 65536 --batch 8 --policies none --steps 1 --warmup 0
+bad "needs at most" train --policy uniform:2 --batch 100000 --seq 1024 --data "$box/text.txt"
+bad "needs about" train --policy none --batch 100000 --seq 1024 --data "$box/text.txt"
+# ---- policies and budgets -----------------------------------------------------------------------
+bad "unknown policy term 'atn'" bench "${tiny[@]}" --policies none,atn
+bad "empty policy in the list 'none,,full'" bench "${tiny[@]}" --policies none,,full
+bad "every:K needs a positive integer, got '0'" bench "${tiny[@]}" --policies every:0
+bad "every:K needs a positive integer, got '99999999999999999999'" bench "${tiny[@]}" --policies every:99999999999999999999
+bad "exceeds the model's 2 layers (0-1)" bench "${tiny[@]}" --policies layers:5-9=full
+bad "unknown tensor 'nope' in 'save:nope'" bench "${tiny[@]}" --policies save:nope
+bad "bad budget '0'" bench "${tiny[@]}" --policies budget:0
+bad "bad budget '-5%'" bench "${tiny[@]}" --policies budget:-5%
+bad "budget '99999999999999999999999GB' is too large" bench "${tiny[@]}" --policies budget:99999999999999999999999GB
+bad "budget 1000 B cannot be met" bench "${tiny[@]}" --policies none,budget:1KB
+bad "unknown policy term 'atn'" train --policy atn
+bad "--budget is required" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2
+bad "bad budget unit 'XB' in '12XB'" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 12XB
+bad "cannot be met: the smallest peak any policy reaches is" plan --model gpt3-175b --budget 80GB
+bad "unknown tensor 'ln9'" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 1GB --pins keep:ln9
+bad "unknown cost source 'magic'; allowed: auto, measured, estimated" plan --budget 1GB --costs magic
+bad "unknown --dtype 'fp8'; allowed: fp32, bf16, fp16" plan --budget 1GB --dtype fp8
+bad "unknown --model 'gpt5'" plan --model gpt5 --budget 1GB
+# ---- multi-GPU layouts --------------------------------------------------------------------------
+bad "--device 'tpu9' is neither a preset (h100-80gb" plan --model gpt3-175b --gpus 64 --device tpu9
+bad "--device file 'device-type.json': a field has the wrong type" plan --model gpt3-175b --gpus 64 --device device-type.json
+bad "--device file 'device-syntax.json' is not JSON" plan --model gpt3-175b --gpus 64 --device device-syntax.json
+bad "--device is required to plan a multi-GPU run" plan --model gpt3-175b --gpus 64
+bad "--tp 3 x --pp 2 x --dp 2 is 12 GPUs, not --gpus 8" plan --model gpt3-175b --gpus 8 --tp 3 --pp 2 --dp 2 --device h100-80gb
+bad "--gpus must be in 1..1048576, got 0" plan --model gpt3-175b --gpus 0 --device a100-80gb
+bad "--pp must be in 1..1048576, got 0" plan "${gpt3[@]}" --pp 0
+bad "--micro-batch must be in 1..1048576, got -2" plan "${gpt3[@]}" --micro-batch -2
+bad "--zero must be a ZeRO stage 0..3, got 4" plan "${gpt3[@]}" --zero 4
+bad "bad --grad-dtype 'fp8'" plan "${gpt3[@]}" --grad-dtype fp8
+bad "--budget and --reserve both" plan "${gpt3[@]}" --budget 70GiB --reserve 1GiB
+bad "is a budget; a layout plans each stage" plan "${gpt3[@]}" --policies budget:50%
+bad "--top must be in 1..100, got 0" plan "${gpt3[@]}" --top 0
+# ---- output files: refused before any work, nothing replaced --------------------------------------
+bad "cannot write '/nonexistent-dir/r.json'" bench "${tiny[@]}" --json /nonexistent-dir/r.json
+bad "cannot write '/nonexistent/x.md'" bench "${tiny[@]}" --markdown /nonexistent/x.md
+bad "cannot write 'folder': it is a directory" bench "${tiny[@]}" --csv folder
+bad "unknown format '.jpg'" bench "${tiny[@]}" --chart c.jpg
+bad "unknown format '.svg;id'" bench "${tiny[@]}" --chart 'x.svg;id'
+bad "unknown format" bench "${tiny[@]}" --chart 'x$(id>&2).jpg' --json keep.json
+bad "cannot write '/nonexistent/a.csv'" train --csv /nonexistent/a.csv --data "$box/text.txt"
+bad "chart 'a.gif': unknown format '.gif'" train --chart a.gif --data "$box/text.txt"
+bad "cannot save a train state in 'keep.json': it is not a folder" train --save keep.json --data "$box/text.txt"
+bad "cannot save a train state in '/proc/nope'" train --save /proc/nope --data "$box/text.txt"
+# ---- training options ---------------------------------------------------------------------------
+bad "--steps must be >= 1, got 0" train --steps 0
+bad "--accum must be >= 1, got 0" train --accum 0
+bad "--weight-decay must be a finite number >= 0, got nan" train --weight-decay nan --steps 1
+bad "--clip must be a finite number >= 0 (0 = off), got nan" train --clip nan --steps 1
+bad "--lr inf and --min-lr" train --lr inf --steps 1
+bad "--lr -1 and --min-lr" train --lr -1
+bad "--save-every must be >= 0, got -3" train --save-every -3
+bad "--eval-every must be >= 0" train --eval-every -1
+bad "--seed: must be a non-negative integer, got '-1'" train --seed -1 --steps 1
+bad "remat train trains token models" train --arch seed
+bad "--nproc must be in 1..256, got 0" train --nproc 0
+bad "--zero must be 0 or 1" train --zero 2 --nproc 2 --data "$box/text.txt"
+bad "--zero 1 shards the Adam moments over ranks; give --nproc 2" train --zero 1 --data "$box/text.txt"
+bad "--master 'foo' must be ADDR:PORT" train --master foo --rank 0 --world-size 2
+bad "the port must be in 1..65535" train --rank 0 --world-size 2 --master 127.0.0.1:99999
+bad "--rank, --world-size and --master ADDR:PORT go together" train --rank 0
+bad "--dist-timeout must be a positive number of seconds, got 0" train --dist-timeout 0
+bad "--bucket-mb must be in (0, 4096], got 0" train --bucket-mb 0
+# ---- input files: data and train states ---------------------------------------------------------
+bad "cannot read --data '/nonexistent/t.txt'" train --data /nonexistent/t.txt
+bad "--data was given an empty value" train --data '' --steps 1
+bad "is not a regular file (a folder, FIFO or device)" train --data folder --steps 1
+bad "is not a regular file (a folder, FIFO or device)" train --data fifo --steps 1
+bad "is not a regular file (a folder, FIFO or device)" train --data /dev/zero --steps 1
+bad "has 4 bytes; with --seq 128 and 10% held out it needs at least 1290" train --data tiny.txt --steps 1
+bad "cannot read train state '/nonexistent/state.bin'" train --resume /nonexistent
+bad "is not a regular file (a FIFO, device or folder)" train --resume fifo_run
+bad "is corrupt or truncated" train --resume garbage
+bad "is corrupt or truncated" train --resume truncated
+bad "--dim 32 differs from the run saved in 'run' (16)" train --resume run --dim 32
+bad "the run in 'run' already finished its 2 steps" train --resume run --data "$box/text.txt"
+bad "the run in 'run' was trained with 1 ATen thread(s)" train --resume run --threads 2/1 --data "$box/text.txt"
+bad "cannot read train state '/nonexistent/state.bin'" sample --load /nonexistent
+bad "is not a regular file (a FIFO, device or folder)" sample --load fifo_run
+bad "is corrupt or truncated" sample --load garbage
+bad "--load is required" sample
+bad "--tokens must be in 0..1000000" sample --load run --tokens 99999999999
+bad "--temperature must be > 0, got -1" sample --load run --temperature -1
+bad "--top-k must be in 0..256 (0 = all), got -2" sample --load run --top-k -2
+bad "--prompt was given an empty value" sample --load run --prompt ''
+
+if [ "$failures" -ne 0 ]; then echo "$failures of $cases bad-input cases failed"; exit 1; fi
+echo "$cases bad-input cases: each refused with exit 2 and one line, before any work, touching no file"

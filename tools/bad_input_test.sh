@@ -90,6 +90,8 @@ bad "--threads '999/1': at most" bench "${tiny[@]}" --threads 999/1
 bad "recomputes only some tensors" bench "${tiny[@]}" --policies attn --engine module
 bad "--json was given an empty value" bench "${tiny[@]}" --json ''
 bad "--policies was given an empty value" bench "${tiny[@]}" --policies ''
+bad "unknown --blas-kernel 'Pentium'; allowed: auto, keep, Prescott" bench "${tiny[@]}" --blas-kernel Pentium
+bad "unknown --blas-kernel 'fast'; allowed: auto, keep" train --blas-kernel=fast
 # ---- sizes: limits that say why, overflow-safe products, out-of-range integers --------------------
 bad "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads 1 --budget 1GB
 bad "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB

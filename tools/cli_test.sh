@@ -36,6 +36,14 @@ diffs=$(grep -o '"grad_max_abs_diff": *[^,}]*' "$tmp/r.json" | sed 's/.*: *//')
   { echo "FAIL: gradients differ: $(tr '\n' ' ' <<<"$diffs")"; failures=$((failures + 1)); }
 grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((failures + 1)); }
 
+# The BLAS kernel: --blas-kernel NAME re-executes once with it and says so; a kernel the user set
+# in OPENBLAS_CORETYPE is never changed.
+kernel_line() { "$remat" bench "${tiny[@]}" --policies none --engine ops "$@" 2>/dev/null | grep '^  BLAS: '; }
+kernel_line --blas-kernel Sandybridge | grep -q "Sandybridge .*(chosen with --blas-kernel; OpenBLAS picked" ||
+  { echo "FAIL: --blas-kernel Sandybridge: $(kernel_line --blas-kernel Sandybridge)"; failures=$((failures + 1)); }
+OPENBLAS_CORETYPE=Nehalem kernel_line --blas-kernel Sandybridge | grep -q "Nehalem .*forced by OPENBLAS_CORETYPE=Nehalem" ||
+  { echo "FAIL: OPENBLAS_CORETYPE overridden"; failures=$((failures + 1)); }
+
 # The llama block runs on the engine, every recompute verified bitwise.
 "$remat" bench --arch llama --kv-heads 2 --dropout 0.1 "${tiny[@]}" --policies none,attn,mlp-act,norm,full --verify \
   --json "$tmp/llama.json" >"$tmp/out" 2>"$tmp/err" || { echo "FAIL: llama bench: $(cat "$tmp/err")"; failures=$((failures + 1)); }

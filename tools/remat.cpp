@@ -1,8 +1,13 @@
 // remat: the command-line tool. Each subcommand (cmd_*.cpp) parses its flags, prints its
 // configuration and calls the library; main maps errors to exit codes (0 success, 1 a run that
 // failed, 2 bad input) and the library's API names to the flags that set them.
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <regex>
 #include <string>
 #include <vector>
@@ -11,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "cli.h"
+#include "remat/blas_kernel.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 
@@ -54,9 +60,68 @@ CLI::Validator fits_in_int64() {
       "");
 }
 
+// --blas-kernel auto|keep|NAME, read from argv before anything else (OpenBLAS reads
+// OPENBLAS_CORETYPE only when it loads, so a change means running this program again): sets the
+// variable and re-executes once when OpenBLAS loaded a kernel below what this CPU runs (auto) or
+// another than NAME; the re-executed process checks the new kernel's results against a reference
+// and falls back, once, to OpenBLAS's own choice if they differ. A kernel the user set in
+// OPENBLAS_CORETYPE is never changed. REMAT_BLAS_NOTE tells blas_name() what happened.
+// Returns 2 for a bad value; otherwise returns only when this process keeps its kernel.
+int choose_blas_kernel(char** argv) {
+  std::string mode = "auto";
+  for (char** a = argv + 1; *a != nullptr; ++a) {
+    if (std::strcmp(*a, "--blas-kernel") == 0 && a[1] != nullptr) mode = a[1];
+    if (std::strncmp(*a, "--blas-kernel=", 14) == 0) mode = *a + 14;
+  }
+  const std::string loaded = remat::blas::loaded_kernel();
+  auto again = [&](const char* coretype, const std::string& note) {
+    if (coretype != nullptr) setenv("OPENBLAS_CORETYPE", coretype, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+    setenv("REMAT_BLAS_NOTE", note.c_str(), 1);
+    std::fflush(stdout);
+    execv("/proc/self/exe", argv);
+    fmt::print(stderr, "remat: error: cannot re-execute itself for BLAS kernel '{}': {}\n", coretype ? coretype : "",
+               std::strerror(errno));
+    return 1;
+  };
+  if (const char* tried = std::getenv("REMAT_BLAS_TRIED")) {  // the re-executed process
+    const std::string was = tried;
+    unsetenv("REMAT_BLAS_TRIED");
+    if (!remat::blas::sgemm_self_check()) {
+      setenv("REMAT_BLAS_REFUSED", loaded.c_str(), 1);
+      return again(nullptr, fmt::format("OpenBLAS's own choice: kernel {} failed remat's sgemm check", loaded));
+    }
+    setenv("REMAT_BLAS_NOTE", was.c_str(), 1);
+    return -1;
+  }
+  if (std::getenv("REMAT_BLAS_NOTE") != nullptr || std::getenv("REMAT_BLAS_REFUSED") != nullptr) return -1;  // decided
+  if (mode == "keep" || loaded.empty()) return -1;
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return -1;  // the user's choice
+  std::string target;
+  if (mode == "auto") {
+    target = remat::blas::upgrade(remat::blas::cpu_features(), loaded);
+  } else {
+    const auto& known = remat::blas::known_kernels();
+    if (std::find(known.begin(), known.end(), mode) == known.end()) {
+      std::string allowed = "auto, keep";
+      for (const std::string& k : known) allowed += ", " + k;
+      fmt::print(stderr, "remat: error: unknown --blas-kernel '{}'; allowed: {}\n", mode, allowed);
+      return 2;
+    }
+    target = mode == loaded ? std::string() : mode;
+  }
+  if (target.empty()) return -1;
+  const std::string note =
+      mode == "auto" ? fmt::format("chosen by remat: OpenBLAS picked {}, below what this CPU runs", loaded)
+                     : fmt::format("chosen with --blas-kernel; OpenBLAS picked {}", loaded);
+  setenv("REMAT_BLAS_TRIED", note.c_str(), 1);
+  return again(target.c_str(), note);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const int code = choose_blas_kernel(argv); code >= 0) return code;
   remat::MemoryTracker::install();  // first: every tensor after this is counted
   std::signal(SIGPIPE, SIG_IGN);    // a closed pipe (gnuplot, `| head`) is an error to report, not a death
 
@@ -68,9 +133,14 @@ int main(int argc, char** argv) {
   });
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
                                                      remat::cli::add_train(app, argc, argv), remat::cli::add_sample(app)};
-  for (const remat::cli::Command& c : commands)
+  std::string blas_kernel;  // read from argv by choose_blas_kernel; declared for --help and parsing
+  for (const remat::cli::Command& c : commands) {
     for (CLI::Option* o : c.app->get_options())
       if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->check(fits_in_int64());
+    c.app->add_option("--blas-kernel", blas_kernel,
+                      "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
+                      "or a name such as SkylakeX");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -42,7 +42,8 @@ int64_t available_memory();
 ThreadConfig current_threads();
 
 // The loaded BLAS, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Cooperlake", or "unknown (not OpenBLAS)";
-// notes when OPENBLAS_CORETYPE in the environment forced the kernel choice.
+// notes when the remat CLI chose the kernel (remat/blas_kernel.h), or else when OPENBLAS_CORETYPE
+// in the environment forced it.
 std::string blas_name();
 
 // Float32 matmul rate in GFLOP/s: the median of `reps` n x n x n at::mm calls after one warm-up.

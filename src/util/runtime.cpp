@@ -75,7 +75,9 @@ std::string blas_name() {
   auto config = openblas_symbol<char* (*)()>("openblas_get_config");
   if (config == nullptr) return "unknown (not OpenBLAS)";
   std::string name = config();
-  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
+  if (const char* note = std::getenv("REMAT_BLAS_NOTE"))  // the remat CLI chose (tools/remat.cpp)
+    name += std::string(" (") + note + ")";
+  else if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
     name += std::string(" (kernels forced by OPENBLAS_CORETYPE=") + forced + ")";
   return name;
 }

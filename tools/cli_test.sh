@@ -3,7 +3,7 @@
 # equal, plans answer, layouts search and refuse. (Bad input: bad_input_test.sh.)
 # Usage: cli_test.sh path/to/remat
 set -u
-remat=$1
+remat=$(realpath "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -35,6 +35,13 @@ diffs=$(grep -o '"grad_max_abs_diff": *[^,}]*' "$tmp/r.json" | sed 's/.*: *//')
 [ -n "$diffs" ] && ! grep -qvx '0\(\.0\)\?' <<<"$diffs" ||
   { echo "FAIL: gradients differ: $(tr '\n' ' ' <<<"$diffs")"; failures=$((failures + 1)); }
 grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((failures + 1)); }
+
+# User text never reaches a shell (a chart named with $(...) is only a name), and a device given as
+# an output is written through, never replaced by a regular file.
+(cd "$tmp" && "$remat" bench "${tiny[@]}" --policies none --engine ops --chart 'x$(touch pwned).svg' --json /dev/null \
+  >/dev/null 2>"$tmp/err") || { echo "FAIL: bench with a \$(...) chart name: $(cat "$tmp/err")"; failures=$((failures + 1)); }
+[ ! -e "$tmp/pwned" ] && [ -s "$tmp/x\$(touch pwned).svg" ] && [ -c /dev/null ] ||
+  { echo "FAIL: a chart name ran a command, or the chart or /dev/null is wrong"; failures=$((failures + 1)); }
 
 # The BLAS kernel: --blas-kernel NAME re-executes once with it and says so; a kernel the user set
 # in OPENBLAS_CORETYPE is never changed.

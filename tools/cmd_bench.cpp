@@ -7,6 +7,7 @@
 #include "app/bench.h"
 #include "app/report.h"
 #include "cli.h"
+#include "remat/error.h"
 #include "remat/policy.h"
 
 namespace remat::cli {
@@ -74,6 +75,12 @@ int run(BenchFlags& f) {
   for (const std::string& p : {f.json, f.csv, f.markdown})
     if (!p.empty()) fmt::print("wrote {}\n", p);
   for (const std::string& c : f.charts) fmt::print("wrote {}\n", c);
+  // remat's promise: every policy's gradients are bitwise those of none. `!(d == 0)`: NaN fails too.
+  for (const BenchRow& row : r.rows)
+    if (!(row.grad_max_abs_diff == 0))
+      fail_runtime("the gradients of '{}' ({}) differ from none's by {}: a recompute is not bitwise; run with "
+                   "--verify to name the tensor",
+                   row.policy, to_string(row.engine), row.grad_max_abs_diff);
   return 0;
 }
 

@@ -9,7 +9,7 @@
 #   - a different world size on resume is refused.
 # Usage: dp_test.sh path/to/remat
 set -u
-remat=$1
+remat=$(realpath "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }

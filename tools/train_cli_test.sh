@@ -2,7 +2,7 @@
 # kill -9 in the middle of `remat train --save`, then --resume: the final weights must equal those
 # of an uninterrupted run (same digest). Usage: train_cli_test.sh path/to/remat
 set -u
-remat=$1
+remat=$(realpath "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }

@@ -112,9 +112,10 @@ std::vector<at::Tensor> first_grads(Subject& s) {
   return grads;
 }
 
-// The largest absolute difference; NaN when any gradient holds a NaN or one side has no gradient
-// where the other has (infinity), so a broken gradient never reads as 0.
-double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+}  // namespace
+
+double grad_difference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].defined() != b[i].defined()) return std::numeric_limits<double>::infinity();
@@ -125,6 +126,8 @@ double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tens
   }
   return worst;
 }
+
+namespace {
 
 std::string fmt_ms(double ms) { return fmt::format("{:.1f}", ms); }
 std::string fmt_ratio(double r) { return fmt::format("{:.2f}x", r); }
@@ -303,7 +306,7 @@ BenchResult run_bench(const BenchOptions& o) {
         e.row.engine = engine;
         e.row.attention = v.cfg.attention;
         e.row.flops_per_step = result.flops_per_step;
-        e.row.grad_max_abs_diff = max_abs_diff(first_grads(*e.subject), reference);
+        e.row.grad_max_abs_diff = grad_difference(first_grads(*e.subject), reference);
         for (const OpNode& op : vspec.block.ops) e.ops.push_back(op.name);
         if (engine == Engine::Ops) {
           const GPT& model = static_cast<OpsSubject&>(*e.subject).model();

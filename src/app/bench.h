@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "remat/config.h"
 #include "remat/runtime.h"
 
@@ -95,6 +97,10 @@ struct BenchResult {
 
 // module and ops for the seed arch, ops for the others.
 std::vector<Engine> default_engines(const std::string& arch);
+
+// The largest absolute difference between two gradient lists; NaN when either holds a NaN, and
+// infinity when one has a gradient where the other has none, so a broken gradient never reads as 0.
+double grad_difference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
 
 // Runs the sweep. Throws remat::Error for an invalid config or policy, or a budget no policy meets,
 // before running anything.

@@ -166,6 +166,9 @@ bad "the port must be in 1..65535" train --rank 0 --world-size 2 --master 127.0.
 bad "--rank, --world-size and --master ADDR:PORT go together" train --rank 0
 bad "--dist-timeout must be a positive number of seconds, got 0" train --dist-timeout 0
 bad "--bucket-mb must be in (0, 4096], got 0" train --bucket-mb 0
+bad "--memory-limit takes a size such as 2GiB or 300MiB, got '60%'" train --memory-limit 60% --data "$box/text.txt"
+bad "--memory-limit takes a size such as 2GiB or 300MiB, got '3XB'" train --memory-limit 3XB --data "$box/text.txt"
+bad "policy 'none' peaks at" train --memory-limit 20MiB --data "$box/text.txt"
 # ---- input files: data and train states ---------------------------------------------------------
 bad "cannot read --data '/nonexistent/t.txt'" train --data /nonexistent/t.txt
 bad "--data was given an empty value" train --data '' --steps 1

@@ -83,7 +83,11 @@ int run(TrainFlags& f, CLI::App* app) {
   if (!(f.bucket_mb > 0) || f.bucket_mb > 4096) fail("--bucket-mb must be in (0, 4096], got {}", f.bucket_mb);
   f.o.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
   if (!f.memory_limit.empty()) {
-    const Budget b = parse_budget(f.memory_limit);
+    Budget b;
+    try {
+      b = parse_budget(f.memory_limit);
+    } catch (const Error&) {
+    }
     if (b.bytes <= 0) fail("--memory-limit takes a size such as 2GiB or 300MiB, got '{}'", f.memory_limit);
     f.o.memory_limit = b.bytes;
   }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "remat/error.h"
 
@@ -31,7 +32,12 @@ class OutOfMemory : public Error {
   int64_t requested() const { return requested_; }  // bytes of the failed allocation
   int64_t live() const { return live_; }            // bytes live when it failed
   int64_t limit() const { return limit_; }          // set_limit(), or 0 when the system refused
+  // "8.0 MiB more were asked for with 143.7 MiB live (the limit is 150.0 MiB)": what() without
+  // its "out of memory: ", for reports that say where it ran out.
+  std::string detail() const { return describe(requested_, live_, limit_); }
+
  private:
+  static std::string describe(int64_t requested, int64_t live, int64_t limit);
   int64_t requested_, live_, limit_;
 };
 

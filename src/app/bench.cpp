@@ -351,10 +351,8 @@ BenchResult run_bench(const BenchOptions& o) {
         if (timed) e.row.saved_bytes = std::max(e.row.saved_bytes, saved);
       } catch (const OutOfMemory& x) {
         const int64_t available = available_memory();
-        fail_runtime("out of memory in a step of {} '{}': {} more were asked for with {} live ({}); {}; plan for "
-                     "this machine with --policies budget:{}MiB",
-                     to_string(e.row.engine), e.row.policy, bytes_str(x.requested()), bytes_str(x.live()),
-                     x.limit() > 0 ? "the limit is " + bytes_str(x.limit()) : "the system refused",
+        fail_runtime("out of memory in a step of {} '{}': {}; {}; plan for this machine with --policies budget:{}MiB",
+                     to_string(e.row.engine), e.row.policy, x.detail(),
                      e.row.predicted_peak_bytes >= 0 ? "its predicted peak is " + bytes_str(before + e.row.predicted_peak_bytes)
                                                      : "its peak is not predicted",
                      available * 6 / 10 >> 20);

@@ -426,10 +426,8 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     }
     } catch (const OutOfMemory& e) {
       const int64_t limit = (e.limit() > 0 ? e.limit() : available_memory()) - outside;
-      fail_runtime("out of memory in step {} under policy '{}': {} more were asked for with {} live ({}); the step "
-                   "{}; {}",
-                   r.step + 1, r.policy_text, bytes_str(e.requested()), bytes_str(e.live()),
-                   e.limit() > 0 ? "the limit is " + bytes_str(e.limit()) : "the system refused",
+      fail_runtime("out of memory in step {} under policy '{}': {}; the step {}; {}", r.step + 1, r.policy_text,
+                   e.detail(),
                    r.predicted_peak > 0 ? "was predicted to peak at " + bytes_str(r.predicted_peak)
                                         : "is not modelled for uniform:N",
                    plan_that_fits(r, limit));

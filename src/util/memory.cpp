@@ -1,5 +1,7 @@
 #include "remat/memory.h"
 
+#include "remat/units.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -135,12 +137,15 @@ std::atomic<bool> g_installed{false};
 }  // namespace
 
 OutOfMemory::OutOfMemory(int64_t requested, int64_t live, int64_t limit)
-    : Error(limit > 0 ? fmt::format("out of memory: {} B asked for with {} B live, over the limit of {} B", requested, live, limit)
-                      : fmt::format("out of memory: the system refused {} B with {} B live", requested, live),
-            Kind::Runtime),
+    : Error("out of memory: " + describe(requested, live, limit), Kind::Runtime),
       requested_(requested),
       live_(live),
       limit_(limit) {}
+
+std::string OutOfMemory::describe(int64_t requested, int64_t live, int64_t limit) {
+  return fmt::format("{} more were asked for with {} live ({})", bytes_str(requested), bytes_str(live),
+                     limit > 0 ? "the limit is " + bytes_str(limit) : std::string("the system refused"));
+}
 
 void MemoryTracker::set_limit(int64_t bytes) { g_limit.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
 

@@ -18,10 +18,13 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
     return r;
   }
   const LayerPolicy pins = policy.pins(spec->block);  // name errors before any measuring
-  // Whether any policy meets the budget does not depend on the op costs: ask with placeholder
-  // costs first, so that an impossible budget is refused before anything is measured.
-  Plan plan = make_plan(cfg, policy.budget(), estimate_costs(*spec, MachineRates{1.0, 1.0}), pins);
-  if (plan.fits) {
+  // Whether any policy meets the budget does not depend on the op costs. When they may be
+  // measured (seconds), ask with placeholder costs first, so that an impossible budget is refused
+  // before anything is measured.
+  const bool may_measure = !o.given && o.costs != CostSource::Estimated;
+  Plan plan;
+  if (may_measure) plan = make_plan(cfg, policy.budget(), estimate_costs(*spec, MachineRates{1.0, 1.0}), pins);
+  if (!may_measure || plan.fits) {
     if (o.progress) o.progress(fmt::format("planning {}", policy.text()));
     const CostModel costs = o.given ? *o.given : choose_costs(cfg, o.costs, o.threads);
     plan = make_plan(cfg, policy.budget(), costs, pins);

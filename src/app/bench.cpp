@@ -245,6 +245,13 @@ BenchResult run_bench(const BenchOptions& o) {
       say("measuring op costs on one layer (for the planner)");
       v.costs = choose_costs(v.cfg, CostSource::Measured, o.threads);
     }
+    // Every row of the engine gets a predicted step time, so that the cost model the planner
+    // trusts is checked against each measured row: measured on one layer where that takes
+    // seconds, else estimated (choose_costs).
+    if (has_ops && !v.costs) {
+      say("measuring op costs on one layer (for the predicted step times)");
+      v.costs = choose_costs(v.cfg, CostSource::Auto, o.threads);
+    }
     variants.push_back(std::move(v));
   }
   for (size_t i = 0; i < policies.size() && has_ops && attentions.size() > 1; ++i) {

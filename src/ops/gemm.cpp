@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "remat/error.h"
+#include "util/parallel.h"
 
 namespace remat::detail {
 
@@ -23,6 +24,11 @@ GemmFn<T> cblas() {
   return fn;
 }
 
+// Batch dimensions are split in two: those c is expanded over (stride 0, more than one entry),
+// whose products add up into one output in index order, and the others, one output each. A task is
+// one output: its products in index order, as a plain loop over the whole batch would give them. On
+// several kernel threads the tasks spread over the pool with the BLAS on one thread per call, so
+// the bits do not depend on the thread count or the split.
 template <typename T>
 bool try_cblas(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Tensor& c, double alpha,
                double beta) {
@@ -31,25 +37,47 @@ bool try_cblas(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::T
   const int64_t rank = a.dim();
   const int64_t m = c.size(rank - 2), n = c.size(rank - 1);
   const int64_t k = ta ? a.size(rank - 2) : a.size(rank - 1);
-  const int64_t batch = c.numel() / (m * n);
+  std::vector<int64_t> outer, inner;
+  for (int64_t d = 0; d < rank - 2; ++d) (c.stride(d) == 0 && c.size(d) > 1 ? inner : outer).push_back(d);
+  auto count = [&](const std::vector<int64_t>& dims) {
+    int64_t p = 1;
+    for (int64_t d : dims) p *= c.size(d);
+    return p;
+  };
+  const int64_t n_outer = count(outer), n_inner = count(inner);
+  // Element offsets of batch entry `index` (last dimension fastest) over `dims`, into a, b and c.
+  auto offsets = [&](const std::vector<int64_t>& dims, int64_t index, int64_t& oa, int64_t& ob, int64_t& oc) {
+    for (auto d = dims.rbegin(); d != dims.rend(); ++d) {
+      const int64_t i = index % c.size(*d);
+      index /= c.size(*d);
+      oa += i * a.stride(*d), ob += i * b.stride(*d), oc += i * c.stride(*d);
+    }
+  };
   const T* pa = a.data_ptr<T>();
   const T* pb = b.data_ptr<T>();
   T* pc = c.data_ptr<T>();
-  std::vector<int64_t> index(static_cast<size_t>(rank - 2), 0);
-  for (int64_t i = 0; i < batch; ++i) {
-    int64_t oa = 0, ob = 0, oc = 0;
-    for (int64_t d = 0; d < rank - 2; ++d) {
-      oa += index[d] * a.stride(d);
-      ob += index[d] * b.stride(d);
-      oc += index[d] * c.stride(d);
+  auto tasks = [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      int64_t oa0 = 0, ob0 = 0, oc0 = 0;
+      offsets(outer, o, oa0, ob0, oc0);
+      for (int64_t i = 0; i < n_inner; ++i) {
+        int64_t oa = oa0, ob = ob0, oc = oc0;
+        offsets(inner, i, oa, ob, oc);
+        gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
+             static_cast<int>(k), static_cast<T>(alpha), pa + oa, static_cast<int>(a.stride(rank - 2)), pb + ob,
+             static_cast<int>(b.stride(rank - 2)), static_cast<T>(beta), pc + oc, static_cast<int>(c.stride(rank - 2)));
+      }
     }
-    gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
-         static_cast<int>(k), static_cast<T>(alpha), pa + oa, static_cast<int>(a.stride(rank - 2)), pb + ob,
-         static_cast<int>(b.stride(rank - 2)), static_cast<T>(beta), pc + oc, static_cast<int>(c.stride(rank - 2)));
-    for (int64_t d = rank - 3; d >= 0; --d) {  // next batch index, last dimension fastest
-      if (++index[d] < c.size(d)) break;
-      index[d] = 0;
-    }
+  };
+  const int threads = kernel_threads();
+  if (threads > 1 && n_outer >= 2 * threads) {
+    // Measured on 2 cores (Zen 3), the causal row blocks of GPT-2 attention at T = 1024 (64 heads of
+    // 128 x c x 64): 42 GFLOP/s with OpenBLAS's 2 threads per call, 78 GFLOP/s as 2 tasks at once.
+    // The seed model's 128 x 128 x 64 products: no difference beyond the machine's noise.
+    SingleThreadedBlas one_thread;
+    parallel_chunks(n_outer, std::max<int64_t>(1, n_outer / (4 * threads)), tasks);
+  } else {
+    tasks(0, n_outer);
   }
   return true;
 }

@@ -3,7 +3,8 @@
 // LibTorch 1.13's CPU bmm loops over the batch with a dispatched select + mm per slice; at the
 // attention shapes of the seed model that costs more than the arithmetic. Here each (batch, head)
 // product is one CBLAS call on a strided view of the packed tensors, with leading dimensions
-// instead of permuted copies. CPU float32/float64 use the loaded BLAS's cblas_?gemm; anything else
+// instead of permuted copies, spread over remat's kernel threads (util/parallel.h) with the BLAS
+// on one thread per call. CPU float32/float64 use the loaded BLAS's cblas_?gemm; anything else
 // (CUDA, half types, or no CBLAS symbol) falls back to at::matmul on the same views.
 #pragma once
 

@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""remat's ops engine against PyTorch eager on the seed experiment, in one run.
+
+The seed note's model (6 layers, width 512, 8 heads, FFN 2048 with ReLU, residuals, no norm; batch
+8, seq 128, fp32; MSE loss; Adam) is written here in plain PyTorch (torch.nn.MultiheadAttention,
+torch.nn.Linear) and trained under the four strategies of the note with torch.utils.checkpoint:
+none, full (each layer a checkpoint), every:2 and every:3 (runs of 2 or 3 layers, each keeping only
+its input), as remat's presets of the same names do.
+
+Rounds alternate between the two: a `remat bench` process (its own warm-up, then --steps steps of
+each strategy, round-robin) and the same number of PyTorch steps in this process (one warm-up step
+of each strategy, then round-robin). Every timed step of all rounds is pooled: the table gives the
+median and the range, and the ratio of medians; `ratio range` is the least and the greatest ratio of
+the per-round medians, so a difference can be told from the machine's drift.
+
+Both sides run one ATen thread and OpenBLAS's own threads (the same libblas.so.3): what remat's bench
+uses by default. Saved bytes on the PyTorch side are the distinct storages autograd keeps for
+backward after the forward pass (saved_tensors_hooks, in an untimed step), parameters excluded.
+
+Usage: tools/eager_compare.py [--remat build/remat] [--rounds 3] [--steps 3]
+                              [--json results/eager.json] [--markdown results/eager.md]
+Needs Debian's python3-torch (scripts/setup.sh eager).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+STRATEGIES = ["none", "full", "every:2", "every:3"]
+LAYERS, DIM, HEADS, HIDDEN, BATCH, SEQ, LR = 6, 512, 8, 2048, 8, 128, 1e-4
+
+
+def fail(message):
+    print(f"eager_compare: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--remat", default="build/remat", help="the remat binary (default build/remat)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side (>= 1)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per strategy per round (>= 1)")
+    p.add_argument("--json", help="write the pooled results as JSON here")
+    p.add_argument("--markdown", help="write the table here")
+    a = p.parse_args()
+    if a.rounds < 1:
+        fail(f"--rounds {a.rounds}: must be at least 1")
+    if a.steps < 1:
+        fail(f"--steps {a.steps}: must be at least 1")
+    if not os.access(a.remat, os.X_OK):
+        fail(f"--remat {a.remat}: not an executable; build it first (make build)")
+    return a
+
+
+def import_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail("PyTorch is not installed for /usr/bin/python3; run scripts/setup.sh eager (Debian's python3-torch)")
+    import torch
+    return torch
+
+
+def build_torch_side(torch):
+    nn = torch.nn
+    import torch.utils.checkpoint
+    checkpoint = torch.utils.checkpoint.checkpoint
+
+    class SeedBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(DIM, HEADS, batch_first=True)
+            self.fc1 = nn.Linear(DIM, HIDDEN)
+            self.fc2 = nn.Linear(HIDDEN, DIM)
+
+        def forward(self, x):
+            h = x + self.attn(x, x, x, need_weights=False)[0]
+            return h + self.fc2(torch.relu(self.fc1(h)))
+
+    class Seed(nn.Module):
+        def __init__(self, strategy):
+            super().__init__()
+            self.blocks = nn.ModuleList(SeedBlock() for _ in range(LAYERS))
+            k = {"none": 0, "full": 1, "every:2": 2, "every:3": 3}[strategy]
+            self.runs = [list(range(i, min(i + k, LAYERS))) for i in range(0, LAYERS, k)] if k else []
+            self.kept = None  # set by saved_bytes: the inputs the checkpoints hold
+
+        def forward(self, x):
+            if not self.runs:
+                for b in self.blocks:
+                    x = b(x)
+                return x
+            for run in self.runs:
+                if self.kept is not None:
+                    self.kept.append(x)  # a checkpoint holds its input for the recompute
+                def segment(h, run=run):
+                    for i in run:
+                        h = self.blocks[i](h)
+                    return h
+                x = checkpoint(segment, x, use_reentrant=False)
+            return x
+
+    torch.manual_seed(1234)
+    x = torch.randn(BATCH, SEQ, DIM)  # data, no gradient (as remat's bench)
+    target = torch.randn(BATCH, SEQ, DIM)
+    subjects = []
+    for s in STRATEGIES:
+        torch.manual_seed(1234)
+        model = Seed(s)
+        subjects.append((s, model, torch.optim.Adam(model.parameters(), lr=LR)))
+
+    def step(model, opt):
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+
+    # Bytes kept for backward that the forward pass created: what autograd saves (outside
+    # checkpoints; inside one its own hooks take over) and the inputs the checkpoints hold. The
+    # parameters, the data and the target existed before and are not counted, as in remat's bench.
+    def saved_bytes(model):
+        existing = {t.storage().data_ptr() for t in list(model.parameters()) + [x, target]}
+        seen = {}
+
+        def keep(t):
+            ptr = t.storage().data_ptr()
+            if ptr not in existing:
+                seen[ptr] = max(seen.get(ptr, 0), t.storage().nbytes())
+            return t
+
+        model.kept = []
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            loss = torch.nn.functional.mse_loss(model(x), target)
+        for t in model.kept:
+            keep(t)
+        model.kept = None
+        del loss
+        return sum(seen.values())
+
+    return subjects, step, saved_bytes
+
+
+def remat_round(binary, steps):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        cmd = [binary, "bench", "--engine", "ops", "--policies", ",".join(STRATEGIES), "--steps", str(steps),
+               "--warmup", "1", "--json", out]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            fail(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-2000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "steps": values}
+
+
+def main():
+    a = parse_args()
+    torch = import_torch()
+    subjects, step, saved_bytes = build_torch_side(torch)
+    remat_steps = {s: [] for s in STRATEGIES}
+    torch_steps = {s: [] for s in STRATEGIES}
+    round_ratios = {s: [] for s in STRATEGIES}
+    remat_saved, config = {}, None
+    for r in range(a.rounds):
+        bench = remat_round(a.remat, a.steps)
+        config = bench["config"]
+        medians = {}
+        for row in bench["rows"]:
+            remat_steps[row["policy"]] += row["step_ms"]
+            remat_saved[row["policy"]] = row["saved_bytes"]
+            medians[row["policy"]] = row["step_ms_median"]
+            if row["grad_max_abs_diff"] != 0:
+                fail(f"remat's {row['policy']} gradients differ from none's by {row['grad_max_abs_diff']}")
+        this_round = {s: [] for s in STRATEGIES}
+        for _, model, opt in subjects:  # warm-up
+            step(model, opt)
+        for _ in range(a.steps):
+            for s, model, opt in subjects:
+                t0 = time.perf_counter()
+                step(model, opt)
+                this_round[s].append((time.perf_counter() - t0) * 1e3)
+        for s in STRATEGIES:
+            torch_steps[s] += this_round[s]
+            round_ratios[s].append(medians[s] / statistics.median(this_round[s]))
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(
+            f"{s} {medians[s]:.0f} / {statistics.median(this_round[s]):.0f} ms" for s in STRATEGIES), flush=True)
+    torch_saved = {s: saved_bytes(model) for s, model, _ in subjects}
+
+    rows = []
+    for s in STRATEGIES:
+        rm, tm = spread(remat_steps[s]), spread(torch_steps[s])
+        rows.append({"policy": s, "remat": rm, "torch": tm, "ratio": rm["median"] / tm["median"],
+                     "ratio_min": min(round_ratios[s]), "ratio_max": max(round_ratios[s]),
+                     "remat_saved_bytes": remat_saved[s], "torch_saved_bytes": torch_saved[s]})
+    mib = 1 << 20
+    lines = [
+        f"remat bench (ops engine) against PyTorch {torch.__version__} eager, seed model "
+        f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
+        f"BLAS: {config['blas']}; matmul {config['matmul_gflops']:.1f} GFLOP/s (last remat round); "
+        f"torch threads {torch.get_num_threads()}",
+        "",
+        "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat saved MiB | PyTorch saved MiB |",
+        "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|----------------:|------------------:|",
+    ]
+    for row in rows:
+        rm, tm = row["remat"], row["torch"]
+        lines.append(f"| {row['policy']} | {rm['median']:.1f} | {rm['min']:.0f}-{rm['max']:.0f} | {tm['median']:.1f} | "
+                     f"{tm['min']:.0f}-{tm['max']:.0f} | {row['ratio']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
+                     f"{row['remat_saved_bytes'] / mib:.1f} | {row['torch_saved_bytes'] / mib:.1f} |")
+    table = "\n".join(lines) + "\n"
+    print("\n" + table, end="")
+    if a.markdown:
+        write_atomic(a.markdown, table)
+    if a.json:
+        write_atomic(a.json, json.dumps({"torch": torch.__version__, "rounds": a.rounds, "steps": a.steps,
+                                         "remat_config": config, "rows": rows}, indent=2) + "\n")
+
+
+def write_atomic(path, text):
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".eager-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp
+.PHONY: run test sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp eager
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
@@ -75,6 +75,12 @@ dp: build
 	           "--batch 8 --accum 2 --threads 1/1"; do \
 	    echo "\$$ remat train --steps 40 --eval-every 0 $$a"; $(BUILD)/remat train --steps 40 --eval-every 0 $$a 2>/dev/null; echo; \
 	  done ) | tee results/dp.txt
+
+# The seed experiment's four strategies on remat's engine and in PyTorch 1.13 eager (Debian's
+# python3-torch, the same OpenBLAS), in alternating rounds. About 5 minutes.
+eager: build
+	scripts/setup.sh eager
+	tools/eager_compare.py --remat $(BUILD)/remat --rounds 3 --steps 3 --json results/eager.json --markdown results/eager.md
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

@@ -2,6 +2,7 @@
 # Installs the Debian packages remat needs (only the missing ones) and checks that OpenBLAS is the
 # BLAS that LibTorch will load. Idempotent; `make run` and `make test` call it first. `setup.sh fuzz`
 # adds clang and its libFuzzer runtime (`make fuzz`); GCC's sanitizers (`make sanitize`) come with g++.
+# `setup.sh eager` adds Debian's PyTorch (`make eager`).
 set -euo pipefail
 
 packages=(
@@ -16,6 +17,9 @@ packages=(
 )
 if [ "${1:-}" = fuzz ]; then
   packages+=(clang libclang-rt-dev)  # libFuzzer and clang's ASan/UBSan runtimes
+fi
+if [ "${1:-}" = eager ]; then
+  packages+=(python3-torch)          # PyTorch 1.13 for tools/eager_compare.py (make eager)
 fi
 
 missing=()

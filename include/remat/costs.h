@@ -22,9 +22,17 @@ struct OpTime {
 
 struct CostModel {
   std::vector<OpTime> block;  // by op id of ModelSpec::block, one layer
-  double other_ms = 0;        // per step: stem, head, optimizer, framework
+  double other_ms = 0;        // per step: stem, head, optimizer, framework, less the input gradient
+                              // a stemless model's first block does not compute (may be negative)
   std::string source;         // "measured ..." or "estimated ..."
   ThreadConfig threads;     // the run these costs describe (sizes some scratch memory)
+  // The 1024^3 float32 matmul rate (remat::matmul_gflops) when the costs were taken: a run whose
+  // rate differs (a busier machine) scales the times by the ratio (scaled_ms). 0: not known.
+  double matmul_gflops = 0;
+
+  // ms, taken at this model's matmul rate, at a run's measured rate instead (ms itself when
+  // either rate is unknown).
+  double scaled_ms(double ms, double run_gflops) const;
 
   // Step time with every activation kept.
   double none_step_ms(int64_t layers) const;

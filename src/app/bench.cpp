@@ -267,7 +267,10 @@ BenchResult run_bench(const BenchOptions& o) {
   result.options = o;
   result.blas = blas_name();
   for (const Variant& v : variants)
-    if (v.costs && result.costs.empty()) result.costs = v.costs->source;
+    if (v.costs && result.costs.empty()) {
+      result.costs = v.costs->source;
+      result.costs_gflops = v.costs->matmul_gflops;
+    }
   ModelConfig math = o.model;
   math.attention = AttentionImpl::Math;
   const ModelSpec spec = make_model(math);
@@ -282,6 +285,7 @@ BenchResult run_bench(const BenchOptions& o) {
     ExecOptions exec;
     std::vector<double> fwd_ms, bwd_ms;
     std::vector<std::string> ops;  // the block's op names (--profile)
+    const CostModel* costs = nullptr;  // what predicted the row's step time (in `variants`)
   };
   std::vector<Entry> entries;
   const Policy none_policy = Policy::parse("none");
@@ -319,7 +323,10 @@ BenchResult run_bench(const BenchOptions& o) {
           const GPT& model = static_cast<OpsSubject&>(*e.subject).model();
           e.row.predicted_saved_bytes = model->predicted_saved_bytes();
           if (r.chunk == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
-          if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(model->step_plan());
+          if (v.costs) {
+            e.row.predicted_step_ms = v.costs->step_ms(model->step_plan());
+            e.costs = &*v.costs;
+          }
           if (v.resolved[i]->plan) e.row.plan = v.resolved[i]->text;
           if (o.verify) {
             say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
@@ -387,6 +394,9 @@ BenchResult run_bench(const BenchOptions& o) {
     row.fwd_ms_median = median(e.fwd_ms);
     row.bwd_ms_median = median(e.bwd_ms);
     row.floor_ratio = row.step_ms_median / result.floor_ms;
+    // Costs measured earlier (or cached) are scaled to the matmul rate this run measured beside its
+    // steps: the machine's load moves both alike.
+    if (e.costs) row.predicted_step_ms = e.costs->scaled_ms(row.predicted_step_ms, result.matmul_gflops);
     if (e.exec.timer) {
       OpProfile prof;
       prof.policy = row_name(row, several);
@@ -408,7 +418,7 @@ BenchResult run_bench(const BenchOptions& o) {
     const int64_t lo = least.min_budget, hi = planner.none_memory().total_peak();
     for (int i = 0; i <= 24; ++i) {
       const Plan p = planner.plan(Budget{lo + (hi - lo) * i / 24, 0});
-      if (p.fits) result.frontier.push_back({p.step_ms, p.memory.peak});
+      if (p.fits) result.frontier.push_back({first.costs->scaled_ms(p.step_ms, result.matmul_gflops), p.memory.peak});
     }
   }
   const BenchRow* module_none = find_none(result.rows, Engine::Module, AttentionImpl::Math);
@@ -457,7 +467,13 @@ std::string BenchResult::markdown() const {
   std::string out = t.markdown();
   for (const BenchRow& r : rows)
     if (!r.plan.empty()) out += fmt::format("\n{}: the planner chose {}", row_name(r, several), r.plan);
-  if (!costs.empty()) out += "\nop costs for predictions: " + costs + "\n";
+  if (!costs.empty()) {
+    out += "\nop costs for predictions: " + costs;
+    if (costs_gflops > 0)
+      out += fmt::format("; taken at {:.1f} GFLOP/s, scaled to this run's {:.1f} (x{:.3f})", costs_gflops, matmul_gflops,
+                         costs_gflops / matmul_gflops);
+    out += "\n";
+  }
   for (const std::string& n : notes) out += "\n" + n;
   if (!notes.empty()) out += "\n";
   return out;
@@ -510,6 +526,7 @@ std::string BenchResult::json() const {
       {"threads", to_string(options.threads)},
       {"blas", blas},                {"matmul_gflops", matmul_gflops},
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
+      {"costs", costs},              {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},
   };
   nlohmann::json engines = nlohmann::json::array();

@@ -15,6 +15,10 @@ double CostModel::none_step_ms(int64_t layers) const {
   return static_cast<double>(layers) * block_ms + other_ms;
 }
 
+double CostModel::scaled_ms(double ms, double run_gflops) const {
+  return matmul_gflops > 0 && run_gflops > 0 ? ms * matmul_gflops / run_gflops : ms;
+}
+
 double CostModel::recompute_ms(const Schedule& schedule) const {
   double ms = 0;
   for (int op : schedule.recomputed) ms += block[op].forward_ms;
@@ -79,6 +83,7 @@ CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates) {
   // Adam reads and writes weights, gradients and two moments: about 7 float passes per parameter.
   c.other_ms = stage_ms(spec.head) + (spec.has_stem ? stage_ms(spec.stem) : 0.0) +
                static_cast<double>(spec.param_numel()) * 28.0 / (rates.memory_gbps * 1e6);
+  c.matmul_gflops = rates.matmul_gflops;
   c.source = fmt::format("estimated: matmul FLOPs at {:.0f} GFLOP/s, bytes at {:.0f} GB/s", rates.matmul_gflops,
                          rates.memory_gbps);
   return c;

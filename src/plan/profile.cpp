@@ -47,7 +47,7 @@ std::string cache_folder(const std::string& given) {
 nlohmann::json to_json(const CostModel& c) {
   nlohmann::json ops = nlohmann::json::array();
   for (const OpTime& t : c.block) ops.push_back({t.forward_ms, t.backward_ms});
-  return {{"block", ops}, {"other_ms", c.other_ms}, {"source", c.source}};
+  return {{"block", ops}, {"other_ms", c.other_ms}, {"source", c.source}, {"matmul_gflops", c.matmul_gflops}};
 }
 
 CostModel from_json(const nlohmann::json& j) {
@@ -55,6 +55,7 @@ CostModel from_json(const nlohmann::json& j) {
   for (const auto& op : j.at("block")) c.block.push_back({op.at(0).get<double>(), op.at(1).get<double>()});
   c.other_ms = j.at("other_ms").get<double>();
   c.source = j.at("source").get<std::string>();
+  c.matmul_gflops = j.at("matmul_gflops").get<double>();
   return c;
 }
 
@@ -106,6 +107,8 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
     for (size_t op = 0; op < n_ops; ++op) ms += exec.timer->backward_ms[op];
     return ms;
   };
+  // The matmul rate before and after the rounds: what a later run compares its own rate with.
+  const double gflops_before = matmul_gflops(1024, 5);
   for (int r = 0; r <= reps; ++r) {
     double plain_bwd = 0;
     if (data_input) {
@@ -145,6 +148,7 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   }
 
   CostModel c;
+  c.matmul_gflops = 0.5 * (gflops_before + matmul_gflops(1024, 5));
   for (size_t op = 0; op < n_ops; ++op) c.block.push_back({median(fwd[op]), median(bwd[op])});
   const double other_1 = median(other) - median(first_saving), adam_block = median(adam_ms);
   c.source = fmt::format("measured on this machine: one layer, median of {} steps", reps);

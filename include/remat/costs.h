@@ -26,13 +26,11 @@ struct CostModel {
                               // a stemless model's first block does not compute (may be negative)
   std::string source;         // "measured ..." or "estimated ..."
   ThreadConfig threads;     // the run these costs describe (sizes some scratch memory)
-  // The 1024^3 float32 matmul rate (remat::matmul_gflops) when the costs were taken: a run whose
-  // rate differs (a busier machine) scales the times by the ratio (scaled_ms). 0: not known.
+  // The 1024^3 float32 matmul rate (remat::matmul_gflops) when the costs were taken; 0: not known.
+  // Shown beside a run's own rate. Scaling the times by the ratio of the two was tried and made
+  // the seed's predictions worse (4 runs, 8 rows: +4..+13% in 7 rows, where the unscaled times
+  // were off by -7..+3%): on a shared machine the two rates do not move together.
   double matmul_gflops = 0;
-
-  // ms, taken at this model's matmul rate, at a run's measured rate instead (ms itself when
-  // either rate is unknown).
-  double scaled_ms(double ms, double run_gflops) const;
 
   // Step time with every activation kept.
   double none_step_ms(int64_t layers) const;

@@ -285,7 +285,6 @@ BenchResult run_bench(const BenchOptions& o) {
     ExecOptions exec;
     std::vector<double> fwd_ms, bwd_ms;
     std::vector<std::string> ops;  // the block's op names (--profile)
-    const CostModel* costs = nullptr;  // what predicted the row's step time (in `variants`)
   };
   std::vector<Entry> entries;
   const Policy none_policy = Policy::parse("none");
@@ -323,10 +322,7 @@ BenchResult run_bench(const BenchOptions& o) {
           const GPT& model = static_cast<OpsSubject&>(*e.subject).model();
           e.row.predicted_saved_bytes = model->predicted_saved_bytes();
           if (r.chunk == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
-          if (v.costs) {
-            e.row.predicted_step_ms = v.costs->step_ms(model->step_plan());
-            e.costs = &*v.costs;
-          }
+          if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(model->step_plan());
           if (v.resolved[i]->plan) e.row.plan = v.resolved[i]->text;
           if (o.verify) {
             say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
@@ -394,9 +390,6 @@ BenchResult run_bench(const BenchOptions& o) {
     row.fwd_ms_median = median(e.fwd_ms);
     row.bwd_ms_median = median(e.bwd_ms);
     row.floor_ratio = row.step_ms_median / result.floor_ms;
-    // Costs measured earlier (or cached) are scaled to the matmul rate this run measured beside its
-    // steps: the machine's load moves both alike.
-    if (e.costs) row.predicted_step_ms = e.costs->scaled_ms(row.predicted_step_ms, result.matmul_gflops);
     if (e.exec.timer) {
       OpProfile prof;
       prof.policy = row_name(row, several);
@@ -418,7 +411,7 @@ BenchResult run_bench(const BenchOptions& o) {
     const int64_t lo = least.min_budget, hi = planner.none_memory().total_peak();
     for (int i = 0; i <= 24; ++i) {
       const Plan p = planner.plan(Budget{lo + (hi - lo) * i / 24, 0});
-      if (p.fits) result.frontier.push_back({first.costs->scaled_ms(p.step_ms, result.matmul_gflops), p.memory.peak});
+      if (p.fits) result.frontier.push_back({p.step_ms, p.memory.peak});
     }
   }
   const BenchRow* module_none = find_none(result.rows, Engine::Module, AttentionImpl::Math);
@@ -470,8 +463,7 @@ std::string BenchResult::markdown() const {
   if (!costs.empty()) {
     out += "\nop costs for predictions: " + costs;
     if (costs_gflops > 0)
-      out += fmt::format("; taken at {:.1f} GFLOP/s, scaled to this run's {:.1f} (x{:.3f})", costs_gflops, matmul_gflops,
-                         costs_gflops / matmul_gflops);
+      out += fmt::format(" (matmul {:.1f} GFLOP/s then, {:.1f} in this run)", costs_gflops, matmul_gflops);
     out += "\n";
   }
   for (const std::string& n : notes) out += "\n" + n;

@@ -55,7 +55,7 @@ struct BenchRow {
   int64_t saved_bytes = 0;          // measured: live after forward - live before
   int64_t predicted_saved_bytes = -1;  // ops engine: from the tensor table; -1 when not predicted
   int64_t predicted_peak_bytes = -1;   // ops engine: the planner's memory model; -1 when not predicted
-  double predicted_step_ms = -1;       // ops engine: the cost model at this run's matmul rate; -1: none
+  double predicted_step_ms = -1;       // ops engine: the cost model's step time; -1 when not predicted
   std::string plan;                    // budget policies: the plan the planner chose
   int64_t peak_bytes = 0;           // measured: peak in the step - live before
   double grad_max_abs_diff = 0;     // against `none` on the same engine, first step
@@ -81,8 +81,7 @@ struct BenchResult {
   std::vector<BenchRow> rows;
   std::vector<OpProfile> profiles;  // --profile
   std::string costs;                // the cost model's source, when one was measured
-  double costs_gflops = 0;          // the matmul rate the costs were taken at; predictions are
-                                    // scaled from it to matmul_gflops
+  double costs_gflops = 0;          // the matmul rate when the costs were taken (0: not known)
   struct FrontierPoint {
     double step_ms;
     int64_t peak_bytes;  // above the step's start, as peak_bytes

@@ -15,10 +15,6 @@ double CostModel::none_step_ms(int64_t layers) const {
   return static_cast<double>(layers) * block_ms + other_ms;
 }
 
-double CostModel::scaled_ms(double ms, double run_gflops) const {
-  return matmul_gflops > 0 && run_gflops > 0 ? ms * matmul_gflops / run_gflops : ms;
-}
-
 double CostModel::recompute_ms(const Schedule& schedule) const {
   double ms = 0;
   for (int op : schedule.recomputed) ms += block[op].forward_ms;

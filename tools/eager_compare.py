@@ -3,9 +3,9 @@
 
 The seed note's model (6 layers, width 512, 8 heads, FFN 2048 with ReLU, residuals, no norm; batch
 8, seq 128, fp32; MSE loss; Adam) is written here in plain PyTorch (torch.nn.MultiheadAttention,
-torch.nn.Linear) and trained under the four strategies of the note with torch.utils.checkpoint:
-none, full (each layer a checkpoint), every:2 and every:3 (runs of 2 or 3 layers, each keeping only
-its input), as remat's presets of the same names do.
+torch.nn.Linear) and trained under the four strategies of the note with torch.utils.checkpoint
+(non-reentrant, PyTorch's recommended form): none, full (each layer a checkpoint), every:2 and
+every:3 (layer i a checkpoint when i % K != 0), as remat's presets of the same names choose.
 
 Rounds alternate between the two: a `remat bench` process (its own warm-up, then --steps steps of
 each strategy, round-robin) and the same number of PyTorch steps in this process (one warm-up step
@@ -81,27 +81,30 @@ def build_torch_side(torch):
             h = x + self.attn(x, x, x, need_weights=False)[0]
             return h + self.fc2(torch.relu(self.fc1(h)))
 
+    # Which layers are checkpointed (each on its own), as remat's presets choose them: none, all
+    # (full), or every layer i with i % K != 0 (every:K; layers 0, K, 2K... run plainly).
+    def checkpointed(strategy, i):
+        if strategy == "none":
+            return False
+        if strategy == "full":
+            return True
+        return i % int(strategy.split(":")[1]) != 0
+
     class Seed(nn.Module):
         def __init__(self, strategy):
             super().__init__()
             self.blocks = nn.ModuleList(SeedBlock() for _ in range(LAYERS))
-            k = {"none": 0, "full": 1, "every:2": 2, "every:3": 3}[strategy]
-            self.runs = [list(range(i, min(i + k, LAYERS))) for i in range(0, LAYERS, k)] if k else []
+            self.checkpointed = [checkpointed(strategy, i) for i in range(LAYERS)]
             self.kept = None  # set by saved_bytes: the inputs the checkpoints hold
 
         def forward(self, x):
-            if not self.runs:
-                for b in self.blocks:
-                    x = b(x)
-                return x
-            for run in self.runs:
+            for block, ckpt in zip(self.blocks, self.checkpointed):
+                if not ckpt:
+                    x = block(x)
+                    continue
                 if self.kept is not None:
                     self.kept.append(x)  # a checkpoint holds its input for the recompute
-                def segment(h, run=run):
-                    for i in run:
-                        h = self.blocks[i](h)
-                    return h
-                x = checkpoint(segment, x, use_reentrant=False)
+                x = checkpoint(block, x, use_reentrant=False)
             return x
 
     torch.manual_seed(1234)

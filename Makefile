@@ -29,7 +29,7 @@ planner: build
 	  --steps 5 --warmup 1 --json results/planner.json --csv results/planner.csv --markdown results/planner.md \
 	  --chart results/planner.png --chart results/planner.svg
 
-# A byte-level GPT on Debian's English fortunes with the default settings (about 15 minutes), its
+# A byte-level GPT on Debian's English fortunes with the default settings (about 18 minutes), its
 # loss chart, and a sample from the trained model.
 train: build
 	$(BUILD)/remat train --save runs/fortunes --csv results/train.csv --chart results/train.png --chart results/train.svg \

@@ -72,7 +72,8 @@ bool try_cblas(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::T
   const int threads = kernel_threads();
   if (threads > 1 && n_outer >= 2 * threads) {
     // Measured on 2 cores (Zen 3), the causal row blocks of GPT-2 attention at T = 1024 (64 heads of
-    // 128 x c x 64): 42 GFLOP/s with OpenBLAS's 2 threads per call, 78 GFLOP/s as 2 tasks at once.
+    // 128 x c x 64): 42 GFLOP/s with OpenBLAS's 2 threads per call, 78 GFLOP/s as 2 tasks at once,
+    // in a standalone loop; the whole model's step did not get faster (NOTE [Threads and BLAS]).
     // The seed model's 128 x 128 x 64 products: no difference beyond the machine's noise.
     SingleThreadedBlas one_thread;
     parallel_chunks(n_outer, std::max<int64_t>(1, n_outer / (4 * threads)), tasks);

@@ -8,7 +8,8 @@
 //
 // Measured on 2 cores: the softmax of one T = 1024 causal layer (8 x 8 heads) takes 92 ms on one
 // thread and 42 ms on two. The attention ops' batched GEMMs (ops/gemm.h) run on the pool too, one
-// BLAS thread per product: at T = 1024 that is 1.8x OpenBLAS's own two threads per product.
+// BLAS thread per product: 1.8x OpenBLAS's own two threads per product in a standalone loop at
+// T = 1024, but no faster step in the model (docs/design.md, NOTE [Threads and BLAS]).
 #pragma once
 
 #include <cstdint>

@@ -7,19 +7,10 @@
 #include <ATen/ATen.h>
 
 #include "util/parallel.h"
+#include "util/parallel_testing.h"
 
 namespace remat::detail {
 namespace {
-
-// Restores the kernel thread count a test changed.
-class KernelThreads {
- public:
-  explicit KernelThreads(int n) : saved_(kernel_threads()) { set_kernel_threads(n); }
-  ~KernelThreads() { set_kernel_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && std::memcmp(a.data_ptr<float>(), b.data_ptr<float>(), a.nbytes()) == 0;

@@ -11,19 +11,10 @@
 #include <vector>
 
 #include "ops/kernels.h"
+#include "util/parallel_testing.h"
 
 namespace remat::detail {
 namespace {
-
-// Restores the kernel thread count a test changed.
-class KernelThreads {
- public:
-  explicit KernelThreads(int n) : saved_(kernel_threads()) { set_kernel_threads(n); }
-  ~KernelThreads() { set_kernel_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 TEST(Parallel, EveryIndexOnceInFixedChunks) {
   const KernelThreads two(2);

@@ -77,7 +77,7 @@ dp: build
 	  done ) | tee results/dp.txt
 
 # The seed experiment's four strategies on remat's engine and in PyTorch 1.13 eager (Debian's
-# python3-torch, the same OpenBLAS), in alternating rounds. About 5 minutes.
+# python3-torch, the same OpenBLAS), in alternating rounds. About 4 minutes.
 eager: build
 	scripts/setup.sh eager
 	tools/eager_compare.py --remat $(BUILD)/remat --rounds 3 --steps 3 --json results/eager.json --markdown results/eager.md

@@ -92,6 +92,9 @@ bad "--json was given an empty value" bench "${tiny[@]}" --json ''
 bad "--policies was given an empty value" bench "${tiny[@]}" --policies ''
 bad "unknown --blas-kernel 'Pentium'; allowed: auto, keep, Prescott" bench "${tiny[@]}" --blas-kernel Pentium
 bad "unknown --blas-kernel 'fast'; allowed: auto, keep" train --blas-kernel=fast
+bad "--gemm 'mkl' is unknown; allowed: auto, onednn, blas" bench "${tiny[@]}" --gemm mkl
+bad "--gemm 'OneDNN' is unknown; allowed: auto, onednn, blas" train --gemm OneDNN
+bad "--gemm was given an empty value" plan --budget 50% --gemm ''
 # ---- sizes: limits that say why, overflow-safe products, out-of-range integers --------------------
 bad "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads 1 --budget 1GB
 bad "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB

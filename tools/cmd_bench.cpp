@@ -63,8 +63,9 @@ int run(BenchFlags& f) {
 
   const BenchResult r = run_bench(o);
   end_progress();
-  fmt::print("  BLAS: {}\n  matmul {:.1f} GFLOP/s; model FLOPs per step {:.2f} G; floor {:.1f} ms\n\n", r.blas,
-             r.matmul_gflops, static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
+  fmt::print("  BLAS: {}\n  GEMM: {}\n  matmul {:.1f} GFLOP/s (1024^3 on the engine's GEMM); model FLOPs per step {:.2f} G; "
+             "floor {:.1f} ms\n\n",
+             r.blas, r.gemm, r.matmul_gflops, static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
   const std::string table = r.markdown();
   fmt::print("{}", table);
   if (o.profile) fmt::print("{}", r.profile_markdown());

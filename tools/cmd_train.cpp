@@ -131,7 +131,7 @@ int run(TrainFlags& f, CLI::App* app) {
     if (o.dist.world > 1)
       fmt::print("  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
                  o.dist.world, o.accum, o.model.batch, o.zero, bucket_mb, o.dist.master_addr, o.dist.master_port);
-    fmt::print("  BLAS: {}\n", blas_name());
+    fmt::print("  BLAS: {}\n  GEMM: {}\n", blas_name(), gemm_name());
     if (!resume.empty()) fmt::print("  resuming the run saved in {} at step {}\n", resume, first_step + 1);
     std::fflush(stdout);
   };

@@ -19,6 +19,7 @@
 #include "remat/blas_kernel.h"
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "remat/runtime.h"
 
 namespace {
 
@@ -41,8 +42,9 @@ std::string as_flags(const std::string& message) {
     last = it->position() + it->length();
   }
   out += message.substr(last);
-  const std::string threads = "ThreadConfig";  // parse_threads names the whole setting
-  for (size_t at = out.find(threads); at != std::string::npos; at = out.find(threads)) out.replace(at, threads.size(), "--threads");
+  // Settings named as a whole by their parsers (parse_threads, parse_gemm).
+  for (const auto& [api, flag] : {std::pair<std::string, std::string>{"ThreadConfig", "--threads"}, {"GemmChoice", "--gemm"}})
+    for (size_t at = out.find(api); at != std::string::npos; at = out.find(api)) out.replace(at, api.size(), flag);
   return out;
 }
 
@@ -134,12 +136,16 @@ int main(int argc, char** argv) {
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
                                                      remat::cli::add_train(app, argc, argv), remat::cli::add_sample(app)};
   std::string blas_kernel;  // read from argv by choose_blas_kernel; declared for --help and parsing
+  std::string gemm = "auto";
   for (const remat::cli::Command& c : commands) {
     for (CLI::Option* o : c.app->get_options())
       if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->check(fits_in_int64());
     c.app->add_option("--blas-kernel", blas_kernel,
                       "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
                       "or a name such as SkylakeX");
+    c.app->add_option("--gemm", gemm,
+                      "the engine's GEMM: auto (oneDNN's sgemm when LibTorch has it, else the BLAS; default), onednn, "
+                      "blas (README, This machine)");
   }
   try {
     app.parse(argc, argv);
@@ -160,6 +166,7 @@ int main(int argc, char** argv) {
           }
   }
   try {
+    remat::set_gemm(remat::parse_gemm(gemm));
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed()) return c.run();
   } catch (const remat::Error& e) {

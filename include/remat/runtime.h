@@ -1,6 +1,7 @@
 // The machine: thread settings, which BLAS is loaded, and how fast it multiplies.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -46,7 +47,27 @@ ThreadConfig current_threads();
 // in the environment forced it.
 std::string blas_name();
 
-// Float32 matmul rate in GFLOP/s: the median of `reps` n x n x n at::mm calls after one warm-up.
+// Which GEMM the op-level engine runs (docs/design.md, NOTE [The engine's GEMMs]). Every piece of
+// a product is one single-threaded call on remat's kernel threads; the choice is per process.
+enum class GemmChoice : uint8_t {
+  Auto,    // OneDnn when the loaded LibTorch exports oneDNN's sgemm (Debian's does), else Blas
+  OneDnn,  // oneDNN's sgemm: linears in tiles of the output, attention one call per (batch, head)
+  Blas,    // the loaded BLAS: cblas_sgemm per attention product, the linears on at::mm (its threads)
+};
+
+// "auto", "onednn", "blas". Throws remat::Error listing them otherwise.
+GemmChoice parse_gemm(std::string_view text);
+
+// Sets the engine's GEMM for this process (default Auto). Throws remat::Error for OneDnn when the
+// loaded LibTorch does not export it. Not to be called while a step runs.
+void set_gemm(GemmChoice choice);
+
+// What the engine's GEMMs run now, e.g. "oneDNN 2.6.3 sgemm, one thread per tile on remat's
+// kernel threads".
+std::string gemm_name();
+
+// Float32 matmul rate in GFLOP/s of the engine's GEMM (as a linear runs it): the median of `reps`
+// n x n x n products after one warm-up.
 double matmul_gflops(int n = 1024, int reps = 9);
 
 }  // namespace remat

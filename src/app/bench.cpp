@@ -266,6 +266,7 @@ BenchResult run_bench(const BenchOptions& o) {
 
   result.options = o;
   result.blas = blas_name();
+  result.gemm = gemm_name();
   for (const Variant& v : variants)
     if (v.costs && result.costs.empty()) {
       result.costs = v.costs->source;
@@ -516,7 +517,7 @@ std::string BenchResult::json() const {
       {"steps", options.steps},      {"warmup", options.warmup},
       {"seed", options.seed},        {"lr", options.lr},
       {"threads", to_string(options.threads)},
-      {"blas", blas},                {"matmul_gflops", matmul_gflops},
+      {"blas", blas}, {"gemm", gemm}, {"matmul_gflops", matmul_gflops},
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
       {"costs", costs},              {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},

@@ -75,6 +75,7 @@ struct OpProfile {
 struct BenchResult {
   BenchOptions options;
   std::string blas;
+  std::string gemm;                 // the engine's GEMM (gemm_name)
   double matmul_gflops = 0;         // 1024^3 float32 at::mm rate: median over the timed rounds
   int64_t flops_per_step = 0;       // of the model with math attention: what any row must compute
   double floor_ms = 0;              // flops_per_step at the matmul rate

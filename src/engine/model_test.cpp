@@ -13,6 +13,7 @@
 #include "remat/memory.h"
 #include "remat/module_model.h"
 #include "test_util.h"
+#include "util/parallel.h"
 
 namespace remat {
 namespace {
@@ -129,6 +130,21 @@ TEST_P(EngineKinds, VerifyPassesEveryCorrectRecompute) {
   verify.verify = true;
   EXPECT_NO_THROW(run(cfg(), "full", verify));
   EXPECT_NO_THROW(run(cfg(), "mlp-act", verify));
+}
+
+// The kernel threads split GEMM tiles, attention products and pointwise loops in pieces that do
+// not depend on their count. 2 x 15 tokens: a linear's rows split per thread would be 15-row
+// pieces, which oneDNN computes with other bits (Gemm.TiledProductHasTheSameBitsOnOneThreadOrTwo).
+TEST_P(EngineKinds, GradientsDoNotDependOnTheThreadCount) {
+  ModelConfig c = cfg();
+  c.seq = 15;
+  const int threads = detail::kernel_threads();
+  detail::set_kernel_threads(1);
+  const Outcome one = run(c, "full");
+  detail::set_kernel_threads(2);
+  const Outcome two = run(c, "full");
+  detail::set_kernel_threads(threads);
+  expect_bitwise(one, two, "1 thread against 2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds, ::testing::ValuesIn(testing::engine_cases()),

@@ -6,7 +6,7 @@
 
 #include "core/builder.h"
 #include "ops/attention_common.h"
-#include "ops/gemm.h"
+#include "util/gemm.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "util/gemm.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "ops/tensor_parallel.h"
@@ -19,10 +20,13 @@ namespace {
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  const at::Tensor y = b.defined() ? at::addmm(b, x2, w.t()) : at::mm(x2, w.t());
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = w.size(0);
-  return y.view(sizes);
+  at::Tensor y = at::empty(sizes, x.options());
+  at::Tensor y2 = y.view({-1, w.size(0)});
+  if (b.defined()) y2.copy_(b.expand_as(y2));  // the GEMM adds into the bias rows
+  detail::mm_out(y2, x2, false, w, true, b.defined() ? 1.0 : 0.0);
+  return y;
 }
 
 struct LinearGrads {
@@ -36,9 +40,10 @@ LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& x, const at:
   if (need_dx) {  // a tensor of its own, not a view of mm's result: a later op may write over it
     g.dx = at::empty(x.sizes(), dy.options());
     at::Tensor dx2 = g.dx.view({-1, w.size(1)});
-    at::mm_out(dx2, dy2, w);
+    detail::mm_out(dx2, dy2, false, w, false, 0.0);
   }
-  g.dw = at::mm(dy2.t(), x.reshape({-1, w.size(1)}));
+  g.dw = at::empty(w.sizes(), dy.options());
+  detail::mm_out(g.dw, dy2, true, x.reshape({-1, w.size(1)}), false, 0.0);
   if (has_bias) g.db = dy2.sum(0);
   return g;
 }

@@ -65,8 +65,9 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   if (reps < 1) fail("measure_costs: reps must be >= 1, got {}", reps);
   ModelConfig one = cfg;
   one.layers = 1;
-  const std::string key = fmt::format("{} ffn={} attn-block={} threads={} blas={} reps={} build={}", describe(one),
-                                      one.hidden(), one.attn_block, to_string(threads), blas_name(), reps,
+  const std::string key = fmt::format("{} ffn={} attn-block={} threads={} blas={} gemm={} reps={} build={}",
+                                      describe(one), one.hidden(), one.attn_block, to_string(threads), blas_name(),
+                                      gemm_name(), reps,
                                       build_identity());
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/costs-{:016x}.json", folder, std::hash<std::string>{}(key));
@@ -172,7 +173,8 @@ MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& ca
         cpu = line.substr(line.find(':') + 1);
         break;
       }
-  const std::string key = fmt::format("cpu={} blas={} threads={}", cpu, blas_name(), to_string(threads));
+  const std::string key =
+      fmt::format("cpu={} blas={} gemm={} threads={}", cpu, blas_name(), gemm_name(), to_string(threads));
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/rates-{:016x}.json", folder, std::hash<std::string>{}(key));
   if (std::ifstream in(path); in) {

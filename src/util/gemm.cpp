@@ -1,0 +1,255 @@
+#include "util/gemm.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "remat/error.h"
+#include "remat/runtime.h"
+#include "util/parallel.h"
+
+namespace remat {
+namespace detail {
+
+namespace {
+
+template <typename F>
+F symbol(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+// oneDNN's row-major sgemm (dnnl.h: dnnl_sgemm; its status is an int) and its version.
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
+struct DnnlVersion {
+  int major, minor, patch;
+  const char* hash;
+  unsigned cpu_runtime, gpu_runtime;
+};
+
+DnnlSgemm dnnl_sgemm() {
+  static const DnnlSgemm fn = symbol<DnnlSgemm>("dnnl_sgemm");
+  return fn;
+}
+
+// CBLAS constants (cblas.h): row-major, no-transpose, transpose.
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+
+template <typename T>
+using CblasGemm = void (*)(int, int, int, int, int, int, T, const T*, int, const T*, int, T, T*, int);
+
+template <typename T>
+CblasGemm<T> cblas() {
+  static const CblasGemm<T> fn = symbol<CblasGemm<T>>(sizeof(T) == 4 ? "cblas_sgemm" : "cblas_dgemm");
+  return fn;
+}
+
+// The process's choice, resolved: true runs oneDNN.
+std::atomic<bool> g_onednn{dnnl_sgemm() != nullptr};
+
+bool onednn() { return g_onednn.load(std::memory_order_relaxed); }
+
+// oneDNN threads with OpenMP: its sgemm runs on omp_get_max_threads() threads of the calling
+// thread, an OpenMP setting each thread holds for itself. Set to one for the call, then put back.
+class OneOmpThread {
+ public:
+  OneOmpThread() {
+    static const auto get = symbol<int (*)()>("omp_get_max_threads");
+    if (get != nullptr && (previous_ = get()) != 1) set()(1);
+  }
+  ~OneOmpThread() {
+    if (previous_ != 1) set()(previous_);
+  }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  static void (*set())(int) {
+    static const auto fn = symbol<void (*)(int)>("omp_set_num_threads");
+    return fn;
+  }
+  int previous_ = 1;
+};
+
+// One product on this thread.
+template <typename T>
+void gemm_here(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+               int64_t ldb, T beta, T* c, int64_t ldc) {
+  if constexpr (sizeof(T) == 4) {
+    if (onednn()) {
+      OneOmpThread one;
+      dnnl_sgemm()(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+  }
+  cblas<T>()(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
+             static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
+             static_cast<int>(ldc));
+}
+
+template <typename T>
+bool can_run() {
+  return (sizeof(T) == 4 && onednn()) || cblas<T>() != nullptr;
+}
+
+// Tiles of the output: at most 256 rows by 512 columns, from the shape alone (never the thread
+// count), each over the whole of k. NOTE [The engine's GEMMs] has the measurements.
+constexpr int64_t kTileRows = 256, kTileCols = 512;
+
+void sgemm_tiled(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t rows = (m + kTileRows - 1) / kTileRows, cols = (n + kTileCols - 1) / kTileCols;
+  parallel_chunks(rows * cols, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t / cols * kTileRows, j = t % cols * kTileCols;
+      const float* at = ta ? a + i : a + i * lda;  // rows i.. of op(A): columns of A when transposed
+      const float* bt = tb ? b + j * ldb : b + j;
+      gemm_here<float>(ta, tb, std::min(kTileRows, m - i), std::min(kTileCols, n - j), k, alpha, at, lda, bt, ldb, beta,
+                       c + i * ldc + j, ldc);
+    }
+  });
+}
+
+// Batch dimensions are split in two: those c is expanded over (stride 0, more than one entry),
+// whose products add up into one output in index order, and the others, one output each. A task is
+// one output: its products in index order, as a plain loop over the whole batch would give them.
+template <typename T>
+void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Tensor& c, double alpha, double beta) {
+  const int64_t rank = a.dim();
+  const int64_t m = c.size(rank - 2), n = c.size(rank - 1);
+  const int64_t k = ta ? a.size(rank - 2) : a.size(rank - 1);
+  std::vector<int64_t> outer, inner;
+  for (int64_t d = 0; d < rank - 2; ++d) (c.stride(d) == 0 && c.size(d) > 1 ? inner : outer).push_back(d);
+  auto count = [&](const std::vector<int64_t>& dims) {
+    int64_t p = 1;
+    for (int64_t d : dims) p *= c.size(d);
+    return p;
+  };
+  const int64_t n_outer = count(outer), n_inner = count(inner);
+  // Element offsets of batch entry `index` (last dimension fastest) over `dims`, into a, b and c.
+  auto offsets = [&](const std::vector<int64_t>& dims, int64_t index, int64_t& oa, int64_t& ob, int64_t& oc) {
+    for (auto d = dims.rbegin(); d != dims.rend(); ++d) {
+      const int64_t i = index % c.size(*d);
+      index /= c.size(*d);
+      oa += i * a.stride(*d), ob += i * b.stride(*d), oc += i * c.stride(*d);
+    }
+  };
+  const T* pa = a.data_ptr<T>();
+  const T* pb = b.data_ptr<T>();
+  T* pc = c.data_ptr<T>();
+  const int64_t lda = a.stride(rank - 2), ldb = b.stride(rank - 2), ldc = c.stride(rank - 2);
+  std::optional<SingleThreadedBlas> one_thread;
+  if (kernel_threads() > 1 && n_outer > 1) one_thread.emplace();
+  parallel_chunks(n_outer, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      int64_t oa0 = 0, ob0 = 0, oc0 = 0;
+      offsets(outer, o, oa0, ob0, oc0);
+      for (int64_t i = 0; i < n_inner; ++i) {
+        int64_t oa = oa0, ob = ob0, oc = oc0;
+        offsets(inner, i, oa, ob, oc);
+        gemm_here<T>(ta, tb, m, n, k, static_cast<T>(alpha), pa + oa, lda, pb + ob, ldb, static_cast<T>(beta), pc + oc,
+                     ldc);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!can_run<float>()) fail_runtime("the loaded BLAS has no cblas_sgemm; remat needs OpenBLAS (make setup)");
+  gemm_here<float>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void mm_out(at::Tensor& c, const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, double beta) {
+  const bool tiled = onednn() && c.device().is_cpu() && c.scalar_type() == at::kFloat &&
+                     a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.stride(1) == 1 &&
+                     b.stride(1) == 1 && c.stride(1) == 1;
+  if (tiled) {
+    sgemm_tiled(ta, tb, c.size(0), c.size(1), ta ? a.size(0) : a.size(1), 1.0f, a.data_ptr<float>(), a.stride(0),
+                b.data_ptr<float>(), b.stride(0), static_cast<float>(beta), c.data_ptr<float>(), c.stride(0));
+    return;
+  }
+  const at::Tensor opa = ta ? a.t() : a, opb = tb ? b.t() : b;
+  if (beta == 0.0) at::mm_out(c, opa, opb);
+  else at::addmm_out(c, c, opa, opb, beta, 1.0);
+}
+
+void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
+                  double alpha, double beta) {
+  const int64_t rank = c.dim();
+  if (a.dim() != rank || b.dim() != rank || rank < 3)
+    fail_runtime("batched_gemm: ranks {}, {}, {} must be equal and >= 3", a.dim(), b.dim(), rank);
+  for (int64_t d = 0; d < rank - 2; ++d)
+    if (c.stride(d) == 0 && c.size(d) > 1 && beta != 1.0)
+      fail_runtime("internal: batched_gemm into an expanded output needs beta 1, got {}", beta);
+  const bool unit = a.stride(rank - 1) == 1 && b.stride(rank - 1) == 1 && c.stride(rank - 1) == 1;
+  if (unit && c.device().is_cpu() && a.scalar_type() == c.scalar_type() && b.scalar_type() == c.scalar_type()) {
+    if (c.scalar_type() == at::kFloat && can_run<float>())
+      return batched<float>(a, transpose_a, b, transpose_b, c, alpha, beta);
+    if (c.scalar_type() == at::kDouble && can_run<double>())
+      return batched<double>(a, transpose_a, b, transpose_b, c, alpha, beta);
+  }
+  const at::Tensor opa = transpose_a ? a.transpose(-1, -2) : a;
+  const at::Tensor opb = transpose_b ? b.transpose(-1, -2) : b;
+  at::Tensor product = at::matmul(opa, opb);
+  if (alpha != 1.0) product.mul_(alpha);
+  // An output expanded over some batch dimension (stride 0: grouped-query heads sharing k and v)
+  // takes the sum over that dimension, as the loop above accumulates it.
+  at::Tensor out = c;
+  for (int64_t d = 0; d < rank - 2; ++d)
+    if (c.stride(d) == 0 && c.size(d) > 1) {
+      product = product.sum(d, /*keepdim=*/true);
+      out = out.narrow(d, 0, 1);
+    }
+  if (beta == 0.0) out.copy_(product);
+  else out.mul_(beta).add_(product);
+}
+
+SingleThreadedBlas::SingleThreadedBlas() {
+  if (onednn()) return;
+  static const auto get = symbol<int (*)()>("openblas_get_num_threads");
+  static const auto set = symbol<void (*)(int)>("openblas_set_num_threads");
+  if (get == nullptr || set == nullptr) return;
+  previous_ = get();
+  if (previous_ != 1) set(1);
+}
+
+SingleThreadedBlas::~SingleThreadedBlas() {
+  static const auto set = symbol<void (*)(int)>("openblas_set_num_threads");
+  if (set != nullptr && previous_ > 1) set(previous_);
+}
+
+}  // namespace detail
+
+GemmChoice parse_gemm(std::string_view text) {
+  if (text == "auto") return GemmChoice::Auto;
+  if (text == "onednn") return GemmChoice::OneDnn;
+  if (text == "blas") return GemmChoice::Blas;
+  fail("GemmChoice '{}' is unknown; allowed: auto, onednn, blas", text);
+}
+
+void set_gemm(GemmChoice choice) {
+  const bool exported = detail::dnnl_sgemm() != nullptr;
+  if (choice == GemmChoice::OneDnn && !exported)
+    fail("GemmChoice 'onednn': the loaded LibTorch exports no oneDNN sgemm (dnnl_sgemm); allowed here: auto, blas");
+  detail::g_onednn.store(choice != GemmChoice::Blas && exported);
+}
+
+std::string gemm_name() {
+  if (!detail::onednn()) return "cblas_sgemm of the loaded BLAS per attention product; at::mm for the linears";
+  std::string name = "oneDNN";
+  if (const auto version = detail::symbol<const detail::DnnlVersion* (*)()>("dnnl_version"))
+    if (const detail::DnnlVersion* v = version()) name += fmt::format(" {}.{}.{}", v->major, v->minor, v->patch);
+  return name + " sgemm, one thread per tile on remat's kernel threads";
+}
+
+}  // namespace remat

@@ -4,6 +4,7 @@
 //   c.step_ms(plan)   // predicted step time of a compiled StepPlan
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,7 @@ struct CostModel {
   double other_ms = 0;        // per step: stem, head, optimizer, framework, less the input gradient
                               // a stemless model's first block does not compute (may be negative)
   std::string source;         // "measured ..." or "estimated ..."
+  bool measured = false;      // timed on this machine (a LayerProbe), not estimated from rates
   ThreadConfig threads;     // the run these costs describe (sizes some scratch memory)
   // The 1024^3 float32 matmul rate (remat::matmul_gflops) when the costs were taken; 0: not known.
   // Shown beside a run's own rate. Scaling the times by the ratio of the two was tried and made
@@ -54,6 +56,35 @@ OpTime estimate_op(const BlockSpec& spec, int op, const MachineRates& rates);
 // Every op as estimate_op, and Adam as a pass over the parameters. For configs too large to run
 // here; a measured profile is better where the model fits.
 CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates);
+
+// Times a one-layer model of `cfg` (policy none, Adam step included), one step per call: what
+// measure_costs does in one go, spread over a caller's own rounds. `remat bench` takes a step of
+// it in every round of its rows, so that the predictions it prints beside each row come from the
+// same minutes of the machine as the rows' times (on a shared VM the speed drifts by 20% and
+// more between runs).
+class LayerProbe {
+ public:
+  explicit LayerProbe(const ModelConfig& cfg);
+  ~LayerProbe();
+  LayerProbe(const LayerProbe&) = delete;
+  LayerProbe& operator=(const LayerProbe&) = delete;
+
+  // One step of the layer, and one Adam step over one block's parameters. The first is a warm-up.
+  void step();
+  // Timed steps so far (the warm-up not counted).
+  int rounds() const;
+  // Per-op medians over the timed steps, other_ms for cfg.layers. Throws remat::Error when no
+  // timed step was taken.
+  CostModel costs() const;
+  // The rest of a one-layer step (stem, head, Adam, less the input gradient a stemless model's
+  // first block does not compute), and Adam on one block: other_ms = first + (layers - 1) second.
+  double other_one_layer_ms() const;
+  double adam_block_ms() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // Times a one-layer model of `cfg` (policy none, Adam step included): per-op forward and backward
 // medians over `reps` steps after one warm-up, and the rest of a step scaled to cfg.layers. The

@@ -280,6 +280,7 @@ BenchResult run_bench(const BenchOptions& o) {
   // Every (attention, engine, policy) gets its own model and optimizer. Steps then go round-robin,
   // one step of each in turn, so that drifting machine load touches all of them alike.
   struct Entry {
+    size_t variant = 0;  // index into variants
     BenchRow row;
     std::unique_ptr<Subject> subject;
     std::unique_ptr<Adam> adam;
@@ -289,8 +290,9 @@ BenchResult run_bench(const BenchOptions& o) {
   };
   std::vector<Entry> entries;
   const Policy none_policy = Policy::parse("none");
-  for (const Variant& v : variants)
+  for (size_t vi = 0; vi < variants.size(); ++vi)
     for (Engine engine : o.engines) {
+      const Variant& v = variants[vi];
       const ModelSpec vspec = make_model(v.cfg);
       const ResolvedPolicy none_resolved = none_policy.resolve(vspec.block, v.cfg.layers);
       std::vector<at::Tensor> reference;
@@ -309,6 +311,7 @@ BenchResult run_bench(const BenchOptions& o) {
         }
         say(fmt::format("{} {}: gradient check", to_string(engine), text));
         Entry e;
+        e.variant = vi;
         const ResolvedPolicy r = engine == Engine::Ops ? v.resolved[i]->policy : ResolvedPolicy();
         if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
         e.subject = make_subject(engine, v.cfg, policy, r, o.seed, e.exec);
@@ -340,11 +343,22 @@ BenchResult run_bench(const BenchOptions& o) {
   const bool several = attentions.size() > 1;
 
   // The matmul rate drifts with the machine's load as much as step times do: it is measured in every
-  // round, beside the steps it is compared with, and the median is the floor's rate.
+  // round, beside the steps it is compared with, and the median is the floor's rate. So are the op
+  // costs the predictions come from: one layer of each measured variant takes a step per round
+  // (LayerProbe; its first step is its warm-up).
+  std::vector<std::unique_ptr<LayerProbe>> probes(variants.size());
+  for (size_t vi = 0; vi < variants.size(); ++vi)
+    if (variants[vi].costs && variants[vi].costs->measured) {
+      probes[vi] = std::make_unique<LayerProbe>(variants[vi].cfg);
+      probes[vi]->step();
+    }
   std::vector<double> rates;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const bool timed = s >= o.warmup;
     if (timed) rates.push_back(matmul_gflops(1024, 5));
+    if (timed)
+      for (auto& probe : probes)
+        if (probe) probe->step();
     for (Entry& e : entries) {
       if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
       e.adam->zero_grad();
@@ -381,6 +395,19 @@ BenchResult run_bench(const BenchOptions& o) {
     }
   }
 
+  // Predictions from the costs timed in these rounds; the plans were made with the costs before.
+  std::vector<std::optional<CostModel>> in_run(variants.size());
+  for (size_t vi = 0; vi < variants.size(); ++vi)
+    if (probes[vi]) {
+      in_run[vi] = probes[vi]->costs();
+      in_run[vi]->threads = o.threads;
+      in_run[vi]->matmul_gflops = median(rates);
+    }
+  for (Entry& e : entries)
+    if (e.row.engine == Engine::Ops && in_run[e.variant])
+      e.row.predicted_step_ms = in_run[e.variant]->step_ms(static_cast<OpsSubject&>(*e.subject).model()->step_plan());
+  for (size_t vi = 0; vi < variants.size(); ++vi)
+    if (in_run[vi] && result.costs_in_run.empty()) result.costs_in_run = in_run[vi]->source;
   result.matmul_gflops = median(rates);
   result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
   for (Entry& e : entries) {
@@ -400,14 +427,31 @@ BenchResult run_bench(const BenchOptions& o) {
         prof.recompute_ms.push_back(e.exec.timer->recompute_ms[op] / o.steps);
         prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
       }
+      if (in_run[e.variant]) {  // what the cost model says of each op, for the same step
+        const CostModel& c = *in_run[e.variant];
+        const StepPlan& plan = static_cast<OpsSubject&>(*e.subject).model()->step_plan();
+        prof.predicted_forward_ms.assign(e.ops.size(), 0.0);
+        prof.predicted_recompute_ms.assign(e.ops.size(), 0.0);
+        prof.predicted_backward_ms.assign(e.ops.size(), 0.0);
+        for (const StagePlan& st : plan.stages) {
+          if (st.role != StagePlan::Role::Block) continue;
+          for (size_t op = 0; op < e.ops.size(); ++op) {
+            prof.predicted_forward_ms[op] += c.block[op].forward_ms;
+            prof.predicted_backward_ms[op] += c.block[op].backward_ms;
+          }
+          for (int op : st.schedule->recomputed) prof.predicted_recompute_ms[op] += c.block[op].forward_ms;
+        }
+      }
       result.profiles.push_back(std::move(prof));
     }
     result.rows.push_back(row);
   }
   const Variant& first = variants.front();
   if (o.frontier && first.costs) {
-    // The planner's curve: plans at budgets from the least memory to none's peak.
-    const Planner planner(first.cfg, *first.costs, keep_everything(make_model(first.cfg).block));
+    // The planner's curve: plans at budgets from the least memory to none's peak, timed with the
+    // costs of these rounds where they were taken.
+    const Planner planner(first.cfg, in_run.front() ? *in_run.front() : *first.costs,
+                          keep_everything(make_model(first.cfg).block));
     const Plan least = planner.plan(Budget{planner.none_memory().base() + 1, 0});
     const int64_t lo = least.min_budget, hi = planner.none_memory().total_peak();
     for (int i = 0; i <= 24; ++i) {
@@ -461,7 +505,11 @@ std::string BenchResult::markdown() const {
   std::string out = t.markdown();
   for (const BenchRow& r : rows)
     if (!r.plan.empty()) out += fmt::format("\n{}: the planner chose {}", row_name(r, several), r.plan);
-  if (!costs.empty()) {
+  if (!costs_in_run.empty()) {
+    out += "\nop costs for predictions: " + costs_in_run + ", taken in the same rounds as the rows";
+    if (!costs.empty()) out += "; the plans were made before the run with: " + costs;
+    out += "\n";
+  } else if (!costs.empty()) {
     out += "\nop costs for predictions: " + costs;
     if (costs_gflops > 0)
       out += fmt::format(" (matmul {:.1f} GFLOP/s then, {:.1f} in this run)", costs_gflops, matmul_gflops);
@@ -476,17 +524,31 @@ std::string BenchResult::profile_markdown() const {
   std::string out;
   for (const OpProfile& p : profiles) {
     Table t;
+    const bool predicted = !p.predicted_forward_ms.empty();
     t.header = {"op", "forward ms", "recompute ms", "backward ms"};
-    t.numeric = {false, true, true, true};
-    double f = 0, r = 0, b = 0;
+    if (predicted) t.header.insert(t.header.end(), {"predicted fwd", "predicted rec", "predicted bwd"});
+    t.numeric.assign(t.header.size(), true);
+    t.numeric[0] = false;
+    double f = 0, r = 0, b = 0, pf = 0, pr = 0, pb = 0;
     for (size_t i = 0; i < p.ops.size(); ++i) {
       t.rows.push_back({p.ops[i], fmt::format("{:.2f}", p.forward_ms[i]), fmt::format("{:.2f}", p.recompute_ms[i]),
                         fmt::format("{:.2f}", p.backward_ms[i])});
+      if (predicted) {
+        t.rows.back().insert(t.rows.back().end(), {fmt::format("{:.2f}", p.predicted_forward_ms[i]),
+                                                   fmt::format("{:.2f}", p.predicted_recompute_ms[i]),
+                                                   fmt::format("{:.2f}", p.predicted_backward_ms[i])});
+        pf += p.predicted_forward_ms[i];
+        pr += p.predicted_recompute_ms[i];
+        pb += p.predicted_backward_ms[i];
+      }
       f += p.forward_ms[i];
       r += p.recompute_ms[i];
       b += p.backward_ms[i];
     }
     t.rows.push_back({"all blocks", fmt::format("{:.2f}", f), fmt::format("{:.2f}", r), fmt::format("{:.2f}", b)});
+    if (predicted)
+      t.rows.back().insert(t.rows.back().end(),
+                           {fmt::format("{:.2f}", pf), fmt::format("{:.2f}", pr), fmt::format("{:.2f}", pb)});
     out += fmt::format("\nper-op time of the blocks, ms per step (ops engine, {}):\n\n", p.policy) + t.markdown();
   }
   return out;
@@ -519,7 +581,7 @@ std::string BenchResult::json() const {
       {"threads", to_string(options.threads)},
       {"blas", blas}, {"gemm", gemm}, {"matmul_gflops", matmul_gflops},
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
-      {"costs", costs},              {"costs_matmul_gflops", costs_gflops},
+      {"costs", costs}, {"costs_in_run", costs_in_run},              {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},
   };
   nlohmann::json engines = nlohmann::json::array();

@@ -55,7 +55,8 @@ struct BenchRow {
   int64_t saved_bytes = 0;          // measured: live after forward - live before
   int64_t predicted_saved_bytes = -1;  // ops engine: from the tensor table; -1 when not predicted
   int64_t predicted_peak_bytes = -1;   // ops engine: the planner's memory model; -1 when not predicted
-  double predicted_step_ms = -1;       // ops engine: the cost model's step time; -1 when not predicted
+  double predicted_step_ms = -1;       // ops engine: the cost model's step time (costs timed in the
+                                       // bench's rounds where they are measured); -1 when not predicted
   std::string plan;                    // budget policies: the plan the planner chose
   int64_t peak_bytes = 0;           // measured: peak in the step - live before
   double grad_max_abs_diff = 0;     // against `none` on the same engine, first step
@@ -70,6 +71,9 @@ struct OpProfile {
   std::string policy;  // with its attention when the run has several: "flash none"
   std::vector<std::string> ops;
   std::vector<double> forward_ms, recompute_ms, backward_ms;
+  // The cost model's times for the same ops (one layer timed in the bench's rounds, times the
+  // layers that run or rerun each op); empty when the costs were not timed in the rounds.
+  std::vector<double> predicted_forward_ms, predicted_recompute_ms, predicted_backward_ms;
 };
 
 struct BenchResult {
@@ -81,7 +85,8 @@ struct BenchResult {
   double floor_ms = 0;              // flops_per_step at the matmul rate
   std::vector<BenchRow> rows;
   std::vector<OpProfile> profiles;  // --profile
-  std::string costs;                // the cost model's source, when one was measured
+  std::string costs;                // the source of the costs the plans were made with
+  std::string costs_in_run;         // the costs the predictions come from, when timed in the rounds
   double costs_gflops = 0;          // the matmul rate when the costs were taken (0: not known)
   struct FrontierPoint {
     double step_ms;

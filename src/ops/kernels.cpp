@@ -40,6 +40,27 @@ void gelu_backward_range(const float* dy, const float* __restrict x, float* dx, 
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
+void relu_forward_range(const float* __restrict x, float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    y[i] = v > 0.0f ? v : 0.0f;
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void relu_backward_range(const float* dy, const float* __restrict y, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void add_range(const float* __restrict a, const float* __restrict b, float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
 void dropout_apply_range(const float* x, const bool* __restrict mask, float scale, float* y, int64_t n) {
   const auto* m = reinterpret_cast<const uint8_t*>(mask);  // bool is one byte, 0 or 1
 #pragma omp simd
@@ -190,6 +211,18 @@ void gelu_forward(const float* x, float* y, int64_t n) {
 
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n) {
   detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { gelu_backward_range(dy + b, x + b, dx + b, e - b); });
+}
+
+void relu_forward(const float* x, float* y, int64_t n) {
+  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { relu_forward_range(x + b, y + b, e - b); });
+}
+
+void relu_backward(const float* dy, const float* y, float* dx, int64_t n) {
+  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { relu_backward_range(dy + b, y + b, dx + b, e - b); });
+}
+
+void add(const float* a, const float* b, float* y, int64_t n) {
+  detail::parallel_chunks(n, kGrain, [&](int64_t s, int64_t e) { add_range(a + s, b + s, y + s, e - s); });
 }
 
 void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n) {

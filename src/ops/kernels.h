@@ -17,6 +17,14 @@ void gelu_forward(const float* x, float* y, int64_t n);
 // here runs as `omp simd`, one vector path whatever the pointers.
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
 
+// y = max(x, 0). y is not x.
+void relu_forward(const float* x, float* y, int64_t n);
+// dx = y > 0 ? dy : 0, from the forward's output y. dx may be dy.
+void relu_backward(const float* dy, const float* y, float* dx, int64_t n);
+
+// y = a + b, into a tensor of its own (y is neither a nor b).
+void add(const float* a, const float* b, float* y, int64_t n);
+
 // y = x * mask * scale, without converting the bool mask to a float tensor first (at::mul does,
 // which allocates a copy the size of x). y may be x.
 void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n);

@@ -1,22 +1,35 @@
 // relu: y = max(x, 0).
 //   in: x   out: y   backward reads y (y > 0 is the mask), so x need not be kept; dx may be written
-//   over dy.
+//   over dy. Float32 CPU runs remat's own loops on the kernel threads (kernels.h); elsewhere ATen's.
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 
 namespace remat::ops {
 namespace {
 
-void forward(detail::OpEnv& e, const OpNode& op) { e.set_out(op, 0, at::relu(e.in(op, 0))); }
+bool fast(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
+
+void forward(detail::OpEnv& e, const OpNode& op) {
+  const at::Tensor& x = e.in(op, 0);
+  if (!fast(x)) return e.set_out(op, 0, at::relu(x));
+  at::Tensor y = at::empty_like(x);
+  kernels::relu_forward(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+  e.set_out(op, 0, std::move(y));
+}
 
 void backward(detail::OpEnv& e, const OpNode& op) {
   at::Tensor dx = e.grad_buffer(op, 0);
   const at::Tensor dy = dx.defined() ? dx : e.grad_out(op, 0);
+  const at::Tensor& y = e.saved_out(op, 0);
   if (!dx.defined()) dx = at::empty_like(dy);
-  at::threshold_backward_out(dx, dy, e.saved_out(op, 0), 0);
+  if (fast(dy) && fast(y) && fast(dx))
+    kernels::relu_backward(dy.data_ptr<float>(), y.data_ptr<float>(), dx.data_ptr<float>(), dy.numel());
+  else
+    at::threshold_backward_out(dx, dy, y, 0);
   e.set_grad(op, 0, std::move(dx));
 }
 

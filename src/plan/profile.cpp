@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <tuple>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -61,14 +63,113 @@ CostModel from_json(const nlohmann::json& j) {
 
 }  // namespace
 
+// One layer of the config, timed a step at a time (NOTE [The planner], 5).
+struct LayerProbe::State {
+  explicit State(const ModelConfig& cfg)
+      : full(cfg), one(with_one_layer(cfg)), model(make(one, exec)), adam(model->parameters(), AdamOptions{1e-4}) {
+    std::tie(input, target) = random_batch(one);
+    n_ops = model->spec().block.ops.size();
+    // A model without a stem feeds the data to its first block, which then computes no input
+    // gradient. Every later block does (the linears' dx GEMMs: a third of their backward), so the
+    // layer is timed as an interior one, its input needing a gradient, and what the first block
+    // saves is timed on the plain data in the same rounds.
+    data_input = !model->spec().has_stem;
+    interior = data_input ? input.detach().clone().requires_grad_(true) : input;
+    fwd.resize(n_ops);
+    bwd.resize(n_ops);
+    // Adam's share grows with the layers: it is timed on one block's parameters as well.
+    block_params = model->block_params(0);
+    for (at::Tensor& p : block_params) p.mutable_grad() = at::ones_like(p);
+    block_adam = std::make_unique<Adam>(block_params, AdamOptions{1e-4});
+  }
+  static ModelConfig with_one_layer(ModelConfig c) {
+    c.layers = 1;
+    return c;
+  }
+  static GPT make(const ModelConfig& one, ExecOptions& exec) {
+    exec.timer = std::make_shared<OpTimes>();
+    at::manual_seed(1);
+    return GPT(one, Policy::parse("none"), exec);
+  }
+  double block_bwd() const {
+    double ms = 0;
+    for (size_t op = 0; op < n_ops; ++op) ms += exec.timer->backward_ms[op];
+    return ms;
+  }
+
+  ModelConfig full, one;
+  ExecOptions exec;
+  GPT model;
+  Adam adam;
+  at::Tensor input, target, interior;
+  size_t n_ops = 0;
+  bool data_input = false;
+  std::vector<at::Tensor> block_params;
+  std::unique_ptr<Adam> block_adam;
+  int calls = 0;
+  std::vector<std::vector<double>> fwd, bwd;
+  std::vector<double> other, first_saving, adam_ms;
+};
+
+LayerProbe::LayerProbe(const ModelConfig& cfg) : s_(std::make_unique<State>(cfg)) {}
+LayerProbe::~LayerProbe() = default;
+
+void LayerProbe::step() {
+  State& s = *s_;
+  double plain_bwd = 0;
+  if (s.data_input) {
+    s.exec.timer->zero();
+    s.adam.zero_grad();
+    s.model->forward(s.input, s.target).backward();
+    plain_bwd = s.block_bwd();
+  }
+  s.exec.timer->zero();
+  s.adam.zero_grad();
+  s.interior.mutable_grad() = at::Tensor();
+  const auto t0 = Clock::now();
+  s.model->forward(s.interior, s.target).backward();
+  s.adam.step();
+  const double step = ms_since(t0);
+  const auto t1 = Clock::now();
+  s.block_adam->step();
+  const double adam = ms_since(t1);
+  s.adam.zero_grad();  // the probe holds no gradients between its steps
+  if (s.calls++ == 0) return;  // warm-up
+  double block = 0;
+  for (size_t op = 0; op < s.n_ops; ++op) {
+    s.fwd[op].push_back(s.exec.timer->forward_ms[op]);
+    s.bwd[op].push_back(s.exec.timer->backward_ms[op]);
+    block += s.exec.timer->forward_ms[op] + s.exec.timer->backward_ms[op];
+  }
+  s.other.push_back(std::max(0.0, step - block));
+  if (s.data_input) s.first_saving.push_back(std::max(0.0, s.block_bwd() - plain_bwd));
+  s.adam_ms.push_back(adam);
+}
+
+int LayerProbe::rounds() const { return std::max(0, s_->calls - 1); }
+
+double LayerProbe::other_one_layer_ms() const {
+  return median(s_->other) - (s_->data_input ? median(s_->first_saving) : 0.0);
+}
+double LayerProbe::adam_block_ms() const { return median(s_->adam_ms); }
+
+CostModel LayerProbe::costs() const {
+  if (rounds() < 1) fail("LayerProbe::costs needs a timed step after the warm-up one; {} step(s) taken", s_->calls);
+  CostModel c;
+  for (size_t op = 0; op < s_->n_ops; ++op) c.block.push_back({median(s_->fwd[op]), median(s_->bwd[op])});
+  c.other_ms = other_one_layer_ms() + static_cast<double>(s_->full.layers - 1) * adam_block_ms();
+  c.source = fmt::format("one layer, median of {} steps", rounds());
+  c.measured = true;
+  return c;
+}
+
 CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int reps, const std::string& cache_dir) {
   if (reps < 1) fail("measure_costs: reps must be >= 1, got {}", reps);
   ModelConfig one = cfg;
   one.layers = 1;
   const std::string key = fmt::format("{} ffn={} attn-block={} threads={} blas={} gemm={} reps={} build={}",
                                       describe(one), one.hidden(), one.attn_block, to_string(threads), blas_name(),
-                                      gemm_name(), reps,
-                                      build_identity());
+                                      gemm_name(), reps, build_identity());
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/costs-{:016x}.json", folder, std::hash<std::string>{}(key));
   if (std::ifstream in(path); in) {
@@ -79,6 +180,7 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
         const double other_1 = j.at("other_1_ms").get<double>(), adam = j.at("adam_block_ms").get<double>();
         c.other_ms = other_1 + static_cast<double>(cfg.layers - 1) * adam;
         c.source += " (cached in " + path + ")";
+        c.measured = true;
         c.threads = threads;
         return c;
       }
@@ -88,80 +190,24 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   }
 
   apply_threads(threads);
-  ExecOptions exec;
-  exec.timer = std::make_shared<OpTimes>();
-  at::manual_seed(1);
-  GPT model(one, Policy::parse("none"), exec);
-  auto [input, target] = random_batch(one);
-  Adam adam(model->parameters(), AdamOptions{1e-4});
-  const size_t n_ops = model->spec().block.ops.size();
-  // A model without a stem feeds the data to its first block, which then computes no input
-  // gradient. Every later block does (the linears' dx GEMMs: a third of their backward), so the
-  // layer is timed as an interior one, its input needing a gradient, and what the first block saves
-  // is timed on the plain data in the same rounds.
-  const bool data_input = !model->spec().has_stem;
-  const at::Tensor interior = data_input ? input.detach().clone().requires_grad_(true) : input;
-  std::vector<std::vector<double>> fwd(n_ops), bwd(n_ops);
-  std::vector<double> other, first_saving;
-  auto block_bwd = [&] {
-    double ms = 0;
-    for (size_t op = 0; op < n_ops; ++op) ms += exec.timer->backward_ms[op];
-    return ms;
-  };
+  LayerProbe probe(cfg);
   // The matmul rate before and after the rounds: what a later run compares its own rate with.
   const double gflops_before = matmul_gflops(1024, 5);
-  for (int r = 0; r <= reps; ++r) {
-    double plain_bwd = 0;
-    if (data_input) {
-      exec.timer->zero();
-      adam.zero_grad();
-      model->forward(input, target).backward();
-      plain_bwd = block_bwd();
-    }
-    exec.timer->zero();
-    adam.zero_grad();
-    interior.mutable_grad() = at::Tensor();
-    const auto t0 = Clock::now();
-    model->forward(interior, target).backward();
-    adam.step();
-    const double step = ms_since(t0);
-    if (r == 0) continue;  // warm-up
-    double block = 0;
-    for (size_t op = 0; op < n_ops; ++op) {
-      fwd[op].push_back(exec.timer->forward_ms[op]);
-      bwd[op].push_back(exec.timer->backward_ms[op]);
-      block += exec.timer->forward_ms[op] + exec.timer->backward_ms[op];
-    }
-    other.push_back(std::max(0.0, step - block));
-    if (data_input) first_saving.push_back(std::max(0.0, block_bwd() - plain_bwd));
-  }
-  // Adam's share grows with the layers: time it on one block's parameters.
-  std::vector<double> adam_ms;
-  {
-    std::vector<at::Tensor> params = model->block_params(0);
-    for (at::Tensor& p : params) p.mutable_grad() = at::ones_like(p);
-    Adam block_adam(params, AdamOptions{1e-4});
-    for (int r = 0; r <= reps; ++r) {
-      const auto t0 = Clock::now();
-      block_adam.step();
-      if (r > 0) adam_ms.push_back(ms_since(t0));
-    }
-  }
-
-  CostModel c;
+  for (int r = 0; r <= reps; ++r) probe.step();
+  CostModel c = probe.costs();
   c.matmul_gflops = 0.5 * (gflops_before + matmul_gflops(1024, 5));
-  for (size_t op = 0; op < n_ops; ++op) c.block.push_back({median(fwd[op]), median(bwd[op])});
-  const double other_1 = median(other) - median(first_saving), adam_block = median(adam_ms);
-  c.source = fmt::format("measured on this machine: one layer, median of {} steps", reps);
+  c.source = "measured on this machine: " + c.source;
   c.threads = threads;
   try {
     std::filesystem::create_directories(folder);
-    nlohmann::json j = {{"key", key}, {"costs", to_json(c)}, {"other_1_ms", other_1}, {"adam_block_ms", adam_block}};
+    nlohmann::json j = {{"key", key},
+                        {"costs", to_json(c)},
+                        {"other_1_ms", probe.other_one_layer_ms()},
+                        {"adam_block_ms", probe.adam_block_ms()}};
     write_file_atomic(path, j.dump(1) + "\n");
   } catch (const std::exception&) {
     // Caching is an optimisation: an unwritable cache folder only costs a profile next time.
   }
-  c.other_ms = other_1 + static_cast<double>(cfg.layers - 1) * adam_block;
   return c;
 }
 

@@ -1,30 +1,27 @@
+// remat bench as a library call: what a row of the engine carries besides its times.
 #include "app/bench.h"
 
-#include <cmath>
-
-#include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 
 namespace remat {
 namespace {
 
-TEST(GradDifference, IsTheLargestAbsoluteDifference) {
-  const at::Tensor a = at::tensor({1.0f, 2.0f, 3.0f});
-  EXPECT_EQ(grad_difference({a}, {a.clone()}), 0.0);
-  EXPECT_FLOAT_EQ(grad_difference({a}, {a + at::tensor({0.0f, -0.37f, 0.1f})}), 0.37f);
-}
-
-// std::max(worst, NaN) keeps `worst`: a NaN gradient once read as a difference of 0.
-TEST(GradDifference, ANanGradientIsNanNotZero) {
-  const at::Tensor a = at::tensor({1.0f, 2.0f});
-  EXPECT_TRUE(std::isnan(grad_difference({a, a}, {a, at::tensor({1.0f, NAN})})));
-  EXPECT_TRUE(std::isnan(grad_difference({at::tensor({NAN})}, {at::tensor({0.0f})})));
-}
-
-TEST(GradDifference, AMissingGradientIsInfinite) {
-  const at::Tensor a = at::tensor({1.0f});
-  EXPECT_TRUE(std::isinf(grad_difference({a}, {at::Tensor()})));
-  EXPECT_TRUE(std::isinf(grad_difference({a, a}, {a})));
+// The predictions beside the rows come from one layer timed in the same rounds as the rows (a
+// shared machine drifts by tens of percent between runs), not from costs taken before the run.
+TEST(Bench, PredictsEveryEngineRowFromCostsTimedInItsRounds) {
+  BenchOptions o;
+  o.model = testing::tiny("gpt2", 0.1);
+  o.engines = {Engine::Ops};
+  o.policies = {"none", "full", "budget:90%"};
+  o.steps = 2;
+  o.warmup = 0;
+  const BenchResult r = run_bench(o);
+  EXPECT_NE(r.costs_in_run.find("median of 2 steps"), std::string::npos) << r.costs_in_run;
+  ASSERT_EQ(r.rows.size(), 3u);
+  for (const BenchRow& row : r.rows) EXPECT_GT(row.predicted_step_ms, 0) << row.policy;
+  EXPECT_NE(r.markdown().find("taken in the same rounds as the rows"), std::string::npos);
 }
 
 }  // namespace

@@ -124,6 +124,27 @@ TEST(Plan, StepTimeNeverGrowsWithTheBudgetOnGpt2) {
   }
 }
 
+// A probe's first step warms up and is not counted; the costs it gives are per op of the block,
+// and other_ms scales Adam's share to the config's layers.
+TEST(LayerProbe, TimesEveryOpAfterItsWarmUp) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  LayerProbe probe(c);
+  probe.step();
+  EXPECT_EQ(probe.rounds(), 0);
+  EXPECT_THROW(probe.costs(), Error);
+  probe.step();
+  probe.step();
+  EXPECT_EQ(probe.rounds(), 2);
+  const CostModel costs = probe.costs();
+  EXPECT_TRUE(costs.measured);
+  ASSERT_EQ(costs.block.size(), make_block(c).ops.size());
+  double block = 0;
+  for (const OpTime& t : costs.block) block += t.forward_ms + t.backward_ms;
+  EXPECT_GT(block, 0);
+  EXPECT_DOUBLE_EQ(costs.other_ms,
+                   probe.other_one_layer_ms() + static_cast<double>(c.layers - 1) * probe.adam_block_ms());
+}
+
 // Estimated costs come from a calibration measured once per (CPU, BLAS, threads) and reused, so
 // one command gives one answer under load; an unreadable calibration is measured again.
 TEST(Calibration, IsMeasuredOnceAndReused) {

@@ -13,8 +13,12 @@ of each strategy, then round-robin). Every timed step of all rounds is pooled: t
 median and the range, and the ratio of medians; `ratio range` is the least and the greatest ratio of
 the per-round medians, so a difference can be told from the machine's drift.
 
-Both sides run one ATen thread and OpenBLAS's own threads (the same libblas.so.3): what remat's bench
-uses by default. Saved bytes on the PyTorch side are the distinct storages autograd keeps for
+Both sides run one ATen thread. PyTorch's matmuls run on OpenBLAS's own threads (the same
+libblas.so.3), with the kernel remat's bench runs with: OpenBLAS picks its kernel from the CPU model
+when it loads, and on a CPU it does not know it falls back to SSE3 (a third of the speed), which remat
+corrects and a plain `import torch` would not. So the first remat round runs before torch is
+imported, and OPENBLAS_CORETYPE is set to the kernel it reports (unless the user set it). remat's
+engine runs its GEMMs on oneDNN's sgemm (NOTE [The engine's GEMMs]): both are printed. Saved bytes on the PyTorch side are the distinct storages autograd keeps for
 backward after the forward pass (saved_tensors_hooks, in an untimed step), parameters excluded.
 
 Usage: tools/eager_compare.py [--remat build/remat] [--rounds 3] [--steps 3]
@@ -147,12 +151,12 @@ def build_torch_side(torch):
     return subjects, step, saved_bytes
 
 
-def remat_round(binary, steps):
+def remat_round(binary, steps, env=None):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [binary, "bench", "--engine", "ops", "--policies", ",".join(STRATEGIES), "--steps", str(steps),
                "--warmup", "1", "--json", out]
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         if r.returncode != 0:
             fail(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-2000:]}")
         with open(out) as f:
@@ -163,16 +167,33 @@ def spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "steps": values}
 
 
+def loaded_openblas_kernel():
+    """openblas_get_corename() of the OpenBLAS this process loaded (through torch), or "unknown"."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD)
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "unknown"
+
+
 def main():
     a = parse_args()
+    remat_env = dict(os.environ)  # remat chooses its own kernel, as a user's run would
+    first = remat_round(a.remat, a.steps)  # before torch loads OpenBLAS: its kernel is chosen at load
+    kernel = first["config"].get("blas_kernel", "")
+    if kernel and "OPENBLAS_CORETYPE" not in os.environ:
+        os.environ["OPENBLAS_CORETYPE"] = kernel
     torch = import_torch()
+    torch_kernel = loaded_openblas_kernel()
     subjects, step, saved_bytes = build_torch_side(torch)
     remat_steps = {s: [] for s in STRATEGIES}
     torch_steps = {s: [] for s in STRATEGIES}
     round_ratios = {s: [] for s in STRATEGIES}
     remat_saved, config = {}, None
     for r in range(a.rounds):
-        bench = remat_round(a.remat, a.steps)
+        bench = first if r == 0 else remat_round(a.remat, a.steps, remat_env)
         config = bench["config"]
         medians = {}
         for row in bench["rows"]:
@@ -206,8 +227,9 @@ def main():
     lines = [
         f"remat bench (ops engine) against PyTorch {torch.__version__} eager, seed model "
         f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
-        f"BLAS: {config['blas']}; matmul {config['matmul_gflops']:.1f} GFLOP/s (last remat round); "
-        f"torch threads {torch.get_num_threads()}",
+        f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "
+        f"GFLOP/s (last remat round)",
+        f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}",
         "",
         "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat saved MiB | PyTorch saved MiB |",
         "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|----------------:|------------------:|",
@@ -222,7 +244,8 @@ def main():
     if a.markdown:
         write_atomic(a.markdown, table)
     if a.json:
-        write_atomic(a.json, json.dumps({"torch": torch.__version__, "rounds": a.rounds, "steps": a.steps,
+        write_atomic(a.json, json.dumps({"torch": torch.__version__, "torch_blas_kernel": torch_kernel,
+                                         "rounds": a.rounds, "steps": a.steps,
                                          "remat_config": config, "rows": rows}, indent=2) + "\n")
 
 

@@ -13,6 +13,7 @@
 #include <torch/version.h>
 
 #include "app/report.h"
+#include "remat/blas_kernel.h"
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/memory.h"
@@ -579,7 +580,7 @@ std::string BenchResult::json() const {
       {"steps", options.steps},      {"warmup", options.warmup},
       {"seed", options.seed},        {"lr", options.lr},
       {"threads", to_string(options.threads)},
-      {"blas", blas}, {"gemm", gemm}, {"matmul_gflops", matmul_gflops},
+      {"blas", blas}, {"blas_kernel", blas::loaded_kernel()}, {"gemm", gemm}, {"matmul_gflops", matmul_gflops},
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
       {"costs", costs}, {"costs_in_run", costs_in_run},              {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},

@@ -11,11 +11,9 @@
 namespace remat::ops {
 namespace {
 
-bool fast(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
-
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor &a = e.in(op, 0), &b = e.in(op, 1);
-  if (!fast(a) || !fast(b) || a.sizes() != b.sizes()) return e.set_out(op, 0, at::add(a, b));
+  if (!kernels::fits(a) || !kernels::fits(b) || a.sizes() != b.sizes()) return e.set_out(op, 0, at::add(a, b));
   at::Tensor y = at::empty_like(a);
   kernels::add(a.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(), a.numel());
   e.set_out(op, 0, std::move(y));

@@ -23,11 +23,11 @@
 
 #include "core/builder.h"
 #include "ops/attention_common.h"
-#include "util/gemm.h"
 #include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/error.h"
+#include "util/gemm.h"
 #include "util/parallel.h"
 
 namespace remat::ops {

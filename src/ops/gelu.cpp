@@ -13,11 +13,9 @@
 namespace remat::ops {
 namespace {
 
-bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
-
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& x = e.in(op, 0);
-  if (!cpu_float(x)) return e.set_out(op, 0, at::gelu(x, "tanh"));
+  if (!kernels::fits(x)) return e.set_out(op, 0, at::gelu(x, "tanh"));
   at::Tensor y = at::empty_like(x);
   kernels::gelu_forward(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
   e.set_out(op, 0, std::move(y));
@@ -28,7 +26,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   at::Tensor dx = e.grad_buffer(op, 0);  // dy itself when the plan writes over it
   const at::Tensor dy = dx.defined() ? dx : e.grad_out(op, 0);
   if (!dx.defined()) dx = at::empty_like(x);
-  if (cpu_float(x) && cpu_float(dy) && cpu_float(dx))
+  if (kernels::fits(x) && kernels::fits(dy) && kernels::fits(dx))
     kernels::gelu_backward(dy.data_ptr<float>(), x.data_ptr<float>(), dx.data_ptr<float>(), x.numel());
   else
     at::gelu_backward_out(dx, dy, x, "tanh");

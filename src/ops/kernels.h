@@ -9,7 +9,14 @@
 
 #include <cstdint>
 
+#include <ATen/core/Tensor.h>
+
 namespace remat::ops::kernels {
+
+// Whether these loops take t: a contiguous float32 CPU tensor. Ops run ATen's own for anything else.
+inline bool fits(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+}
 
 // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const float* x, float* y, int64_t n);

@@ -10,10 +10,10 @@
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
-#include "util/gemm.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "ops/tensor_parallel.h"
+#include "util/gemm.h"
 
 namespace remat::ops {
 namespace {

@@ -11,11 +11,9 @@
 namespace remat::ops {
 namespace {
 
-bool fast(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
-
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& x = e.in(op, 0);
-  if (!fast(x)) return e.set_out(op, 0, at::relu(x));
+  if (!kernels::fits(x)) return e.set_out(op, 0, at::relu(x));
   at::Tensor y = at::empty_like(x);
   kernels::relu_forward(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
   e.set_out(op, 0, std::move(y));
@@ -26,7 +24,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor dy = dx.defined() ? dx : e.grad_out(op, 0);
   const at::Tensor& y = e.saved_out(op, 0);
   if (!dx.defined()) dx = at::empty_like(dy);
-  if (fast(dy) && fast(y) && fast(dx))
+  if (kernels::fits(dy) && kernels::fits(y) && kernels::fits(dx))
     kernels::relu_backward(dy.data_ptr<float>(), y.data_ptr<float>(), dx.data_ptr<float>(), dy.numel());
   else
     at::threshold_backward_out(dx, dy, y, 0);

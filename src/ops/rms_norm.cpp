@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "util/parallel.h"
@@ -19,8 +20,6 @@ namespace {
 
 constexpr int64_t kRows = 64;  // rows per chunk of the weight gradient's partial sums
 
-bool cpu_float(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
-
 int64_t chunks(int64_t rows) { return (rows + kRows - 1) / kRows; }
 
 void forward(detail::OpEnv& e, const OpNode& op) {
@@ -29,7 +28,7 @@ void forward(detail::OpEnv& e, const OpNode& op) {
   const int64_t c = x.size(-1), rows = x.numel() / c;
   std::vector<int64_t> stat = x.sizes().vec();
   stat.back() = 1;
-  if (!cpu_float(x) || !cpu_float(w)) {
+  if (!kernels::fits(x) || !kernels::fits(w)) {
     at::Tensor rstd = x.pow(2).mean(-1, true).add(op.eps).rsqrt();  // in x's type (float64 in the tests)
     e.set_out(op, 0, x * rstd * w);
     e.set_out(op, 1, std::move(rstd));
@@ -61,7 +60,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& w = e.param(op, 0);
   const int64_t c = x.size(-1), rows = x.numel() / c;
   const bool need_dx = e.needs_grad(op, 0);
-  if (!cpu_float(x) || !cpu_float(dy) || !cpu_float(w)) {
+  if (!kernels::fits(x) || !kernels::fits(dy) || !kernels::fits(w)) {
     const at::Tensor s = rstd.to(x.scalar_type());
     const at::Tensor xhat = x * s;
     at::Tensor dw = (dy * xhat).reshape({-1, c}).sum(0);

@@ -9,9 +9,9 @@
 
 #include "core/builder.h"
 #include "ops/attention_common.h"
-#include "util/gemm.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
+#include "util/gemm.h"
 
 namespace remat::ops {
 namespace {

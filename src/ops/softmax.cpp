@@ -13,17 +13,15 @@
 namespace remat::ops {
 namespace {
 
-bool fast(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
-
 void forward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
   const at::Tensor& scores = e.in(op, 0);
-  if (l.blocks() == 1 && !fast(scores)) return e.set_out(op, 0, at::_softmax(scores, -1, false));
+  if (l.blocks() == 1 && !kernels::fits(scores)) return e.set_out(op, 0, at::_softmax(scores, -1, false));
   at::Tensor probs = at::empty_like(scores);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor p = attention::block_view(probs, l, r);
     const at::Tensor s = attention::block_view(scores, l, r);
-    if (fast(scores))
+    if (kernels::fits(scores))
       kernels::softmax_rows(s.data_ptr<float>(), p.data_ptr<float>(), l.batch * l.heads * l.rows(r), l.cols(r));
     else
       at::_softmax_out(p, s, -1, false);
@@ -36,7 +34,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& probs = e.saved_out(op, 0);
   at::Tensor ds_all = e.grad_buffer(op, 0);  // dprobs itself when the plan writes over it
   const at::Tensor dprobs = ds_all.defined() ? ds_all : e.grad_out(op, 0);
-  const bool use_kernel = fast(probs) && fast(dprobs);
+  const bool use_kernel = kernels::fits(probs) && kernels::fits(dprobs);
   if (!ds_all.defined()) ds_all = at::empty_like(probs);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor ds = attention::block_view(ds_all, l, r);

@@ -7,13 +7,13 @@ CMAKE_FLAGS ?=
 .PHONY: run test sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp eager
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
-# the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes.
+# the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes (2-core Xeon).
 run: build
 	$(BUILD)/remat bench --json results/seed.json --csv results/seed.csv --markdown results/seed.md \
 	  --chart results/seed.png --chart results/seed.svg
 
 # GPT-2 blocks at seq 1024 with dropout 0.1 (GPT-2's own setting), per-tensor policies on the engine.
-# About 12 minutes on 2 cores.
+# About 7 minutes on 2 cores (Xeon).
 gpt2: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 \
 	  --policies none,attn,mlp-act,attn+mlp-act,norm,full,every:2 --steps 5 --warmup 1 \
@@ -22,14 +22,14 @@ gpt2: build
 
 # The planner against the presets: plans at 20/40/60/80% of none's activation memory, measured in
 # the same round-robin run as the presets that fit under 80% (and none, the reference); predicted
-# and measured peak side by side. About 16 minutes.
+# and measured peak side by side. About 9 minutes.
 planner: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --frontier \
 	  --policies "budget:20%,budget:40%,budget:60%,budget:80%,none,attn,attn+mlp-act,full,every:2" \
 	  --steps 5 --warmup 1 --json results/planner.json --csv results/planner.csv --markdown results/planner.md \
 	  --chart results/planner.png --chart results/planner.svg
 
-# A byte-level GPT on Debian's English fortunes with the default settings (about 18 minutes), its
+# A byte-level GPT on Debian's English fortunes with the default settings (about 10 minutes), its
 # loss chart, and a sample from the trained model.
 train: build
 	$(BUILD)/remat train --save runs/fortunes --csv results/train.csv --chart results/train.png --chart results/train.svg \
@@ -47,7 +47,7 @@ layouts: build
 
 # Fused (flash) attention against math attention on GPT-2 blocks (width 512, 8 heads, dropout 0.1):
 # batch 8 at T = 1024 and 2048, in one round-robin run each; batch 2 at T = 4096 (both) and 8192
-# (flash only: math attention's predicted peak does not fit this machine). About 30 minutes.
+# (flash only: math attention's predicted peak does not fit this machine). About 21 minutes.
 flash: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --attention math,flash \
 	  --policies none,attn,mlp-act,full --steps 3 --warmup 1 --markdown results/flash-1024.md --json results/flash-1024.json
@@ -61,7 +61,7 @@ flash: build
 	  --steps 1 --warmup 0 2>&1 | tail -1 | tee results/flash-8192-math.txt
 
 # The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
-# policies, every recompute verified bitwise (--verify). About 2 minutes.
+# policies, every recompute verified bitwise (--verify). About 1 minute.
 llama: build
 	$(BUILD)/remat bench --arch llama --heads 8 --kv-heads 2 --verify --engine ops \
 	  --policies none,attn,mlp-act,norm,attn+mlp-act,full,every:2 --steps 3 --warmup 1 \
@@ -77,7 +77,7 @@ dp: build
 	  done ) | tee results/dp.txt
 
 # The seed experiment's four strategies on remat's engine and in PyTorch 1.13 eager (Debian's
-# python3-torch, the same OpenBLAS), in alternating rounds. About 4 minutes.
+# python3-torch, the same OpenBLAS), in alternating rounds. About 2 minutes.
 eager: build
 	scripts/setup.sh eager
 	tools/eager_compare.py --remat $(BUILD)/remat --rounds 3 --steps 3 --json results/eager.json --markdown results/eager.md

@@ -10,7 +10,7 @@
 #include "remat/memory_model.h"
 #include "remat/model.h"
 #include "test_util.h"
-#include "util/parallel.h"
+#include "util/parallel_testing.h"
 
 namespace remat {
 namespace {
@@ -92,12 +92,11 @@ TEST(Flash, KeepsNoTxTTensorAndPredictsItsTilesToTheByte) {
 
 TEST(Flash, BitsDoNotDependOnTheThreadCount) {
   const ModelConfig c = config("llama", AttentionImpl::Flash);
-  const int threads = detail::kernel_threads();
-  detail::set_kernel_threads(1);
-  const Outcome one = run(c, "none");
-  detail::set_kernel_threads(2);
-  const Outcome two = run(c, "none");
-  detail::set_kernel_threads(threads);
+  auto on = [&](int threads) {
+    const detail::KernelThreads scope(threads);
+    return run(c, "none");
+  };
+  const Outcome one = on(1), two = on(2);
   for (size_t i = 0; i < one.grads.size(); ++i)
     EXPECT_TRUE(testing::bitwise_equal(two.grads[i], one.grads[i])) << "parameter " << i;
 }

@@ -13,7 +13,7 @@
 #include "remat/memory.h"
 #include "remat/module_model.h"
 #include "test_util.h"
-#include "util/parallel.h"
+#include "util/parallel_testing.h"
 
 namespace remat {
 namespace {
@@ -138,13 +138,11 @@ TEST_P(EngineKinds, VerifyPassesEveryCorrectRecompute) {
 TEST_P(EngineKinds, GradientsDoNotDependOnTheThreadCount) {
   ModelConfig c = cfg();
   c.seq = 15;
-  const int threads = detail::kernel_threads();
-  detail::set_kernel_threads(1);
-  const Outcome one = run(c, "full");
-  detail::set_kernel_threads(2);
-  const Outcome two = run(c, "full");
-  detail::set_kernel_threads(threads);
-  expect_bitwise(one, two, "1 thread against 2");
+  auto on = [&](int threads) {
+    const detail::KernelThreads scope(threads);
+    return run(c, "full");
+  };
+  expect_bitwise(on(1), on(2), "1 thread against 2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds, ::testing::ValuesIn(testing::engine_cases()),

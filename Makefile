@@ -108,7 +108,7 @@ fuzz:
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails the test),
 # in its own build folder; the tracking allocator's free-block cache is off there. CI runs it after
-# `make test`. The suite takes about 6.5 minutes here after the build, which is slower than the plain one.
+# `make test`. The suite takes about 6 minutes here after the build, which is slower than the plain one.
 SANITIZE_BUILD ?= build-sanitize
 sanitize: setup
 	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DREMAT_SANITIZE=ON >/dev/null

@@ -38,8 +38,14 @@ struct CostModel {
   double none_step_ms(int64_t layers) const;
   // Time the ops a schedule reruns take, for one layer.
   double recompute_ms(const Schedule& schedule) const;
-  // none_step_ms plus every block's recompute.
+  // none_step_ms plus every block's recompute (op_ms(plan).recompute).
   double step_ms(const StepPlan& plan) const;
+  // What step_ms counts for each op of the block, summed over the plan's blocks (`remat bench
+  // --profile` prints it beside the measured times).
+  struct OpStepMs {
+    std::vector<double> forward, recompute, backward;  // by op id of ModelSpec::block
+  };
+  OpStepMs op_ms(const StepPlan& plan) const;
 };
 
 // Rates that turn FLOPs and bytes into time.

@@ -356,10 +356,11 @@ BenchResult run_bench(const BenchOptions& o) {
   std::vector<double> rates;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const bool timed = s >= o.warmup;
-    if (timed) rates.push_back(matmul_gflops(1024, 5));
-    if (timed)
+    if (timed) {
+      rates.push_back(matmul_gflops(1024, 5));
       for (auto& probe : probes)
         if (probe) probe->step();
+    }
     for (Entry& e : entries) {
       if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
       e.adam->zero_grad();
@@ -429,19 +430,10 @@ BenchResult run_bench(const BenchOptions& o) {
         prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
       }
       if (in_run[e.variant]) {  // what the cost model says of each op, for the same step
-        const CostModel& c = *in_run[e.variant];
-        const StepPlan& plan = static_cast<OpsSubject&>(*e.subject).model()->step_plan();
-        prof.predicted_forward_ms.assign(e.ops.size(), 0.0);
-        prof.predicted_recompute_ms.assign(e.ops.size(), 0.0);
-        prof.predicted_backward_ms.assign(e.ops.size(), 0.0);
-        for (const StagePlan& st : plan.stages) {
-          if (st.role != StagePlan::Role::Block) continue;
-          for (size_t op = 0; op < e.ops.size(); ++op) {
-            prof.predicted_forward_ms[op] += c.block[op].forward_ms;
-            prof.predicted_backward_ms[op] += c.block[op].backward_ms;
-          }
-          for (int op : st.schedule->recomputed) prof.predicted_recompute_ms[op] += c.block[op].forward_ms;
-        }
+        CostModel::OpStepMs t = in_run[e.variant]->op_ms(static_cast<OpsSubject&>(*e.subject).model()->step_plan());
+        prof.predicted_forward_ms = std::move(t.forward);
+        prof.predicted_recompute_ms = std::move(t.recompute);
+        prof.predicted_backward_ms = std::move(t.backward);
       }
       result.profiles.push_back(std::move(prof));
     }

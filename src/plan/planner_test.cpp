@@ -15,6 +15,7 @@
 #include "remat/model.h"
 #include "remat/optim.h"
 #include "remat/resolve.h"
+#include "remat/schedule.h"
 #include "test_util.h"
 
 namespace remat {
@@ -57,6 +58,30 @@ TEST(Frontier, SpansNoneToTheLeastMemory) {
     least = std::min(least, o.saved);
   EXPECT_EQ(front.back().saved, least);
   EXPECT_LT(least, front.front().saved / 4);  // and it is far below none
+}
+
+// The per-op times --profile prints are what the step time adds up: each op's forward and
+// backward once per layer, and a recompute's forward once per layer that reruns it.
+TEST(CostModel, PerOpTimesAreWhatTheStepTimeAddsUp) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  auto spec = std::make_shared<const ModelSpec>(make_model(c));
+  const CostModel costs = unit_costs(*spec);
+  const ResolvedPolicy policy = Policy::parse("layers:0=full").resolve(spec->block, c.layers);
+  const StepPlan plan = compile_step(spec, policy);
+  const CostModel::OpStepMs t = costs.op_ms(plan);
+  ASSERT_EQ(t.forward.size(), costs.block.size());
+  double sum = costs.other_ms;
+  int recomputed = 0;
+  for (size_t op = 0; op < costs.block.size(); ++op) {
+    EXPECT_DOUBLE_EQ(t.forward[op], c.layers * costs.block[op].forward_ms) << op;
+    EXPECT_DOUBLE_EQ(t.backward[op], c.layers * costs.block[op].backward_ms) << op;
+    EXPECT_TRUE(t.recompute[op] == 0.0 || t.recompute[op] == costs.block[op].forward_ms) << op;  // layer 0 only
+    recomputed += t.recompute[op] > 0;
+    sum += t.forward[op] + t.recompute[op] + t.backward[op];
+  }
+  EXPECT_GT(recomputed, 0);
+  EXPECT_NEAR(costs.step_ms(plan), sum, 1e-9 * sum);
+  EXPECT_GT(costs.step_ms(plan), costs.none_step_ms(c.layers));
 }
 
 TEST(Plan, FitsTheBudgetOrNamesTheMinimum) {

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "util/parallel.h"
+
 namespace remat::ops::attention {
 
 at::Tensor q_view(const at::Tensor& src, const AttentionLayout& l) {
@@ -33,14 +35,17 @@ double scale(const AttentionLayout& l) { return 1.0 / std::sqrt(static_cast<doub
 
 namespace {
 
+// On the kernel pool, a few (batch, head) matrices per chunk: a fill has no bits to vary.
 template <typename T>
 void mask_rows(T* p, int64_t matrices, int64_t rows, int64_t cols, int64_t first) {
   const T lowest = std::numeric_limits<T>::lowest();
-  for (int64_t m = 0; m < matrices; ++m)
-    for (int64_t i = 0; i < rows; ++i) {
-      T* row = p + (m * rows + i) * cols;
-      std::fill(row + std::min(cols, first + i + 1), row + cols, lowest);
-    }
+  detail::parallel_chunks(matrices, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      for (int64_t i = 0; i < rows; ++i) {
+        T* row = p + (m * rows + i) * cols;
+        std::fill(row + std::min(cols, first + i + 1), row + cols, lowest);
+      }
+  });
 }
 
 }  // namespace

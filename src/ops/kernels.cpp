@@ -111,11 +111,18 @@ void dropout_keep_range(uint8_t* out, int64_t begin, int64_t end, MaskKeys keys)
   }
 }
 
+// The largest of n floats and mx. Written as a select, not std::max: GCC 12 keeps
+// `reduction(max : mx)` over std::max a scalar chain of dependent maxss (1.3 ns per element, half
+// the softmax's time), and vectorises the select (0.15 ns). The maximum is exact, in any order.
+__attribute__((always_inline)) inline float max_of(const float* __restrict s, int64_t n, float mx) {
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  return mx;
+}
+
 __attribute__((target_clones("avx512f", "avx2", "default")))
 float online_softmax_range(const float* s, float* p, int64_t n, float& m, float& l) {
-  float mx = m;
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+  const float mx = max_of(s, n, m);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
@@ -162,9 +169,7 @@ void softmax_rows_range(const float* __restrict s, float* __restrict p, int64_t 
   for (int64_t i = 0; i < rows; ++i) {
     const float* in = s + i * cols;
     float* out = p + i * cols;
-    float mx = in[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, in[j]);
+    const float mx = max_of(in, cols, in[0]);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < cols; ++j) {

@@ -207,6 +207,25 @@ TEST(AttentionLayout, CausalBlocksStoreOnlyTheVisibleColumns) {
   EXPECT_EQ(full.shape(), (std::vector<int64_t>{8, 8, 128, 128}));
 }
 
+// Rows of -100 with one entry of 200, at every position (the vector loop's lanes and the scalar
+// tail of 37 columns): a row max that missed it would overflow exp (exp(300)) and give no
+// probability 1 there.
+TEST(SoftmaxKernel, FindsTheRowMaxInEveryLane) {
+  const int64_t cols = 37;
+  at::Tensor s = at::full({cols, cols}, -100.0f);
+  for (int64_t i = 0; i < cols; ++i) s[i][i] = 200.0f;
+  at::Tensor p = at::empty_like(s);
+  ops::kernels::softmax_rows(s.data_ptr<float>(), p.data_ptr<float>(), cols, cols);
+  EXPECT_TRUE(at::equal(p, at::eye(cols)));
+  for (int64_t i = 0; i < cols; ++i) {  // flash attention's online softmax, from a lower running max
+    float m = -1000.0f, l = 0.0f;
+    at::Tensor row = p[i];
+    ops::kernels::online_softmax_row(s[i].data_ptr<float>(), row.data_ptr<float>(), cols, m, l);
+    EXPECT_EQ(m, 200.0f) << "row " << i;
+    EXPECT_EQ(l, 1.0f) << "row " << i;
+  }
+}
+
 at::Tensor mask(int64_t n, double p, uint64_t seed) {
   at::Tensor m = at::empty({n}, at::kBool);
   ops::kernels::dropout_mask(m.data_ptr<bool>(), n, p, seed);

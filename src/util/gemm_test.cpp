@@ -129,7 +129,9 @@ TEST(Gemm, LeavesTheCallersOpenMpThreadsAsTheyWere) {
   mm_out(c, a, false, b, false, 0.0);
   const auto omp_threads = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
   EXPECT_EQ(at::get_num_threads(), 2);
-  if (omp_threads != nullptr) EXPECT_EQ(omp_threads(), 2);
+  if (omp_threads != nullptr) {
+    EXPECT_EQ(omp_threads(), 2);
+  }
   at::set_num_threads(before);
 }
 

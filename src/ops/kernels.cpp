@@ -230,6 +230,12 @@ void add(const float* a, const float* b, float* y, int64_t n) {
   detail::parallel_chunks(n, kGrain, [&](int64_t s, int64_t e) { add_range(a + s, b + s, y + s, e - s); });
 }
 
+void fill_rows(const float* row, float* y, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) std::copy_n(row, cols, y + i * cols);
+  });
+}
+
 void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n) {
   detail::parallel_chunks(n, kGrain,
                           [&](int64_t b, int64_t e) { dropout_apply_range(x + b, mask + b, scale, y + b, e - b); });

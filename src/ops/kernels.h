@@ -32,6 +32,10 @@ void relu_backward(const float* dy, const float* y, float* dx, int64_t n);
 // y = a + b, into a tensor of its own (y is neither a nor b).
 void add(const float* a, const float* b, float* y, int64_t n);
 
+// Every one of `rows` rows of y (each `cols` floats, contiguous) set to `row`: a linear's bias,
+// before its GEMM adds x W^T into it.
+void fill_rows(const float* row, float* y, int64_t rows, int64_t cols);
+
 // y = x * mask * scale, without converting the bool mask to a float tensor first (at::mul does,
 // which allocates a copy the size of x). y may be x.
 void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n);

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "ops/tensor_parallel.h"
@@ -24,7 +25,11 @@ at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Te
   sizes.back() = w.size(0);
   at::Tensor y = at::empty(sizes, x.options());
   at::Tensor y2 = y.view({-1, w.size(0)});
-  if (b.defined()) y2.copy_(b.expand_as(y2));  // the GEMM adds into the bias rows
+  // The GEMM adds into the bias rows.
+  if (b.defined() && kernels::fits(y2) && kernels::fits(b))
+    kernels::fill_rows(b.data_ptr<float>(), y2.data_ptr<float>(), y2.size(0), y2.size(1));
+  else if (b.defined())
+    y2.copy_(b.expand_as(y2));
   detail::mm_out(y2, x2, false, w, true, b.defined() ? 1.0 : 0.0);
   return y;
 }

@@ -50,6 +50,14 @@ kernel_line --blas-kernel Sandybridge | grep -q "Sandybridge .*(chosen with --bl
   { echo "FAIL: --blas-kernel Sandybridge: $(kernel_line --blas-kernel Sandybridge)"; failures=$((failures + 1)); }
 OPENBLAS_CORETYPE=Nehalem kernel_line --blas-kernel Sandybridge | grep -q "Nehalem .*forced by OPENBLAS_CORETYPE=Nehalem" ||
   { echo "FAIL: OPENBLAS_CORETYPE overridden"; failures=$((failures + 1)); }
+# Commands that run no BLAS product load LibTorch once: --help, and plan with the engine on oneDNN
+# (OpenBLAS prints "Core: NAME" each time it loads, under OPENBLAS_VERBOSE=2). A forced kernel
+# makes bench load it twice, so the count can tell.
+loads() { OPENBLAS_VERBOSE=2 "$remat" "$@" 2>&1 >/dev/null | grep -c '^Core: '; }
+[ "$(loads bench "${tiny[@]}" --policies none --engine ops --blas-kernel Sandybridge)" -eq 2 ] &&
+  [ "$(loads --help)" -eq 1 ] && [ "$(loads plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel Sandybridge)" -eq 1 ] ||
+  { echo "FAIL: LibTorch loads: bench $(loads bench "${tiny[@]}" --policies none --engine ops --blas-kernel Sandybridge), --help $(loads --help), plan $(loads plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel Sandybridge)"
+    failures=$((failures + 1)); }
 
 # The llama block runs on the engine, every recompute verified bitwise.
 "$remat" bench --arch llama --kv-heads 2 --dropout 0.1 "${tiny[@]}" --policies none,attn,mlp-act,norm,full --verify \

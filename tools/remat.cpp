@@ -67,15 +67,27 @@ CLI::Validator fits_in_int64() {
 // variable and re-executes once when OpenBLAS loaded a kernel below what this CPU runs (auto) or
 // another than NAME; the re-executed process checks the new kernel's results against a reference
 // and falls back, once, to OpenBLAS's own choice if they differ. A kernel the user set in
-// OPENBLAS_CORETYPE is never changed. REMAT_BLAS_NOTE tells blas_name() what happened.
+// OPENBLAS_CORETYPE is never changed. REMAT_BLAS_NOTE tells blas_name() what happened. Called
+// after the flags are parsed (a typo or --help costs no second start of LibTorch) and before any
+// work; with `act` false (a command that runs no BLAS product) it only checks the value.
 // Returns 2 for a bad value; otherwise returns only when this process keeps its kernel.
-int choose_blas_kernel(char** argv) {
+int choose_blas_kernel(char** argv, bool act) {
   std::string mode = "auto";
   for (char** a = argv + 1; *a != nullptr; ++a) {
     if (std::strcmp(*a, "--blas-kernel") == 0 && a[1] != nullptr) mode = a[1];
     if (std::strncmp(*a, "--blas-kernel=", 14) == 0) mode = *a + 14;
   }
   const std::string loaded = remat::blas::loaded_kernel();
+  if (mode != "auto" && mode != "keep") {
+    const auto& known = remat::blas::known_kernels();
+    if (std::find(known.begin(), known.end(), mode) == known.end()) {
+      std::string allowed = "auto, keep";
+      for (const std::string& k : known) allowed += ", " + k;
+      fmt::print(stderr, "remat: error: unknown --blas-kernel '{}'; allowed: {}\n", mode, allowed);
+      return 2;
+    }
+  }
+  if (!act) return -1;
   auto again = [&](const char* coretype, const std::string& note) {
     if (coretype != nullptr) setenv("OPENBLAS_CORETYPE", coretype, 1);
     else unsetenv("OPENBLAS_CORETYPE");
@@ -100,18 +112,10 @@ int choose_blas_kernel(char** argv) {
   if (mode == "keep" || loaded.empty()) return -1;
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return -1;  // the user's choice
   std::string target;
-  if (mode == "auto") {
+  if (mode == "auto")
     target = remat::blas::upgrade(remat::blas::cpu_features(), loaded);
-  } else {
-    const auto& known = remat::blas::known_kernels();
-    if (std::find(known.begin(), known.end(), mode) == known.end()) {
-      std::string allowed = "auto, keep";
-      for (const std::string& k : known) allowed += ", " + k;
-      fmt::print(stderr, "remat: error: unknown --blas-kernel '{}'; allowed: {}\n", mode, allowed);
-      return 2;
-    }
+  else
     target = mode == loaded ? std::string() : mode;
-  }
   if (target.empty()) return -1;
   const std::string note =
       mode == "auto" ? fmt::format("chosen by remat: OpenBLAS picked {}, below what this CPU runs", loaded)
@@ -123,7 +127,6 @@ int choose_blas_kernel(char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const int code = choose_blas_kernel(argv); code >= 0) return code;
   remat::MemoryTracker::install();  // first: every tensor after this is counted
   std::signal(SIGPIPE, SIG_IGN);    // a closed pipe (gnuplot, `| head`) is an error to report, not a death
 
@@ -167,6 +170,11 @@ int main(int argc, char** argv) {
   }
   try {
     remat::set_gemm(remat::parse_gemm(gemm));
+    // `plan` times ops only on the engine: the BLAS kernel matters to it only when the engine's
+    // GEMMs are the BLAS's. bench (the module path), train and sample may run BLAS products.
+    const bool plan = std::any_of(commands.begin(), commands.end(),
+                                  [](const remat::cli::Command& c) { return c.app->parsed() && c.app->get_name() == "plan"; });
+    if (const int code = choose_blas_kernel(argv, !plan || remat::gemm_uses_blas()); code >= 0) return code;
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed()) return c.run();
   } catch (const remat::Error& e) {

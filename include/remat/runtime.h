@@ -66,6 +66,10 @@ void set_gemm(GemmChoice choice);
 // kernel threads".
 std::string gemm_name();
 
+// Whether the engine's GEMMs run on the loaded BLAS (GemmChoice Blas, or Auto without oneDNN):
+// only then does the engine's speed depend on the BLAS kernel.
+bool gemm_uses_blas();
+
 // Float32 matmul rate in GFLOP/s of the engine's GEMM (as a linear runs it): the median of `reps`
 // n x n x n products after one warm-up.
 double matmul_gflops(int n = 1024, int reps = 9);

@@ -244,6 +244,8 @@ void set_gemm(GemmChoice choice) {
   detail::g_onednn.store(choice != GemmChoice::Blas && exported);
 }
 
+bool gemm_uses_blas() { return !detail::onednn(); }
+
 std::string gemm_name() {
   if (!detail::onednn()) return "cblas_sgemm of the loaded BLAS per attention product; at::mm for the linears";
   std::string name = "oneDNN";

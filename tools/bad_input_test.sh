@@ -92,6 +92,7 @@ bad "--json was given an empty value" bench "${tiny[@]}" --json ''
 bad "--policies was given an empty value" bench "${tiny[@]}" --policies ''
 bad "unknown --blas-kernel 'Pentium'; allowed: auto, keep, Prescott" bench "${tiny[@]}" --blas-kernel Pentium
 bad "unknown --blas-kernel 'fast'; allowed: auto, keep" train --blas-kernel=fast
+bad "unknown --blas-kernel 'Pentium'; allowed: auto, keep" plan --budget 50% --blas-kernel Pentium
 bad "--gemm 'mkl' is unknown; allowed: auto, onednn, blas" bench "${tiny[@]}" --gemm mkl
 bad "--gemm 'OneDNN' is unknown; allowed: auto, onednn, blas" train --gemm OneDNN
 bad "--gemm was given an empty value" plan --budget 50% --gemm ''

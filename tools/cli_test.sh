@@ -54,10 +54,11 @@ OPENBLAS_CORETYPE=Nehalem kernel_line --blas-kernel Sandybridge | grep -q "Nehal
 # (OpenBLAS prints "Core: NAME" each time it loads, under OPENBLAS_VERBOSE=2). A forced kernel
 # makes bench load it twice, so the count can tell.
 loads() { OPENBLAS_VERBOSE=2 "$remat" "$@" 2>&1 >/dev/null | grep -c '^Core: '; }
-[ "$(loads bench "${tiny[@]}" --policies none --engine ops --blas-kernel Sandybridge)" -eq 2 ] &&
-  [ "$(loads --help)" -eq 1 ] && [ "$(loads plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel Sandybridge)" -eq 1 ] ||
-  { echo "FAIL: LibTorch loads: bench $(loads bench "${tiny[@]}" --policies none --engine ops --blas-kernel Sandybridge), --help $(loads --help), plan $(loads plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel Sandybridge)"
-    failures=$((failures + 1)); }
+bench_loads=$(loads bench "${tiny[@]}" --policies none --engine ops --blas-kernel Sandybridge)
+help_loads=$(loads --help)
+plan_loads=$(loads plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel Sandybridge)
+[ "$bench_loads" -eq 2 ] && [ "$help_loads" -eq 1 ] && [ "$plan_loads" -eq 1 ] ||
+  { echo "FAIL: LibTorch loads: bench $bench_loads, --help $help_loads, plan $plan_loads"; failures=$((failures + 1)); }
 
 # The llama block runs on the engine, every recompute verified bitwise.
 "$remat" bench --arch llama --kv-heads 2 --dropout 0.1 "${tiny[@]}" --policies none,attn,mlp-act,norm,full --verify \

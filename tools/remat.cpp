@@ -62,8 +62,8 @@ CLI::Validator fits_in_int64() {
       "");
 }
 
-// --blas-kernel auto|keep|NAME, read from argv before anything else (OpenBLAS reads
-// OPENBLAS_CORETYPE only when it loads, so a change means running this program again): sets the
+// `mode`, the parsed --blas-kernel auto|keep|NAME, before any work (OpenBLAS reads
+// OPENBLAS_CORETYPE only when it loads, so a change means running argv again): sets the
 // variable and re-executes once when OpenBLAS loaded a kernel below what this CPU runs (auto) or
 // another than NAME; the re-executed process checks the new kernel's results against a reference
 // and falls back, once, to OpenBLAS's own choice if they differ. A kernel the user set in
@@ -71,12 +71,7 @@ CLI::Validator fits_in_int64() {
 // after the flags are parsed (a typo or --help costs no second start of LibTorch) and before any
 // work; with `act` false (a command that runs no BLAS product) it only checks the value.
 // Returns 2 for a bad value; otherwise returns only when this process keeps its kernel.
-int choose_blas_kernel(char** argv, bool act) {
-  std::string mode = "auto";
-  for (char** a = argv + 1; *a != nullptr; ++a) {
-    if (std::strcmp(*a, "--blas-kernel") == 0 && a[1] != nullptr) mode = a[1];
-    if (std::strncmp(*a, "--blas-kernel=", 14) == 0) mode = *a + 14;
-  }
+int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   const std::string loaded = remat::blas::loaded_kernel();
   if (mode != "auto" && mode != "keep") {
     const auto& known = remat::blas::known_kernels();
@@ -138,7 +133,7 @@ int main(int argc, char** argv) {
   });
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
                                                      remat::cli::add_train(app, argc, argv), remat::cli::add_sample(app)};
-  std::string blas_kernel;  // read from argv by choose_blas_kernel; declared for --help and parsing
+  std::string blas_kernel = "auto";
   std::string gemm = "auto";
   for (const remat::cli::Command& c : commands) {
     for (CLI::Option* o : c.app->get_options())
@@ -172,9 +167,10 @@ int main(int argc, char** argv) {
     remat::set_gemm(remat::parse_gemm(gemm));
     // `plan` times ops only on the engine: the BLAS kernel matters to it only when the engine's
     // GEMMs are the BLAS's. bench (the module path), train and sample may run BLAS products.
-    const bool plan = std::any_of(commands.begin(), commands.end(),
-                                  [](const remat::cli::Command& c) { return c.app->parsed() && c.app->get_name() == "plan"; });
-    if (const int code = choose_blas_kernel(argv, !plan || remat::gemm_uses_blas()); code >= 0) return code;
+    const bool plan = std::any_of(commands.begin(), commands.end(), [](const remat::cli::Command& c) {
+      return c.app->parsed() && c.app->get_name() == "plan";
+    });
+    if (const int code = choose_blas_kernel(argv, blas_kernel, !plan || remat::gemm_uses_blas()); code >= 0) return code;
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed()) return c.run();
   } catch (const remat::Error& e) {

@@ -12,9 +12,14 @@
 
 namespace remat::cli {
 
-// A subcommand: its parser and what runs when it is chosen (returns the exit code).
+// A subcommand: its parser, the check of its flags, and what runs when it is chosen. main calls
+// `check` first, before it may re-execute itself for the BLAS kernel (a second start of LibTorch):
+// it turns the flags into the library's options and throws remat::Error for a bad one, computing
+// nothing (empty for plan, which checks as it runs). `run` then does the work (checking first
+// itself if `check` has not run) and returns the exit code.
 struct Command {
   CLI::App* app = nullptr;
+  std::function<void()> check;
   std::function<int()> run;
 };
 

@@ -59,6 +59,14 @@ help_loads=$(loads --help)
 plan_loads=$(loads plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel Sandybridge)
 [ "$bench_loads" -eq 2 ] && [ "$help_loads" -eq 1 ] && [ "$plan_loads" -eq 1 ] ||
   { echo "FAIL: LibTorch loads: bench $bench_loads, --help $help_loads, plan $plan_loads"; failures=$((failures + 1)); }
+# Bad flags are refused before that second start: the options are checked first (Command::check).
+for bad in "bench ${tiny[*]} --policies none,bogus" "bench ${tiny[*]} --engine ops --steps 0" \
+           "train --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 1 --lr -1" \
+           "train --arch seed --steps 1" "sample --load $tmp/nowhere --top-k 999"; do
+  # shellcheck disable=SC2086  # the row is words
+  n=$(loads $bad --blas-kernel Sandybridge)
+  [ "$n" -eq 1 ] || { echo "FAIL: remat $bad loaded LibTorch $n times before refusing"; failures=$((failures + 1)); }
+done
 
 # The llama block runs on the engine, every recompute verified bitwise.
 "$remat" bench --arch llama --kv-heads 2 --dropout 0.1 "${tiny[@]}" --policies none,attn,mlp-act,norm,full --verify \

@@ -1,5 +1,6 @@
 // remat bench: step time, saved and peak memory, and gradient checks for a list of policies.
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -23,9 +24,11 @@ struct BenchFlags {
   std::vector<std::string> charts;
   uint64_t seed = 1234;
   bool verify = false, profile = false, frontier = false;
+  std::optional<BenchOptions> options;  // the flags as options, once check() has run
 };
 
-int run(BenchFlags& f) {
+// The flags as BenchOptions, checked (check_bench_options) and kept for run.
+void check(BenchFlags& f) {
   BenchOptions o;
   o.model = f.shape.resolve();
   for (size_t at = 0; at <= f.shape.attention.size();) {
@@ -50,7 +53,14 @@ int run(BenchFlags& f) {
     check_chart_path(c);
     check_writable(c);
   }
+  check_bench_options(o);
   o.progress = progress;
+  f.options = std::move(o);
+}
+
+int run(BenchFlags& f) {
+  if (!f.options) check(f);
+  const BenchOptions& o = *f.options;
 
   std::string engine_names;
   for (Engine e : o.engines) engine_names += (engine_names.empty() ? "" : ",") + std::string(to_string(e));
@@ -110,7 +120,7 @@ Command add_bench(CLI::App& parent) {
   a->add_option("--markdown", f->markdown, "write the table as Markdown");
   a->add_option("--chart", f->charts, "write the trade-off chart (.png or .svg; repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  return {a, [f] { return run(*f); }};
+  return {a, [f] { check(*f); }, [f] { return run(*f); }};
 }
 
 }  // namespace remat::cli

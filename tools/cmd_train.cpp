@@ -28,6 +28,7 @@ struct TrainFlags {
   int nproc = 1, rank = -1, world = -1, timeout_s = 60;
   double bucket_mb = 2;
   std::vector<std::string> argv;  // as given, for --nproc's ranks
+  bool checked = false;           // check() has turned the flags into `o`
 };
 
 // `--nproc N`: this process launches N ranks of itself (without --nproc) and waits for them. Each
@@ -57,7 +58,13 @@ int launch(TrainFlags& f) {
                       [](const std::string& line) { fmt::print(stderr, "remat: error: {}\n", line); });
 }
 
-int run(TrainFlags& f, CLI::App* app) {
+// This process launches the ranks (--nproc N, not itself a rank).
+bool launches(const TrainFlags& f) { return f.nproc > 1 && std::getenv("RANK") == nullptr && f.rank < 0; }
+
+// The flags as TrainOptions in f.o, checked: check_train_options, for the world the ranks will form
+// when this process launches them (once, here: each rank would refuse them again). A resumed run
+// is checked by train(), once the saved options are merged in.
+void check(TrainFlags& f) {
   if (f.nproc < 1 || f.nproc > 256) fail("--nproc must be in 1..256, got {}", f.nproc);
   f.shape.cfg.vocab = 256;
   f.o.model = f.shape.resolve();
@@ -96,13 +103,19 @@ int run(TrainFlags& f, CLI::App* app) {
     check_chart_path(c);
     check_writable(c);
   }
-  // --nproc: refuse bad flags here, once, before any rank starts (each would refuse them again).
-  if (f.nproc > 1 && std::getenv("RANK") == nullptr && f.rank < 0) {
+  if (launches(f)) {
     TrainOptions ranks = f.o;
     ranks.dist.world = f.nproc;
     check_train_options(ranks);
-    return launch(f);
+  } else if (f.resume.empty()) {
+    check_train_options(f.o);
   }
+  f.checked = true;
+}
+
+int run(TrainFlags& f, CLI::App* app) {
+  if (!f.checked) check(f);
+  if (launches(f)) return launch(f);
   const bool leader = f.o.dist.rank == 0;
   std::vector<std::string> given;
   for (const CLI::Option* opt : app->get_options())
@@ -226,7 +239,7 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--csv", f->csv, "write the metrics as CSV");
   a->add_option("--chart", f->charts, "write the loss chart (.png or .svg; repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  return {a, [f, a] { return run(*f, a); }};
+  return {a, [f] { check(*f); }, [f, a] { return run(*f, a); }};
 }
 
 Command add_sample(CLI::App& parent) {
@@ -238,7 +251,8 @@ Command add_sample(CLI::App& parent) {
   a->add_option("--temperature", f->o.temperature, "> 0; lower is more conservative")->capture_default_str();
   a->add_option("--top-k", f->o.top_k, "sample from the k likeliest bytes; 0 = all")->capture_default_str();
   a->add_option("--seed", f->o.seed, "sampling seed")->check(seed_check())->capture_default_str();
-  return {a, [f] {
+  return {a, [f] { check_sample_options(f->o); },
+          [f] {
             fmt::print("{}\n", sample(f->load, f->o));
             return 0;
           }};

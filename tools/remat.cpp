@@ -68,8 +68,9 @@ CLI::Validator fits_in_int64() {
 // another than NAME; the re-executed process checks the new kernel's results against a reference
 // and falls back, once, to OpenBLAS's own choice if they differ. A kernel the user set in
 // OPENBLAS_CORETYPE is never changed. REMAT_BLAS_NOTE tells blas_name() what happened. Called
-// after the flags are parsed (a typo or --help costs no second start of LibTorch) and before any
-// work; with `act` false (a command that runs no BLAS product) it only checks the value.
+// after the flags are parsed and checked (a typo, a bad value or --help costs no second start of
+// LibTorch) and before any work; with `act` false (a command that runs no BLAS product) it only
+// checks the value.
 // Returns 2 for a bad value; otherwise returns only when this process keeps its kernel.
 int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   const std::string loaded = remat::blas::loaded_kernel();
@@ -170,6 +171,8 @@ int main(int argc, char** argv) {
     const bool plan = std::any_of(commands.begin(), commands.end(), [](const remat::cli::Command& c) {
       return c.app->parsed() && c.app->get_name() == "plan";
     });
+    for (const remat::cli::Command& c : commands)
+      if (c.app->parsed() && c.check) c.check();  // bad flags are refused before a second start
     if (const int code = choose_blas_kernel(argv, blas_kernel, !plan || remat::gemm_uses_blas()); code >= 0) return code;
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed()) return c.run();

@@ -172,18 +172,56 @@ std::vector<Engine> default_engines(const std::string& arch) {
   return {Engine::Ops};
 }
 
-BenchResult run_bench(const BenchOptions& o) {
+namespace {
+
+bool runs_engine(const BenchOptions& o, Engine e) {
+  return std::find(o.engines.begin(), o.engines.end(), e) != o.engines.end();
+}
+
+// The attention implementations the rows run with: the options' list, else the model's.
+std::vector<AttentionImpl> bench_attentions(const BenchOptions& o) {
+  return o.attentions.empty() ? std::vector<AttentionImpl>{o.model.attention} : o.attentions;
+}
+
+}  // namespace
+
+void check_bench_options(const BenchOptions& o) {
   validate(o.model);
   if (o.steps < 1) fail("BenchOptions.steps must be >= 1, got {}", o.steps);
   if (o.warmup < 0) fail("BenchOptions.warmup must be >= 0, got {}", o.warmup);
   if (o.policies.empty()) fail("BenchOptions.policies is empty; give at least one policy, e.g. none,full");
   if (o.engines.empty()) fail("BenchOptions.engines is empty; allowed: module, ops");
-  const bool has_ops = std::find(o.engines.begin(), o.engines.end(), Engine::Ops) != o.engines.end();
-  const bool has_module = std::find(o.engines.begin(), o.engines.end(), Engine::Module) != o.engines.end();
-  std::vector<AttentionImpl> attentions = o.attentions;
-  if (attentions.empty()) attentions.push_back(o.model.attention);
+  const bool has_ops = runs_engine(o, Engine::Ops), has_module = runs_engine(o, Engine::Module);
+  const std::vector<AttentionImpl> attentions = bench_attentions(o);
   if (has_module && (attentions.size() > 1 || attentions[0] != AttentionImpl::Math))
     fail("the module path runs math attention only; give BenchOptions.engines ops with ModelConfig.attention flash");
+  for (const std::string& text : o.policies) {
+    const Policy p = Policy::parse(text);
+    if (has_module && !has_ops) ModuleModel::check(o.model, p);
+  }
+  for (AttentionImpl a : attentions) {
+    if (!has_ops) continue;
+    ModelConfig cfg = o.model;
+    cfg.attention = a;
+    check_engine(cfg);
+    // Every variant first runs `none` for its reference gradients: refuse a shape whose none does
+    // not fit this machine (the kernel's OOM killer would end the run).
+    ResolvedPolicy keep;
+    keep.layers.assign(cfg.layers, keep_everything(make_block(cfg)));
+    const int64_t need =
+        simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(cfg)), keep), o.threads).total_peak();
+    const int64_t have = available_memory();
+    if (have > 0 && need > have / 10 * 9)
+      fail("with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
+           "available: try --attention flash, a shorter --seq or a smaller --batch",
+           to_string(a), bytes_str(need), bytes_str(have));
+  }
+}
+
+BenchResult run_bench(const BenchOptions& o) {
+  check_bench_options(o);
+  const bool has_ops = runs_engine(o, Engine::Ops);
+  const std::vector<AttentionImpl> attentions = bench_attentions(o);
   MemoryTracker::install();
   apply_threads(o.threads);
   auto say = [&](const std::string& line) {
@@ -207,26 +245,11 @@ BenchResult run_bench(const BenchOptions& o) {
     Variant v;
     v.cfg = o.model;
     v.cfg.attention = a;
-    if (has_ops) {
-      check_engine(v.cfg);
-      // Every variant first runs `none` for its reference gradients: refuse, before any work, a
-      // shape whose none does not fit this machine (the kernel's OOM killer would end the run).
-      ResolvedPolicy keep;
-      keep.layers.assign(v.cfg.layers, keep_everything(make_block(v.cfg)));
-      const int64_t need = simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(v.cfg)), keep),
-                                           o.threads).total_peak();
-      const int64_t have = available_memory();
-      if (have > 0 && need > have / 10 * 9)
-        fail("with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
-             "available: try --attention flash, a shorter --seq or a smaller --batch",
-             to_string(a), bytes_str(need), bytes_str(have));
-    }
     ResolveOptions ro;
     ro.costs = CostSource::Measured;
     ro.threads = o.threads;
     ro.progress = o.progress;
     for (const Policy& p : policies) {
-      if (has_module && !has_ops) ModuleModel::check(v.cfg, p);
       if (!has_ops) {
         v.resolved.emplace_back();
         continue;

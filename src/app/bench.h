@@ -109,8 +109,14 @@ std::vector<Engine> default_engines(const std::string& arch);
 // infinity when one has a gradient where the other has none, so a broken gradient never reads as 0.
 double grad_difference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
 
-// Runs the sweep. Throws remat::Error for an invalid config or policy, or a budget no policy meets,
-// before running anything.
+// Throws remat::Error naming the first bad option: the config, the counts, an engine and attention
+// that do not go together, a policy that does not parse or that the module path cannot run, a
+// shape whose `none` does not fit this machine's memory. Computes nothing: the CLI calls it before
+// it may re-execute itself for the BLAS kernel; run_bench calls it first.
+void check_bench_options(const BenchOptions& options);
+
+// Runs the sweep. Throws remat::Error for an invalid config or policy (check_bench_options), or a
+// budget no policy meets, before running anything.
 BenchResult run_bench(const BenchOptions& options);
 
 }  // namespace remat

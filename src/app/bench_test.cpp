@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "remat/error.h"
+#include "remat/memory.h"
 #include "test_util.h"
 
 namespace remat {
@@ -22,6 +24,27 @@ TEST(Bench, PredictsEveryEngineRowFromCostsTimedInItsRounds) {
   ASSERT_EQ(r.rows.size(), 3u);
   for (const BenchRow& row : r.rows) EXPECT_GT(row.predicted_step_ms, 0) << row.policy;
   EXPECT_NE(r.markdown().find("taken in the same rounds as the rows"), std::string::npos);
+}
+
+// The CLI refuses bad options with check_bench_options before it may start itself again for the
+// BLAS kernel: the check must find what run_bench would refuse, without computing anything.
+TEST(Bench, CheckRefusesABadPolicyWithoutComputing) {
+  MemoryTracker::install();
+  BenchOptions o;
+  o.model = testing::tiny("gpt2", 0.1);
+  o.engines = {Engine::Ops};
+  o.policies = {"none", "budget:90%", "attn+mlp-act"};
+  MemoryTracker::reset_peak();
+  const int64_t live = MemoryTracker::live();
+  EXPECT_NO_THROW(check_bench_options(o));
+  EXPECT_EQ(MemoryTracker::peak(), live) << "check_bench_options allocated a tensor";
+  o.policies = {"none", "bogus"};
+  try {
+    check_bench_options(o);
+    ADD_FAILURE() << "policy 'bogus' accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bogus"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -14,11 +14,15 @@
 
 namespace remat {
 
-std::string sample(const std::string& dir, const SampleOptions& o) {
+void check_sample_options(const SampleOptions& o) {
   if (!(o.temperature > 0)) fail("--temperature must be > 0, got {}", o.temperature);
   if (o.top_k < 0 || o.top_k > 256) fail("--top-k must be in 0..256 (0 = all), got {}", o.top_k);
   if (o.tokens < 0 || o.tokens > kMaxSampleTokens)
     fail("--tokens must be in 0..{} (bytes to generate), got {}", kMaxSampleTokens, o.tokens);
+}
+
+std::string sample(const std::string& dir, const SampleOptions& o) {
+  check_sample_options(o);
   const TrainState s = load_train_state(dir);
   const TrainOptions defaults;
   TrainOptions t;

@@ -83,6 +83,9 @@ uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro) {
 
 void check_train_options(const TrainOptions& o) {
   validate(o.model);
+  if (make_model(o.model).stem.tensors.empty())
+    fail("remat train trains token models (gpt2, llama) on bytes; ModelConfig.arch {} takes float data", o.model.arch);
+  static_cast<void>(Policy::parse(o.policy));  // syntax only: a budget is planned once the corpus is loaded
   if (o.steps < 1) fail("--steps must be >= 1, got {}", o.steps);
   if (o.accum < 1) fail("--accum must be >= 1, got {}", o.accum);
   // Written as !(x >= 0) so that NaN is refused too.
@@ -322,9 +325,6 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
            resume_dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), r.o.threads.blas);
   }
   check_train_options(r.o);
-  if (make_model(r.o.model).stem.tensors.empty())
-    fail("remat train trains token models (gpt2, llama) on bytes; ModelConfig.arch {} takes float data",
-         r.o.model.arch);
   apply_threads(r.o.threads);
   r.corpus = load_corpus(r.o.data, r.o.val_fraction, r.o.model.seq);
   if (saved && saved->header.at("options").at("data").get<std::string>() != r.corpus.id)

@@ -102,8 +102,10 @@ struct TrainResult {
   void write_chart(const std::string& path, const std::string& title) const;
 };
 
-// Throws remat::Error naming the first bad option (a count, a rate, a ZeRO stage for the world
-// size, a --save folder this process cannot write: checked before any step). train() calls it.
+// Throws remat::Error naming the first bad option (a count, a rate, a policy that does not parse, a
+// float-data arch, a ZeRO stage for the world size, a --save folder this process cannot write:
+// checked before any step). train() calls it; the CLI also calls it before it may re-execute
+// itself for the BLAS kernel.
 void check_train_options(const TrainOptions& options);
 
 // Runs training, or continues the run saved in `resume_dir`. When resuming, the saved options
@@ -132,6 +134,9 @@ struct SampleOptions {
   int64_t top_k = 40;           // 0 = all 256
   uint64_t seed = 1;
 };
+
+// Throws remat::Error naming the first bad option (temperature, top-k, tokens); sample() calls it.
+void check_sample_options(const SampleOptions& options);
 
 // Generates text with the weights saved in `dir`. Returns the prompt followed by the new bytes.
 std::string sample(const std::string& dir, const SampleOptions& options);

@@ -324,6 +324,27 @@ TEST(Train, BadOptionsAreRefused) {
   EXPECT_THROW(train(o), Error);
 }
 
+// check_train_options, which the CLI calls before any work, refuses a policy that does not parse
+// and a float-data arch without reading the corpus (here a file that does not exist).
+TEST(Train, CheckRefusesAPolicyAndAnArchBeforeReadingData) {
+  auto refusal = [](const TrainOptions& o) {
+    try {
+      check_train_options(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  TrainOptions o = tiny("/nonexistent/text.txt");
+  EXPECT_EQ(refusal(o), "(accepted)");
+  o.policy = "attn+";
+  EXPECT_NE(refusal(o).find("attn+"), std::string::npos) << refusal(o);
+  o = tiny("/nonexistent/text.txt");
+  o.model.arch = "seed";
+  o.model.dropout = 0;
+  EXPECT_NE(refusal(o).find("token models"), std::string::npos) << refusal(o);
+}
+
 // none's exact bytes for one step of `o`.
 StepMemory none_step(const TrainOptions& o) {
   const ResolvedPolicy none = Policy::parse("none").resolve(make_block(o.model), o.model.layers);

@@ -199,8 +199,7 @@ void check_bench_options(const BenchOptions& o) {
     const Policy p = Policy::parse(text);
     if (has_module && !has_ops) ModuleModel::check(o.model, p);
   }
-  for (AttentionImpl a : attentions) {
-    if (!has_ops) continue;
+  for (AttentionImpl a : has_ops ? attentions : std::vector<AttentionImpl>{}) {
     ModelConfig cfg = o.model;
     cfg.attention = a;
     check_engine(cfg);

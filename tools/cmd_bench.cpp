@@ -73,9 +73,11 @@ int run(BenchFlags& f) {
 
   const BenchResult r = run_bench(o);
   end_progress();
-  fmt::print("  BLAS: {}\n  GEMM: {}\n  matmul {:.1f} GFLOP/s (1024^3 on the engine's GEMM); model FLOPs per step {:.2f} G; "
-             "floor {:.1f} ms\n\n",
-             r.blas, r.gemm, r.matmul_gflops, static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
+  const auto [slowest, fastest] = std::minmax_element(r.round_gflops.begin(), r.round_gflops.end());
+  fmt::print("  BLAS: {}\n  GEMM: {}\n  matmul {:.1f} GFLOP/s (1024^3 on the engine's GEMM; median of {} rounds, {:.1f}-{:.1f}); "
+             "model FLOPs per step {:.2f} G; floor {:.1f} ms\n\n",
+             r.blas, r.gemm, r.matmul_gflops, r.round_gflops.size(), *slowest, *fastest,
+             static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
   const std::string table = r.markdown();
   fmt::print("{}", table);
   if (o.profile) fmt::print("{}", r.profile_markdown());

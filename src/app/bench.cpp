@@ -433,6 +433,7 @@ BenchResult run_bench(const BenchOptions& o) {
   for (size_t vi = 0; vi < variants.size(); ++vi)
     if (in_run[vi] && result.costs_in_run.empty()) result.costs_in_run = in_run[vi]->source;
   result.matmul_gflops = median(rates);
+  result.round_gflops = rates;
   result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
   for (Entry& e : entries) {
     BenchRow& row = e.row;
@@ -595,6 +596,7 @@ std::string BenchResult::json() const {
       {"seed", options.seed},        {"lr", options.lr},
       {"threads", to_string(options.threads)},
       {"blas", blas}, {"blas_kernel", blas::loaded_kernel()}, {"gemm", gemm}, {"matmul_gflops", matmul_gflops},
+      {"round_gflops", round_gflops},
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
       {"costs", costs}, {"costs_in_run", costs_in_run},              {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},

@@ -81,6 +81,7 @@ struct BenchResult {
   std::string blas;
   std::string gemm;                 // the engine's GEMM (gemm_name)
   double matmul_gflops = 0;         // 1024^3 float32 at::mm rate: median over the timed rounds
+  std::vector<double> round_gflops; // the same rate in each timed round, in order: the floor's own spread
   int64_t flops_per_step = 0;       // of the model with math attention: what any row must compute
   double floor_ms = 0;              // flops_per_step at the matmul rate
   std::vector<BenchRow> rows;

@@ -6,6 +6,7 @@
 #include "remat/error.h"
 #include "remat/memory.h"
 #include "test_util.h"
+#include "util/timing.h"
 
 namespace remat {
 namespace {
@@ -24,6 +25,21 @@ TEST(Bench, PredictsEveryEngineRowFromCostsTimedInItsRounds) {
   ASSERT_EQ(r.rows.size(), 3u);
   for (const BenchRow& row : r.rows) EXPECT_GT(row.predicted_step_ms, 0) << row.policy;
   EXPECT_NE(r.markdown().find("taken in the same rounds as the rows"), std::string::npos);
+}
+
+// The floor's rate is taken in every timed round: its spread is the machine's noise in this run,
+// and the floor is at the median rate.
+TEST(Bench, KeepsTheMatmulRateOfEveryRound) {
+  BenchOptions o;
+  o.model = testing::tiny("gpt2", 0.0);
+  o.engines = {Engine::Ops};
+  o.policies = {"none"};
+  o.steps = 3;
+  o.warmup = 0;
+  const BenchResult r = run_bench(o);
+  ASSERT_EQ(r.round_gflops.size(), 3u);
+  EXPECT_EQ(r.matmul_gflops, detail::median(r.round_gflops));
+  EXPECT_NE(r.json().find("\"round_gflops\""), std::string::npos);
 }
 
 // The CLI refuses bad options with check_bench_options before it may start itself again for the

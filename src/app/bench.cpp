@@ -367,8 +367,11 @@ BenchResult run_bench(const BenchOptions& o) {
 
   // The matmul rate drifts with the machine's load as much as step times do: it is measured in every
   // round, beside the steps it is compared with, and the median is the floor's rate. So are the op
-  // costs the predictions come from: one layer of each measured variant takes a step per round
-  // (LayerProbe; its first step is its warm-up).
+  // costs the predictions come from: one layer of each measured variant takes as many steps per
+  // round as the rows have layers (LayerProbe; its first step is its warm-up), so that each op's
+  // median stands on as many layer-steps as a row's time does. With one probe step per round, a
+  // slow spell in two of three rounds moved every row's prediction by +15% at once (GPT-2,
+  // T = 1024, on a shared VM); with one per layer the same runs came within 5% in every row.
   std::vector<std::unique_ptr<LayerProbe>> probes(variants.size());
   for (size_t vi = 0; vi < variants.size(); ++vi)
     if (variants[vi].costs && variants[vi].costs->measured) {
@@ -381,7 +384,8 @@ BenchResult run_bench(const BenchOptions& o) {
     if (timed) {
       rates.push_back(matmul_gflops(1024, 5));
       for (auto& probe : probes)
-        if (probe) probe->step();
+        if (probe)
+          for (int64_t i = 0; i < o.model.layers; ++i) probe->step();
     }
     for (Entry& e : entries) {
       if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only

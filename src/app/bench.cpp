@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -36,6 +37,10 @@ namespace {
 using detail::Clock;
 using detail::median;
 using detail::ms_since;
+
+// How long OpenBLAS's idle workers may spin before they sleep: 2^28 cycles (0.08-0.13 s at
+// 2-3.5 GHz), with room to spare. Not timed.
+constexpr std::chrono::milliseconds kBlasSpin{200};
 
 // A model, its fixed batch and its loss, behind one interface so that every engine is measured by
 // the same loop.
@@ -420,6 +425,11 @@ BenchResult run_bench(const BenchOptions& o) {
       }
       say(fmt::format("{} {}/{}: {} {} {:.0f} ms", timed ? "step" : "warm-up", timed ? s - o.warmup + 1 : s + 1,
                       timed ? o.steps : o.warmup, to_string(e.row.engine), row_name(e.row, several), step));
+      // A step that ran OpenBLAS's own threads leaves them spinning for about 2^28 cycles
+      // (docs/design.md, NOTE [The engine's GEMMs], 1) on the cores the next row's kernel threads
+      // need: the engine's first row after the module path's read 4-6% above its prediction, its
+      // forward 10-40 ms slower than the engine's other rows'. The next row starts once they sleep.
+      if (e.row.engine == Engine::Module || gemm_uses_blas()) std::this_thread::sleep_for(kBlasSpin);
     }
   }
 

@@ -376,7 +376,7 @@ BenchResult run_bench(const BenchOptions& o) {
   // round as the rows have layers (LayerProbe; its first step is its warm-up), so that each op's
   // median stands on as many layer-steps as a row's time does. With one probe step per round, a
   // slow spell in two of three rounds moved every row's prediction by +15% at once (GPT-2,
-  // T = 1024, on a shared VM); with one per layer the same runs came within 5% in every row.
+  // T = 1024, on a shared VM); with one per layer, alternated runs came within 5% in every row.
   std::vector<std::unique_ptr<LayerProbe>> probes(variants.size());
   for (size_t vi = 0; vi < variants.size(); ++vi)
     if (variants[vi].costs && variants[vi].costs->measured) {
@@ -427,7 +427,7 @@ BenchResult run_bench(const BenchOptions& o) {
                       timed ? o.steps : o.warmup, to_string(e.row.engine), row_name(e.row, several), step));
       // A step that ran OpenBLAS's own threads leaves them spinning for about 2^28 cycles
       // (docs/design.md, NOTE [The engine's GEMMs], 1) on the cores the next row's kernel threads
-      // need: the engine's first row after the module path's read 4-6% above its prediction, its
+      // need: the engine's first row after the module path's read 4-7% above its prediction, its
       // forward 10-40 ms slower than the engine's other rows'. The next row starts once they sleep.
       if (e.row.engine == Engine::Module || gemm_uses_blas()) std::this_thread::sleep_for(kBlasSpin);
     }

@@ -204,21 +204,23 @@ void check_bench_options(const BenchOptions& o) {
     const Policy p = Policy::parse(text);
     if (has_module && !has_ops) ModuleModel::check(o.model, p);
   }
-  for (AttentionImpl a : has_ops ? attentions : std::vector<AttentionImpl>{}) {
-    ModelConfig cfg = o.model;
-    cfg.attention = a;
-    check_engine(cfg);
-    // Every variant first runs `none` for its reference gradients: refuse a shape whose none does
-    // not fit this machine (the kernel's OOM killer would end the run).
-    ResolvedPolicy keep;
-    keep.layers.assign(cfg.layers, keep_everything(make_block(cfg)));
-    const int64_t need =
-        simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(cfg)), keep), o.threads).total_peak();
-    const int64_t have = available_memory();
-    if (have > 0 && need > have / 10 * 9)
-      fail("with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
-           "available: try --attention flash, a shorter --seq or a smaller --batch",
-           to_string(a), bytes_str(need), bytes_str(have));
+  if (has_ops) {
+    for (AttentionImpl a : attentions) {
+      ModelConfig cfg = o.model;
+      cfg.attention = a;
+      check_engine(cfg);
+      // Every variant first runs `none` for its reference gradients: refuse a shape whose none does
+      // not fit this machine (the kernel's OOM killer would end the run).
+      ResolvedPolicy keep;
+      keep.layers.assign(cfg.layers, keep_everything(make_block(cfg)));
+      const auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
+      const int64_t need = simulate_memory(compile_step(spec, keep), o.threads).total_peak();
+      const int64_t have = available_memory();
+      if (have > 0 && need > have / 10 * 9)
+        fail("with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
+             "available: try --attention flash, a shorter --seq or a smaller --batch",
+             to_string(a), bytes_str(need), bytes_str(have));
+    }
   }
 }
 

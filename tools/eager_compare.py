@@ -11,12 +11,15 @@ Rounds alternate between the two: a `remat bench` process (its own warm-up, then
 each strategy, round-robin) and the same number of PyTorch steps in this process (one warm-up step
 of each strategy, then round-robin). Every timed step of all rounds is pooled: the table gives the
 median and the range, and the ratio of medians; `ratio range` is the least and the greatest ratio of
-the per-round medians, so a difference can be told from the machine's drift.
+the per-round medians, so a difference can be told from the machine's drift. Both sides are also given
+as a multiple of the matmul floor (the step's FLOPs at the 1024^3 rate remat measures in each round):
+remat / PyTorch cannot fall much below the floor over PyTorch's step.
 
-Both sides run one ATen thread. PyTorch's matmuls run on OpenBLAS's own threads (the same
-libblas.so.3), with the kernel remat's bench runs with: OpenBLAS picks its kernel from the CPU model
-when it loads, and on a CPU it does not know it falls back to SSE3 (a third of the speed), which remat
-corrects and a plain `import torch` would not. So the first remat round runs before torch is
+Both sides run one ATen thread (what torch.get_num_threads() reads here unset; with two, PyTorch's
+seed step ran 2.2x slower on the Zen 4, its OpenMP threads contending with OpenBLAS's). PyTorch's
+matmuls run on OpenBLAS's own threads (the same libblas.so.3), with the kernel remat's bench runs
+with: OpenBLAS picks its kernel from the CPU model when it loads, and on a CPU it does not know it
+falls back to SSE3 (a third of the speed), which remat corrects and a plain `import torch` would not. So the first remat round runs before torch is
 imported, and OPENBLAS_CORETYPE is set to the kernel it reports (unless the user set it). remat's
 engine runs its GEMMs on oneDNN's sgemm (NOTE [The engine's GEMMs]): both are printed. Saved bytes on the PyTorch side are the distinct storages autograd keeps for
 backward after the forward pass (saved_tensors_hooks, in an untimed step), parameters excluded.
@@ -191,10 +194,11 @@ def main():
     remat_steps = {s: [] for s in STRATEGIES}
     torch_steps = {s: [] for s in STRATEGIES}
     round_ratios = {s: [] for s in STRATEGIES}
-    remat_saved, config = {}, None
+    remat_saved, config, floors = {}, None, []
     for r in range(a.rounds):
         bench = first if r == 0 else remat_round(a.remat, a.steps, remat_env)
         config = bench["config"]
+        floors.append(config["floor_ms"])
         medians = {}
         for row in bench["rows"]:
             remat_steps[row["policy"]] += row["step_ms"]
@@ -217,10 +221,15 @@ def main():
             f"{s} {medians[s]:.0f} / {statistics.median(this_round[s]):.0f} ms" for s in STRATEGIES), flush=True)
     torch_saved = {s: saved_bytes(model) for s, model, _ in subjects}
 
+    # The matmul floor: the step's FLOPs at the 1024^3 rate of remat's GEMM, measured in every remat
+    # round (the median of the rounds). A step cannot run much below it on either side, so it says
+    # how far each side is from its GEMMs' speed, and what a ratio of the two can reach.
+    floor = statistics.median(floors)
     rows = []
     for s in STRATEGIES:
         rm, tm = spread(remat_steps[s]), spread(torch_steps[s])
         rows.append({"policy": s, "remat": rm, "torch": tm, "ratio": rm["median"] / tm["median"],
+                     "remat_floor_ratio": rm["median"] / floor, "torch_floor_ratio": tm["median"] / floor,
                      "ratio_min": min(round_ratios[s]), "ratio_max": max(round_ratios[s]),
                      "remat_saved_bytes": remat_saved[s], "torch_saved_bytes": torch_saved[s]})
     mib = 1 << 20
@@ -230,14 +239,17 @@ def main():
         f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "
         f"GFLOP/s (last remat round)",
         f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}",
+        f"floor: {floor:.1f} ms ({config['flops_per_step'] / 1e9:.1f} GFLOP per step at the 1024^3 rate of remat's GEMM; "
+        f"median of the {len(floors)} rounds, {min(floors):.1f}-{max(floors):.1f})",
         "",
-        "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat saved MiB | PyTorch saved MiB |",
-        "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|----------------:|------------------:|",
+        "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat / floor | PyTorch / floor | remat saved MiB | PyTorch saved MiB |",
+        "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|--------------:|----------------:|----------------:|------------------:|",
     ]
     for row in rows:
         rm, tm = row["remat"], row["torch"]
         lines.append(f"| {row['policy']} | {rm['median']:.1f} | {rm['min']:.0f}-{rm['max']:.0f} | {tm['median']:.1f} | "
                      f"{tm['min']:.0f}-{tm['max']:.0f} | {row['ratio']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
+                     f"{row['remat_floor_ratio']:.2f}x | {row['torch_floor_ratio']:.2f}x | "
                      f"{row['remat_saved_bytes'] / mib:.1f} | {row['torch_saved_bytes'] / mib:.1f} |")
     table = "\n".join(lines) + "\n"
     print("\n" + table, end="")
@@ -245,7 +257,8 @@ def main():
         write_atomic(a.markdown, table)
     if a.json:
         write_atomic(a.json, json.dumps({"torch": torch.__version__, "torch_blas_kernel": torch_kernel,
-                                         "rounds": a.rounds, "steps": a.steps,
+                                         "rounds": a.rounds, "steps": a.steps, "floor_ms": floor,
+                                         "round_floor_ms": floors,
                                          "remat_config": config, "rows": rows}, indent=2) + "\n")
 
 

@@ -459,6 +459,14 @@ BenchResult run_bench(const BenchOptions& o) {
     row.fwd_ms_median = median(e.fwd_ms);
     row.bwd_ms_median = median(e.bwd_ms);
     row.floor_ratio = row.step_ms_median / result.floor_ms;
+    // Each timed round took one step of the row and one rate measurement: the ratio per round
+    // says how far a 1.13x is from a 1.15x target on this machine's noise.
+    std::vector<double> per_round(row.step_ms.size());
+    for (size_t i = 0; i < row.step_ms.size(); ++i)
+      per_round[i] = row.step_ms[i] * rates[i] * 1e6 / static_cast<double>(result.flops_per_step);
+    const auto [lo, hi] = std::minmax_element(per_round.begin(), per_round.end());
+    row.floor_ratio_min = *lo;
+    row.floor_ratio_max = *hi;
     if (e.exec.timer) {
       OpProfile prof;
       prof.policy = row_name(row, several);
@@ -505,8 +513,8 @@ std::string BenchResult::markdown() const {
   for (const BenchRow& r : rows) timed_predictions = timed_predictions || r.predicted_step_ms >= 0;
   const bool several = !rows.empty() && several_attentions(rows);
   t.header = {"policy", "engine", "step ms", "min-max ms", "fwd ms", "bwd ms", "time vs none", "saved MiB",
-              "predicted", "peak MiB", "predicted", "peak vs none", "step / floor", "grad diff"};
-  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true, true};
+              "predicted", "peak MiB", "predicted", "peak vs none", "step / floor", "per round", "grad diff"};
+  t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true, true, true};
   if (timed_predictions) {
     t.header.insert(t.header.begin() + 3, {"predicted", "time error"});
     t.numeric.insert(t.numeric.begin() + 3, {true, true});
@@ -525,7 +533,8 @@ std::string BenchResult::markdown() const {
         or_dash(r.predicted_saved_bytes >= 0, fmt_mib(r.predicted_saved_bytes)), fmt_mib(r.peak_bytes),
         or_dash(r.predicted_peak_bytes >= 0, fmt_mib(r.predicted_peak_bytes)),
         none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
-        fmt_ratio(r.floor_ratio), fmt::format("{:g}", r.grad_max_abs_diff)};
+        fmt_ratio(r.floor_ratio), fmt::format("{:.2f}-{:.2f}", r.floor_ratio_min, r.floor_ratio_max),
+        fmt::format("{:g}", r.grad_max_abs_diff)};
     if (timed_predictions) {
       const bool p = r.predicted_step_ms >= 0;
       row.insert(row.begin() + 3, {or_dash(p, fmt_ms(r.predicted_step_ms)),
@@ -589,13 +598,13 @@ std::string BenchResult::profile_markdown() const {
 std::string BenchResult::csv() const {
   std::string s =
       "policy,engine,attention,step_ms_median,step_ms_min,step_ms_max,fwd_ms_median,bwd_ms_median,saved_bytes,"
-      "predicted_saved_bytes,peak_bytes,grad_max_abs_diff,flops_per_step,floor_ratio\n";
+      "predicted_saved_bytes,peak_bytes,grad_max_abs_diff,flops_per_step,floor_ratio,floor_ratio_min,floor_ratio_max\n";
   for (const BenchRow& r : rows)
-    s += fmt::format("\"{}\",{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f}\n", r.policy,
+    s += fmt::format("\"{}\",{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f},{:.4f},{:.4f}\n", r.policy,
                      to_string(r.engine), to_string(r.attention), r.step_ms_median, r.step_ms_min, r.step_ms_max,
                      r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
                      r.predicted_saved_bytes >= 0 ? std::to_string(r.predicted_saved_bytes) : "", r.peak_bytes,
-                     r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio);
+                     r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio, r.floor_ratio_min, r.floor_ratio_max);
   return s;
 }
 
@@ -640,6 +649,8 @@ std::string BenchResult::json() const {
                                                                                   : nlohmann::json(r.grad_max_abs_diff)},
                            {"flops_per_step", r.flops_per_step},
                            {"floor_ratio", r.floor_ratio},
+                           {"floor_ratio_min", r.floor_ratio_min},
+                           {"floor_ratio_max", r.floor_ratio_max},
                            {"verified", r.verified},
                            {"predicted_peak_bytes", r.predicted_peak_bytes >= 0 ? nlohmann::json(r.predicted_peak_bytes)
                                                                                 : nlohmann::json(nullptr)},

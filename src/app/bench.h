@@ -62,6 +62,8 @@ struct BenchRow {
   double grad_max_abs_diff = 0;     // against `none` on the same engine, first step
   int64_t flops_per_step = 0;       // model matmul FLOPs, recompute not counted
   double floor_ratio = 0;           // step_ms_median / floor_ms (the math-attention model's FLOPs)
+  double floor_ratio_min = 0, floor_ratio_max = 0;  // of each timed round's step over that round's
+                                                    // floor (round_gflops): the ratio's own spread
   bool verified = false;            // --verify passed for this row
   std::string note;                 // e.g. why a row is missing on an engine
 };

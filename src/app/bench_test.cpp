@@ -1,6 +1,9 @@
 // remat bench as a library call: what a row of the engine carries besides its times.
 #include "app/bench.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -43,6 +46,29 @@ TEST(Bench, KeepsTheMatmulRateOfEveryRound) {
   ASSERT_EQ(r.round_gflops.size(), 3u);
   EXPECT_EQ(r.matmul_gflops, detail::median(r.round_gflops));
   EXPECT_NE(r.json().find("\"round_gflops\""), std::string::npos);
+}
+
+// Beside the median step over the median floor, a row gives the least and greatest ratio of one
+// round's step to the floor at that round's rate: the spread a floor target is read against.
+TEST(Bench, GivesTheFloorRatioOfEveryRound) {
+  BenchOptions o;
+  o.model = testing::tiny("gpt2", 0.0);
+  o.engines = {Engine::Ops};
+  o.policies = {"none"};
+  o.steps = 3;
+  o.warmup = 0;
+  const BenchResult r = run_bench(o);
+  ASSERT_EQ(r.rows.size(), 1u);
+  const BenchRow& row = r.rows[0];
+  ASSERT_EQ(row.step_ms.size(), r.round_gflops.size());
+  std::vector<double> ratios;
+  for (size_t i = 0; i < row.step_ms.size(); ++i)
+    ratios.push_back(row.step_ms[i] / (static_cast<double>(r.flops_per_step) / (r.round_gflops[i] * 1e9) * 1e3));
+  EXPECT_DOUBLE_EQ(row.floor_ratio_min, *std::min_element(ratios.begin(), ratios.end()));
+  EXPECT_DOUBLE_EQ(row.floor_ratio_max, *std::max_element(ratios.begin(), ratios.end()));
+  EXPECT_NE(r.markdown().find(fmt::format("{:.2f}-{:.2f}", row.floor_ratio_min, row.floor_ratio_max)),
+            std::string::npos);
+  EXPECT_NE(r.json().find("\"floor_ratio_max\""), std::string::npos);
 }
 
 // The CLI refuses bad options with check_bench_options before it may start itself again for the

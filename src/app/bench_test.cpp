@@ -33,16 +33,21 @@ TEST(Bench, PredictsEveryEngineRowFromCostsTimedInItsRounds) {
   EXPECT_NE(r.markdown().find("taken in the same rounds as the rows"), std::string::npos);
 }
 
-// The floor's rate is taken in every timed round: its spread is the machine's noise in this run,
-// and the floor is at the median rate.
-TEST(Bench, KeepsTheMatmulRateOfEveryRound) {
+// A tiny GPT-2's `none` on the engine, `rounds` timed rounds and no warm-up.
+BenchResult run_none_rounds(int rounds) {
   BenchOptions o;
   o.model = testing::tiny("gpt2", 0.0);
   o.engines = {Engine::Ops};
   o.policies = {"none"};
-  o.steps = 3;
+  o.steps = rounds;
   o.warmup = 0;
-  const BenchResult r = run_bench(o);
+  return run_bench(o);
+}
+
+// The floor's rate is taken in every timed round: its spread is the machine's noise in this run,
+// and the floor is at the median rate.
+TEST(Bench, KeepsTheMatmulRateOfEveryRound) {
+  const BenchResult r = run_none_rounds(3);
   ASSERT_EQ(r.round_gflops.size(), 3u);
   EXPECT_EQ(r.matmul_gflops, detail::median(r.round_gflops));
   EXPECT_NE(r.json().find("\"round_gflops\""), std::string::npos);
@@ -51,13 +56,7 @@ TEST(Bench, KeepsTheMatmulRateOfEveryRound) {
 // Beside the median step over the median floor, a row gives the least and greatest ratio of one
 // round's step to the floor at that round's rate: the spread a floor target is read against.
 TEST(Bench, GivesTheFloorRatioOfEveryRound) {
-  BenchOptions o;
-  o.model = testing::tiny("gpt2", 0.0);
-  o.engines = {Engine::Ops};
-  o.policies = {"none"};
-  o.steps = 3;
-  o.warmup = 0;
-  const BenchResult r = run_bench(o);
+  const BenchResult r = run_none_rounds(3);
   ASSERT_EQ(r.rows.size(), 1u);
   const BenchRow& row = r.rows[0];
   ASSERT_EQ(row.step_ms.size(), r.round_gflops.size());

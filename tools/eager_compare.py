@@ -19,10 +19,12 @@ Both sides run one ATen thread (what torch.get_num_threads() reads here unset; w
 seed step ran 2.2x slower on the Zen 4, its OpenMP threads contending with OpenBLAS's). PyTorch's
 matmuls run on OpenBLAS's own threads (the same libblas.so.3), with the kernel remat's bench runs
 with: OpenBLAS picks its kernel from the CPU model when it loads, and on a CPU it does not know it
-falls back to SSE3 (a third of the speed), which remat corrects and a plain `import torch` would not. So the first remat round runs before torch is
-imported, and OPENBLAS_CORETYPE is set to the kernel it reports (unless the user set it). remat's
-engine runs its GEMMs on oneDNN's sgemm (NOTE [The engine's GEMMs]): both are printed. Saved bytes on the PyTorch side are the distinct storages autograd keeps for
-backward after the forward pass (saved_tensors_hooks, in an untimed step), parameters excluded.
+falls back to SSE3 (a third of the speed), which remat corrects and a plain `import torch` would
+not. So the first remat round runs before torch is imported, and OPENBLAS_CORETYPE is set to the
+kernel it reports (unless the user set it). remat's engine runs its GEMMs on oneDNN's sgemm (NOTE
+[The engine's GEMMs]): both are printed. Saved bytes on the PyTorch side are the distinct storages
+autograd keeps for backward after the forward pass (saved_tensors_hooks, in an untimed step),
+parameters excluded.
 
 Usage: tools/eager_compare.py [--remat build/remat] [--rounds 3] [--steps 3]
                               [--json results/eager.json] [--markdown results/eager.md]

@@ -38,6 +38,9 @@ using detail::Clock;
 using detail::median;
 using detail::ms_since;
 
+// The matmul floor: a step's FLOPs at a matmul rate, in milliseconds.
+double floor_ms_at(int64_t flops, double gflops) { return static_cast<double>(flops) / (gflops * 1e9) * 1e3; }
+
 // How long OpenBLAS's idle workers may spin before they sleep: 2^28 cycles (0.08-0.13 s at
 // 2-3.5 GHz), with room to spare. Not timed.
 constexpr std::chrono::milliseconds kBlasSpin{200};
@@ -450,7 +453,7 @@ BenchResult run_bench(const BenchOptions& o) {
     if (in_run[vi] && result.costs_in_run.empty()) result.costs_in_run = in_run[vi]->source;
   result.matmul_gflops = median(rates);
   result.round_gflops = rates;
-  result.floor_ms = static_cast<double>(result.flops_per_step) / (result.matmul_gflops * 1e9) * 1e3;
+  result.floor_ms = floor_ms_at(result.flops_per_step, result.matmul_gflops);
   for (Entry& e : entries) {
     BenchRow& row = e.row;
     row.step_ms_median = median(row.step_ms);
@@ -463,7 +466,7 @@ BenchResult run_bench(const BenchOptions& o) {
     // says how far a 1.13x is from a 1.15x target on this machine's noise.
     std::vector<double> per_round(row.step_ms.size());
     for (size_t i = 0; i < row.step_ms.size(); ++i)
-      per_round[i] = row.step_ms[i] * rates[i] * 1e6 / static_cast<double>(result.flops_per_step);
+      per_round[i] = row.step_ms[i] / floor_ms_at(result.flops_per_step, rates[i]);
     const auto [lo, hi] = std::minmax_element(per_round.begin(), per_round.end());
     row.floor_ratio_min = *lo;
     row.floor_ratio_max = *hi;

@@ -4,9 +4,8 @@
 // runs through all its causal row blocks before the next. Also the 1024^3 rate of one core and
 // the rate at which one thread writes memory. README "Speed" quotes its output.
 //
-// Not part of the build (it needs no LibTorch):
-//   g++ -O2 -o /tmp/attention_gemm_loops tools/attention_gemm_loops.cpp -l:libdnnl.so.2
-//   OMP_NUM_THREADS=1 /tmp/attention_gemm_loops
+// It links no LibTorch, only oneDNN; CMake builds it where Debian's libdnnl.so.2 is found:
+//   OMP_NUM_THREADS=1 build/attention_gemm_loops
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

@@ -74,9 +74,9 @@ int run(BenchFlags& f) {
   const BenchResult r = run_bench(o);
   end_progress();
   const auto [slowest, fastest] = std::minmax_element(r.round_gflops.begin(), r.round_gflops.end());
-  fmt::print("  BLAS: {}\n  GEMM: {}\n  matmul {:.1f} GFLOP/s (1024^3 on the engine's GEMM; median of {} rounds, {:.1f}-{:.1f}); "
-             "model FLOPs per step {:.2f} G; floor {:.1f} ms\n\n",
-             r.blas, r.gemm, r.matmul_gflops, r.round_gflops.size(), *slowest, *fastest,
+  fmt::print("  BLAS: {}\n  GEMM: {}\n  matmul {:.1f} GFLOP/s (1024^3 on the engine's GEMM, sampled before each of the {} "
+             "timed steps; rounds' medians {:.1f}-{:.1f}); model FLOPs per step {:.2f} G; floor {:.1f} ms\n\n",
+             r.blas, r.gemm, r.matmul_gflops, r.sampled_gflops.size(), *slowest, *fastest,
              static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
   const std::string table = r.markdown();
   fmt::print("{}", table);

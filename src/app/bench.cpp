@@ -375,8 +375,11 @@ BenchResult run_bench(const BenchOptions& o) {
     }
   const bool several = attentions.size() > 1;
 
-  // The matmul rate drifts with the machine's load as much as step times do: it is measured in every
-  // round, beside the steps it is compared with, and the median is the floor's rate. So are the op
+  // The matmul rate drifts with the machine's load as much as step times do: it is sampled before
+  // every timed step, beside the step it is compared with; a round's rate is the median of its
+  // samples, and the floor's is the median of all of them. One sample at the start of a round
+  // missed the round's speed by up to a third on a shared VM (docs/design.md, NOTE [The engine's
+  // GEMMs], 4): a round of 9 rows lasts 8 to 90 s, the sample 60 ms. So are the op
   // costs the predictions come from: one layer of each measured variant takes as many steps per
   // round as the rows have layers (LayerProbe; its first step is its warm-up), so that each op's
   // median stands on as many layer-steps as a row's time does. With one probe step per round, a
@@ -388,17 +391,22 @@ BenchResult run_bench(const BenchOptions& o) {
       probes[vi] = std::make_unique<LayerProbe>(variants[vi].cfg);
       probes[vi]->step();
     }
-  std::vector<double> rates;
+  std::vector<std::vector<double>> round_samples;  // the rate beside each step, by round
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const bool timed = s >= o.warmup;
     if (timed) {
-      rates.push_back(matmul_gflops(1024, 5));
+      round_samples.emplace_back();
+      if (entries.empty()) round_samples.back().push_back(matmul_gflops(1024, 5));
       for (auto& probe : probes)
         if (probe)
           for (int64_t i = 0; i < o.model.layers; ++i) probe->step();
     }
     for (Entry& e : entries) {
       if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
+      if (timed) {  // five 1024^3 products, ~60 ms, just before the step they are compared with
+        e.row.step_gflops.push_back(matmul_gflops(1024, 5));
+        round_samples.back().push_back(e.row.step_gflops.back());
+      }
       e.adam->zero_grad();
       const int64_t before = MemoryTracker::live();
       MemoryTracker::reset_peak();
@@ -439,19 +447,24 @@ BenchResult run_bench(const BenchOptions& o) {
   }
 
   // Predictions from the costs timed in these rounds; the plans were made with the costs before.
+  std::vector<double> rates;  // each round's median
+  for (const std::vector<double>& r : round_samples) {
+    rates.push_back(median(r));
+    result.sampled_gflops.insert(result.sampled_gflops.end(), r.begin(), r.end());
+  }
+  result.matmul_gflops = median(result.sampled_gflops);
   std::vector<std::optional<CostModel>> in_run(variants.size());
   for (size_t vi = 0; vi < variants.size(); ++vi)
     if (probes[vi]) {
       in_run[vi] = probes[vi]->costs();
       in_run[vi]->threads = o.threads;
-      in_run[vi]->matmul_gflops = median(rates);
+      in_run[vi]->matmul_gflops = result.matmul_gflops;
     }
   for (Entry& e : entries)
     if (e.row.engine == Engine::Ops && in_run[e.variant])
       e.row.predicted_step_ms = in_run[e.variant]->step_ms(static_cast<OpsSubject&>(*e.subject).model()->step_plan());
   for (size_t vi = 0; vi < variants.size(); ++vi)
     if (in_run[vi] && result.costs_in_run.empty()) result.costs_in_run = in_run[vi]->source;
-  result.matmul_gflops = median(rates);
   result.round_gflops = rates;
   result.floor_ms = floor_ms_at(result.flops_per_step, result.matmul_gflops);
   for (Entry& e : entries) {
@@ -462,8 +475,8 @@ BenchResult run_bench(const BenchOptions& o) {
     row.fwd_ms_median = median(e.fwd_ms);
     row.bwd_ms_median = median(e.bwd_ms);
     row.floor_ratio = row.step_ms_median / result.floor_ms;
-    // Each timed round took one step of the row and one rate measurement: the ratio per round
-    // says how far a 1.13x is from a 1.15x target on this machine's noise.
+    // Each timed round took one step of the row, and its rate is the median of its samples: the
+    // ratio per round says how far a 1.13x is from a 1.15x target on this machine's noise.
     std::vector<double> per_round(row.step_ms.size());
     for (size_t i = 0; i < row.step_ms.size(); ++i)
       per_round[i] = row.step_ms[i] / floor_ms_at(result.flops_per_step, rates[i]);
@@ -624,7 +637,7 @@ std::string BenchResult::json() const {
       {"seed", options.seed},        {"lr", options.lr},
       {"threads", to_string(options.threads)},
       {"blas", blas}, {"blas_kernel", blas::loaded_kernel()}, {"gemm", gemm}, {"matmul_gflops", matmul_gflops},
-      {"round_gflops", round_gflops},
+      {"round_gflops", round_gflops}, {"sampled_gflops", sampled_gflops},
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
       {"costs", costs}, {"costs_in_run", costs_in_run},              {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},
@@ -641,6 +654,7 @@ std::string BenchResult::json() const {
                            {"step_ms_min", r.step_ms_min},
                            {"step_ms_max", r.step_ms_max},
                            {"step_ms", r.step_ms},
+                           {"step_gflops", r.step_gflops},
                            {"fwd_ms_median", r.fwd_ms_median},
                            {"bwd_ms_median", r.bwd_ms_median},
                            {"saved_bytes", r.saved_bytes},

@@ -51,6 +51,7 @@ struct BenchRow {
   AttentionImpl attention = AttentionImpl::Math;
   double step_ms_median = 0, step_ms_min = 0, step_ms_max = 0;
   std::vector<double> step_ms;      // every timed step, in order
+  std::vector<double> step_gflops;  // the 1024^3 rate sampled just before each timed step
   double fwd_ms_median = 0, bwd_ms_median = 0;
   int64_t saved_bytes = 0;          // measured: live after forward - live before
   int64_t predicted_saved_bytes = -1;  // ops engine: from the tensor table; -1 when not predicted
@@ -82,8 +83,9 @@ struct BenchResult {
   BenchOptions options;
   std::string blas;
   std::string gemm;                 // the engine's GEMM (gemm_name)
-  double matmul_gflops = 0;         // 1024^3 float32 at::mm rate: median over the timed rounds
-  std::vector<double> round_gflops; // the same rate in each timed round, in order: the floor's own spread
+  double matmul_gflops = 0;           // 1024^3 float32 rate of the engine's GEMM: median of sampled_gflops
+  std::vector<double> sampled_gflops; // the rate sampled before every timed step, round by round
+  std::vector<double> round_gflops;   // each timed round's median sample, in order: the floor's own spread
   int64_t flops_per_step = 0;       // of the model with math attention: what any row must compute
   double floor_ms = 0;              // flops_per_step at the matmul rate
   std::vector<BenchRow> rows;

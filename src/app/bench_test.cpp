@@ -33,30 +33,39 @@ TEST(Bench, PredictsEveryEngineRowFromCostsTimedInItsRounds) {
   EXPECT_NE(r.markdown().find("taken in the same rounds as the rows"), std::string::npos);
 }
 
-// A tiny GPT-2's `none` on the engine, `rounds` timed rounds and no warm-up.
-BenchResult run_none_rounds(int rounds) {
+// A tiny GPT-2 on the engine, `rounds` timed rounds and no warm-up.
+BenchResult run_rounds(int rounds, std::vector<std::string> policies = {"none"}) {
   BenchOptions o;
   o.model = testing::tiny("gpt2", 0.0);
   o.engines = {Engine::Ops};
-  o.policies = {"none"};
+  o.policies = std::move(policies);
   o.steps = rounds;
   o.warmup = 0;
   return run_bench(o);
 }
 
-// The floor's rate is taken in every timed round: its spread is the machine's noise in this run,
-// and the floor is at the median rate.
-TEST(Bench, KeepsTheMatmulRateOfEveryRound) {
-  const BenchResult r = run_none_rounds(3);
+// The floor's rate is sampled before every timed step of every row: a round's rate is the median
+// of its rows' samples, the floor's the median of all samples.
+TEST(Bench, SamplesTheMatmulRateBesideEveryStep) {
+  const BenchResult r = run_rounds(3, {"none", "full", "attn"});
+  ASSERT_EQ(r.rows.size(), 3u);
   ASSERT_EQ(r.round_gflops.size(), 3u);
-  EXPECT_EQ(r.matmul_gflops, detail::median(r.round_gflops));
+  ASSERT_EQ(r.sampled_gflops.size(), 9u);
+  for (const BenchRow& row : r.rows) ASSERT_EQ(row.step_gflops.size(), 3u) << row.policy;
+  for (size_t i = 0; i < 3; ++i) {
+    std::vector<double> round;
+    for (const BenchRow& row : r.rows) round.push_back(row.step_gflops[i]);
+    EXPECT_EQ(r.round_gflops[i], detail::median(round)) << "round " << i;
+  }
+  EXPECT_EQ(r.matmul_gflops, detail::median(r.sampled_gflops));
   EXPECT_NE(r.json().find("\"round_gflops\""), std::string::npos);
+  EXPECT_NE(r.json().find("\"step_gflops\""), std::string::npos);
 }
 
 // Beside the median step over the median floor, a row gives the least and greatest ratio of one
 // round's step to the floor at that round's rate: the spread a floor target is read against.
 TEST(Bench, GivesTheFloorRatioOfEveryRound) {
-  const BenchResult r = run_none_rounds(3);
+  const BenchResult r = run_rounds(3);
   ASSERT_EQ(r.rows.size(), 1u);
   const BenchRow& row = r.rows[0];
   ASSERT_EQ(row.step_ms.size(), r.round_gflops.size());

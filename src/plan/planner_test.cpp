@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -15,6 +16,7 @@
 #include "remat/model.h"
 #include "remat/optim.h"
 #include "remat/resolve.h"
+#include "remat/runtime.h"
 #include "remat/schedule.h"
 #include "test_util.h"
 
@@ -191,6 +193,25 @@ TEST(Calibration, IsMeasuredOnceAndReused) {
   std::ofstream(files[0]) << "{ not json";
   EXPECT_NE(calibrated_rates(threads, dir).matmul_gflops, 123.5);
   EXPECT_EQ(nlohmann::json::accept(std::ifstream(files[0])), true);  // replaced by a good one
+  std::filesystem::remove_all(dir);
+}
+
+// When the engine's GEMM is not OpenBLAS, the OpenBLAS kernel remat chose (bench re-executes for
+// it, plan does not) does not make another calibration: one machine, one set of rates.
+TEST(Calibration, IsSharedAcrossBlasKernelsWhenTheGemmIsNotBlas) {
+  if (gemm_uses_blas()) GTEST_SKIP() << "the engine's GEMM is OpenBLAS here: its kernel is part of the rates";
+  const std::string dir = testing::temp_dir("rates-kernel");
+  const ThreadConfig threads{1, 1};
+  const char* was = std::getenv("REMAT_BLAS_NOTE");
+  const std::string before = was ? was : "";
+  calibrated_rates(threads, dir);
+  setenv("REMAT_BLAS_NOTE", "chosen by remat: a test", 1);  // what blas_name() says after a re-exec
+  calibrated_rates(threads, dir);
+  if (was) setenv("REMAT_BLAS_NOTE", before.c_str(), 1);
+  else unsetenv("REMAT_BLAS_NOTE");
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
+  EXPECT_EQ(files, 1u);
   std::filesystem::remove_all(dir);
 }
 

@@ -219,8 +219,11 @@ MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& ca
         cpu = line.substr(line.find(':') + 1);
         break;
       }
-  const std::string key =
-      fmt::format("cpu={} blas={} gemm={} threads={}", cpu, blas_name(), gemm_name(), to_string(threads));
+  // The rates are the engine's GEMM at 1024^3 and an add: OpenBLAS's kernel matters only when the
+  // GEMM is OpenBLAS's. `plan` re-executes for the kernel only then, `bench` always: keyed on the
+  // kernel they would keep two calibrations of one machine, measured at different times.
+  const std::string blas = gemm_uses_blas() ? " blas=" + blas_name() : "";
+  const std::string key = fmt::format("cpu={}{} gemm={} threads={}", cpu, blas, gemm_name(), to_string(threads));
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/rates-{:016x}.json", folder, std::hash<std::string>{}(key));
   if (std::ifstream in(path); in) {

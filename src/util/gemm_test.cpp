@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -92,12 +93,13 @@ class GemmChoiceScope {
   ~GemmChoiceScope() { set_gemm(GemmChoice::Auto); }
 };
 
-// 600 x 1100 outputs: three row tiles and three column tiles, the last of each ragged; every
+// 600 and 1100 x 1100 outputs: three or five row tiles and three column tiles, the last of each ragged; every
 // transpose pair; written fresh (beta 0) and added into (beta 1). Float32 sums in another order
 // than at::mm's: equal within rounding.
 TEST(Gemm, TiledProductIsTheProduct) {
   at::manual_seed(3);
-  const int64_t m = 600, n = 1100, k = 70;
+  const int64_t n = 1100, k = 70;
+  for (const int64_t m : {600, 1100})  // a transposed A of 1100 columns is packed (PackedPanel...)
   for (const bool ta : {false, true})
     for (const bool tb : {false, true})
       for (const double beta : {0.0, 1.0}) {
@@ -106,8 +108,23 @@ TEST(Gemm, TiledProductIsTheProduct) {
         const at::Tensor c0 = at::randn({m, n});
         const at::Tensor want = at::mm(ta ? a.t() : a, tb ? b.t() : b).add(c0, beta);
         EXPECT_TRUE(testing::close(product(a, ta, b, tb, c0, beta, 2), want, 1e-5))
-            << "ta " << ta << " tb " << tb << " beta " << beta;
+            << "m " << m << " ta " << ta << " tb " << tb << " beta " << beta;
       }
+}
+
+// A transposed A with rows of 1024 floats or more (a weight gradient's dy^T) is copied into a
+// packed panel per row tile before its sgemm: the bits are those of the same tiles read in place.
+TEST(Gemm, PackedPanelHasTheBitsOfTheStridedOne) {
+  at::manual_seed(5);
+  const int64_t m = 1100, n = 1100, k = 70;  // lda 1100: packed; ragged row and column tiles
+  const at::Tensor a = at::randn({k, m}), b = at::randn({k, n});
+  at::Tensor want = at::empty({m, n});
+  for (int64_t i = 0; i < m; i += 256)  // the tiles mm_out cuts (256 x 512), each read in place
+    for (int64_t j = 0; j < n; j += 512)
+      sgemm(true, false, std::min<int64_t>(256, m - i), std::min<int64_t>(512, n - j), k, 1.0f,
+            a.data_ptr<float>() + i, m, b.data_ptr<float>() + j, n, 0.0f, want.data_ptr<float>() + i * n + j, n);
+  EXPECT_TRUE(same_bits(product(a, true, b, false, at::zeros({m, n}), 0.0, 2), want));
+  EXPECT_TRUE(same_bits(product(a, true, b, false, at::zeros({m, n}), 0.0, 1), want));
 }
 
 // The tiles come from the shape alone. A linear's x W^T of 30 rows by 1100 columns: split by

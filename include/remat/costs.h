@@ -103,9 +103,10 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
 // This machine's float32 GEMM rate (1024^3 at::mm) and streaming memory rate (a 64 MiB add).
 MachineRates measure_rates();
 
-// measure_rates() once per machine (CPU model, BLAS kernel, threads), then as saved: the file
-// rates-<hash>.json in the cache folder (measure_costs). One command gives one answer, whatever
-// the load when it runs; delete the file to calibrate again.
+// measure_rates() once per machine (CPU model, the engine's GEMM, OpenBLAS's kernel when that
+// GEMM is OpenBLAS, threads), then as saved: the file rates-<hash>.json in the cache folder
+// (measure_costs). One command gives one answer, whatever the load when it runs; delete the file
+// to calibrate again.
 MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& cache_dir = "");
 
 enum class CostSource : uint8_t {

@@ -107,7 +107,7 @@ constexpr int64_t kTileRows = 256, kTileCols = 512;
 // own: oneDNN's sgemm then ran a linear's weight gradient (dy^T x: A is dy, lda its width) at 57-69
 // GFLOP/s on one thread where the same product from a packed panel ran at 81-83 (seed fc and qkv,
 // lda 2048 and 1536; median of 21 alternated runs each). Such panels are copied first, row by row,
-// into a buffer of the thread's own (k x 256 floats, kept between calls, outside the tensor
+// into a buffer of the thread's own (k x 256 floats, its storage kept between calls, outside the tensor
 // accounting like oneDNN's own packing buffers). The sgemm's results do not depend on lda: the
 // bits are those of the unpacked call (Gemm.PackedPanelHasTheBitsOfTheStridedOne).
 constexpr int64_t kPackLda = 1024;
@@ -116,22 +116,20 @@ void sgemm_tiled(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const int64_t rows = (m + kTileRows - 1) / kTileRows, cols = (n + kTileCols - 1) / kTileCols;
   const bool pack = ta && lda >= kPackLda;
-  static std::atomic<uint64_t> calls{0};
-  const uint64_t call = ++calls;  // a thread's panel is reused by the tiles of one row in one call
-  parallel_chunks(rows * cols, 1, [&](int64_t begin, int64_t end) {
+  // Packed, a chunk is one row of tiles: its panel is copied once, for all of the row's tiles.
+  parallel_chunks(rows * cols, pack ? cols : 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> panel;
-    thread_local uint64_t panel_call = 0;
-    thread_local int64_t panel_row = -1;
+    int64_t panel_row = -1;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / cols * kTileRows, j = t % cols * kTileCols;
       const int64_t mr = std::min(kTileRows, m - i);
       const float* at = ta ? a + i : a + i * lda;  // rows i.. of op(A): columns of A when transposed
       int64_t ld = lda;
       if (pack) {
-        if (panel_call != call || panel_row != i) {
+        if (panel_row != i) {
           panel.resize(static_cast<size_t>(k * mr));
           for (int64_t r = 0; r < k; ++r) std::copy_n(at + r * lda, mr, panel.data() + r * mr);
-          panel_call = call, panel_row = i;
+          panel_row = i;
         }
         at = panel.data(), ld = mr;
       }

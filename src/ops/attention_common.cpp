@@ -1,10 +1,13 @@
 #include "ops/attention_common.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <ATen/ATen.h>
 
+#include "util/gemm.h"
 #include "util/parallel.h"
 
 namespace remat::ops::attention {
@@ -58,6 +61,37 @@ void mask_block(at::Tensor& s, const AttentionLayout& l, int64_t r) {
     mask_rows(s.data_ptr<double>(), l.batch * l.heads, rows, cols, first);
   else
     s.masked_fill_(at::ones({rows, cols}, s.options().dtype(at::kBool)).triu_(first + 1), -INFINITY);
+}
+
+bool head_products(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors)
+    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->stride(-1) != 1) return false;
+  return detail::gemm_available();
+}
+
+void for_each_kv_head(const AttentionLayout& l, const std::function<void(int64_t b, int64_t kv)>& fn) {
+  std::optional<detail::SingleThreadedBlas> one_thread;
+  if (detail::kernel_threads() > 1) one_thread.emplace();
+  detail::parallel_chunks(l.batch * l.kv(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i / l.kv(), i % l.kv());
+  });
+}
+
+float* thread_buffer(int slot, int64_t n) {
+  thread_local std::array<std::vector<float>, 4> buffers;
+  std::vector<float>& b = buffers.at(static_cast<size_t>(slot));
+  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t width, float* dst) {
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(src + i * ld, width, dst + i * width);
+}
+
+void mask_matrix(float* s, const AttentionLayout& l, int64_t r) {
+  const int64_t rows = l.rows(r), cols = l.cols(r), first = l.first_row(r);
+  for (int64_t i = 0; i < rows; ++i)
+    std::fill(s + i * cols + std::min(cols, first + i + 1), s + (i + 1) * cols, std::numeric_limits<float>::lowest());
 }
 
 std::vector<at::Tensor> blocks_of(const at::Tensor& packed, const AttentionLayout& l) {

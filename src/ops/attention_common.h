@@ -7,6 +7,8 @@
 // an expanded view is accumulated over g in a fixed order.
 #pragma once
 
+#include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +30,23 @@ double scale(const AttentionLayout& l);
 // Sets the entries above the causal diagonal of block r to the lowest finite value (its exp
 // underflows to exactly 0, and the fast softmax never meets an infinity).
 void mask_block(at::Tensor& block, const AttentionLayout& l, int64_t r);
+
+// The products of the attention ops head by head (NOTE [The engine's GEMMs], 6f): true when they
+// can run on remat's own GEMM (util/gemm.h) on these CPU float32 tensors, whose last dimension
+// is contiguous.
+bool head_products(std::initializer_list<const at::Tensor*> tensors);
+// Runs fn(b, kv) for every (batch, key/value head) on the kernel threads, one task each: a task
+// runs the products of that key/value head's query heads, so the head's operands, copied once into
+// the task's buffers, serve all its causal row blocks from cache.
+void for_each_kv_head(const AttentionLayout& l, const std::function<void(int64_t b, int64_t kv)>& fn);
+// A buffer of n floats of the calling thread's own, slot 0..3, kept between calls (outside the
+// tensor accounting, like the GEMM's own packing buffers).
+float* thread_buffer(int slot, int64_t n);
+// Copies `rows` rows of `width` floats, `ld` apart in src, one after the other into dst.
+void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t width, float* dst);
+// Sets the entries above the causal diagonal of one (rows x cols) matrix of block r to the lowest
+// finite float.
+void mask_matrix(float* s, const AttentionLayout& l, int64_t r);
 
 // For references (tests): the blocks of a packed tensor as differentiable (B, H, rows, cols) views,
 // and the packed tensor made from such blocks.

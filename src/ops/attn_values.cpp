@@ -13,11 +13,69 @@
 namespace remat::ops {
 namespace {
 
+// Block r of probs (or dprobs) for head (b, kv, g).
+template <typename F>
+F* matrix(F* packed, const AttentionLayout& l, int64_t r, int64_t b, int64_t kv, int64_t g) {
+  return packed + l.offset(r) + ((b * l.kv() + kv) * l.group() + g) * l.rows(r) * l.cols(r);
+}
+
+// CPU float32: one task per (batch, key/value head), v copied into the task's buffer once for
+// all row blocks (NOTE [The engine's GEMMs], 6f).
+void forward_by_head(const at::Tensor& probs, const at::Tensor& src, at::Tensor& atty, const AttentionLayout& l) {
+  const int64_t T = l.seq, D = l.head_dim, G = l.group(), sb = src.stride(0), st = src.stride(1);
+  const int64_t ob = atty.stride(0), ot = atty.stride(1);
+  const float* p = probs.data_ptr<float>();
+  const float* x = src.data_ptr<float>();
+  float* o = atty.data_ptr<float>();
+  attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
+    float* v = attention::thread_buffer(0, T * D);
+    attention::pack_rows(x + b * sb + l.v_col + kv * D, st, T, D, v);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t r = 0; r < l.blocks(); ++r)
+        detail::sgemm(false, false, l.rows(r), D, l.cols(r), 1.0f, matrix(p, l, r, b, kv, g), l.cols(r), v, D, 0.0f,
+                      o + b * ob + l.first_row(r) * ot + (kv * G + g) * D, ot);
+  });
+}
+
+// The backward's products in the same tasks, for each row block and head: P^T dO added into dv
+// (shared by the group's heads, in the batched path's order: row block, then head), then dO V^T,
+// which may overwrite that block of P (no later product reads it).
+void backward_by_head(const at::Tensor& probs, at::Tensor& dprobs, const at::Tensor& src, const at::Tensor& dout,
+                      at::Tensor& dsrc, const AttentionLayout& l) {
+  const int64_t T = l.seq, D = l.head_dim, G = l.group(), sb = src.stride(0), st = src.stride(1);
+  const int64_t gb = dout.stride(0), gt = dout.stride(1), db = dsrc.stride(0), dt = dsrc.stride(1);
+  const float* p = probs.data_ptr<float>();
+  float* dp = dprobs.data_ptr<float>();
+  const float* x = src.data_ptr<float>();
+  const float* dy = dout.data_ptr<float>();
+  float* dx = dsrc.data_ptr<float>();
+  attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
+    float* v = attention::thread_buffer(0, T * D);
+    float* go = attention::thread_buffer(1, G * T * D);
+    attention::pack_rows(x + b * sb + l.v_col + kv * D, st, T, D, v);
+    for (int64_t g = 0; g < G; ++g) attention::pack_rows(dy + b * gb + (kv * G + g) * D, gt, T, D, go + g * T * D);
+    float* dv = dx + b * db + l.v_col + kv * D;
+    for (int64_t r = 0; r < l.blocks(); ++r) {
+      const int64_t rows = l.rows(r), cols = l.cols(r);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* dor = go + (g * T + l.first_row(r)) * D;
+        detail::sgemm(true, false, cols, D, rows, 1.0f, matrix(p, l, r, b, kv, g), cols, dor, D, 1.0f, dv, dt);
+        detail::sgemm(false, true, rows, cols, D, 1.0f, dor, D, v, D, 0.0f, matrix(dp, l, r, b, kv, g),
+                      cols);
+      }
+    }
+  });
+}
+
 void forward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
   const at::Tensor& probs = e.in(op, 0);
   const at::Tensor& src = e.in(op, 1);
   at::Tensor atty = at::empty({src.size(0), src.size(1), l.heads * l.head_dim}, src.options());
+  if (attention::head_products({&probs, &src, &atty}) && probs.is_contiguous()) {
+    forward_by_head(probs, src, atty, l);
+    return e.set_out(op, 0, std::move(atty));
+  }
   const at::Tensor v = attention::kv_view(src, l.v_col, l);
   at::Tensor out = attention::heads_view(atty, l);
   for (int64_t r = 0; r < l.blocks(); ++r) {
@@ -33,10 +91,16 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   at::Tensor dprobs = e.grad_buffer(op, 0);  // probs itself when this is its last reader
   const at::Tensor probs = dprobs.defined() ? dprobs : e.saved_in(op, 0);
   const at::Tensor& src = e.saved_in(op, 1);
-  const at::Tensor dout = attention::heads_view(e.grad_out(op, 0).contiguous(), l);
+  const at::Tensor dy = e.grad_out(op, 0).contiguous();
+  const at::Tensor dout = attention::heads_view(dy, l);
   const at::Tensor v = attention::kv_view(src, l.v_col, l);
   if (!dprobs.defined()) dprobs = at::empty_like(probs);
   at::Tensor& dsrc = e.grad_slot(op, 1);
+  if (attention::head_products({&probs, &dprobs, &src, &dy, &dsrc}) && probs.is_contiguous() &&
+      dprobs.is_contiguous()) {
+    backward_by_head(probs, dprobs, src, dy, dsrc, l);
+    return e.set_grad(op, 0, std::move(dprobs));
+  }
   at::Tensor dv = attention::kv_view(dsrc, l.v_col, l);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     const at::Tensor dout_rows = dout.narrow(3, l.first_row(r), l.rows(r));

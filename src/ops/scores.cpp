@@ -2,7 +2,9 @@
 // the diagonal hold the lowest finite value (probability exactly 0).
 //   in: src (B, T, W) holding q and k (columns q_col, k_col)   out: scores
 //   backward reads src; dq and dk are added into src's gradient (a slot shared with other readers).
-// Each causal row block is one batched GEMM over (batch, head) on strided views (ops/gemm.h).
+// CPU float32: a task per (batch, key/value head) runs all its products (NOTE [The engine's GEMMs],
+// 6f). Elsewhere each causal row block is one batched GEMM over (batch, head) on strided views
+// (util/gemm.h).
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -16,10 +18,64 @@
 namespace remat::ops {
 namespace {
 
+// CPU float32: one task per (batch, key/value head), k and the group's q copied into the task's
+// buffers once for all row blocks (NOTE [The engine's GEMMs], 6f).
+void forward_by_head(const at::Tensor& src, at::Tensor& scores, const AttentionLayout& l) {
+  const int64_t T = l.seq, D = l.head_dim, G = l.group(), KV = l.kv(), sb = src.stride(0), st = src.stride(1);
+  const float* x = src.data_ptr<float>();
+  float* s = scores.data_ptr<float>();
+  const auto scale = static_cast<float>(attention::scale(l));
+  attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
+    float* k = attention::thread_buffer(0, T * D);
+    float* q = attention::thread_buffer(1, T * D);
+    attention::pack_rows(x + b * sb + l.k_col + kv * D, st, T, D, k);
+    for (int64_t g = 0; g < G; ++g) {
+      attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q);
+      for (int64_t r = 0; r < l.blocks(); ++r) {
+        float* block = s + l.offset(r) + ((b * KV + kv) * G + g) * l.rows(r) * l.cols(r);
+        detail::sgemm(false, true, l.rows(r), l.cols(r), D, scale, q + l.first_row(r) * D, D, k, D, 0.0f, block,
+                      l.cols(r));
+        if (l.causal) attention::mask_matrix(block, l, r);
+      }
+    }
+  });
+}
+
+// The backward's products in the same tasks: dS K into dq, dS^T Q added into dk (shared by the
+// group's heads, in the order the batched path adds them: row block, then head).
+void backward_by_head(const at::Tensor& src, const at::Tensor& dscores, at::Tensor& dsrc, const AttentionLayout& l) {
+  const int64_t T = l.seq, D = l.head_dim, G = l.group(), KV = l.kv();
+  const int64_t sb = src.stride(0), st = src.stride(1), db = dsrc.stride(0), dt = dsrc.stride(1);
+  const float* x = src.data_ptr<float>();
+  const float* ds = dscores.data_ptr<float>();
+  float* dx = dsrc.data_ptr<float>();
+  const auto scale = static_cast<float>(attention::scale(l));
+  attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
+    float* k = attention::thread_buffer(0, T * D);
+    float* q = attention::thread_buffer(1, G * T * D);
+    attention::pack_rows(x + b * sb + l.k_col + kv * D, st, T, D, k);
+    for (int64_t g = 0; g < G; ++g) attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q + g * T * D);
+    float* dk = dx + b * db + l.k_col + kv * D;
+    for (int64_t r = 0; r < l.blocks(); ++r) {
+      const int64_t rows = l.rows(r), cols = l.cols(r), first = l.first_row(r);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* d = ds + l.offset(r) + ((b * KV + kv) * G + g) * rows * cols;
+        float* dq = dx + b * db + first * dt + l.q_col + (kv * G + g) * D;
+        detail::sgemm(false, false, rows, D, cols, scale, d, cols, k, D, 1.0f, dq, dt);                    // dS K
+        detail::sgemm(true, false, cols, D, rows, scale, d, cols, q + (g * T + first) * D, D, 1.0f, dk, dt);  // dS^T Q
+      }
+    }
+  });
+}
+
 void forward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
   const at::Tensor& src = e.in(op, 0);
   at::Tensor scores = at::empty(l.shape(), src.options());
+  if (attention::head_products({&src, &scores})) {
+    forward_by_head(src, scores, l);
+    return e.set_out(op, 0, std::move(scores));
+  }
   const at::Tensor q = attention::q_view(src, l), k = attention::kv_view(src, l.k_col, l);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor s = attention::block_view(scores, l, r);
@@ -35,6 +91,8 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& src = e.saved_in(op, 0);
   const at::Tensor& dscores = e.grad_out(op, 0);
   at::Tensor& dsrc = e.grad_slot(op, 0);
+  if (attention::head_products({&src, &dscores, &dsrc}) && dscores.is_contiguous())
+    return backward_by_head(src, dscores, dsrc, l);
   const at::Tensor q = attention::q_view(src, l), k = attention::kv_view(src, l.k_col, l);
   at::Tensor dq = attention::q_view(dsrc, l), dk = attention::kv_view(dsrc, l.k_col, l);
   for (int64_t r = 0; r < l.blocks(); ++r) {

@@ -191,6 +191,8 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
   gemm_here<float>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+bool gemm_available() { return can_run<float>(); }
+
 void mm_out(at::Tensor& c, const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, double beta) {
   const bool tiled = onednn() && c.device().is_cpu() && c.scalar_type() == at::kFloat &&
                      a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.stride(1) == 1 &&

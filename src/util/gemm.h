@@ -25,6 +25,9 @@ namespace remat::detail {
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// True when sgemm can run: oneDNN's, or the loaded BLAS's cblas_sgemm.
+bool gemm_available();
+
 // c = op(a) op(b) + beta c for 2-D tensors, c written in place. With oneDNN and CPU float32 whose
 // last dimensions are contiguous: tiles of at most 256 rows x 512 columns of c over the kernel
 // threads, one sgemm each. Otherwise at::mm (the BLAS's own threads).

@@ -88,6 +88,10 @@ void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t width, float*
   for (int64_t i = 0; i < rows; ++i) std::copy_n(src + i * ld, width, dst + i * width);
 }
 
+int64_t matrix_offset(const AttentionLayout& l, int64_t r, int64_t b, int64_t h) {
+  return l.offset(r) + (b * l.heads + h) * l.rows(r) * l.cols(r);
+}
+
 void mask_matrix(float* s, const AttentionLayout& l, int64_t r) {
   const int64_t rows = l.rows(r), cols = l.cols(r), first = l.first_row(r);
   for (int64_t i = 0; i < rows; ++i)

@@ -44,6 +44,9 @@ void for_each_kv_head(const AttentionLayout& l, const std::function<void(int64_t
 float* thread_buffer(int slot, int64_t n);
 // Copies `rows` rows of `width` floats, `ld` apart in src, one after the other into dst.
 void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t width, float* dst);
+// Where block r's (rows x cols) matrix of query head h (0 <= h < heads) of batch entry b starts
+// in a packed scores/probs tensor: elements before it.
+int64_t matrix_offset(const AttentionLayout& l, int64_t r, int64_t b, int64_t h);
 // Sets the entries above the causal diagonal of one (rows x cols) matrix of block r to the lowest
 // finite float.
 void mask_matrix(float* s, const AttentionLayout& l, int64_t r);

@@ -13,12 +13,6 @@
 namespace remat::ops {
 namespace {
 
-// Block r of probs (or dprobs) for head (b, kv, g).
-template <typename F>
-F* matrix(F* packed, const AttentionLayout& l, int64_t r, int64_t b, int64_t kv, int64_t g) {
-  return packed + l.offset(r) + ((b * l.kv() + kv) * l.group() + g) * l.rows(r) * l.cols(r);
-}
-
 // CPU float32: one task per (batch, key/value head), v copied into the task's buffer once for
 // all row blocks (NOTE [The engine's GEMMs], 6f).
 void forward_by_head(const at::Tensor& probs, const at::Tensor& src, at::Tensor& atty, const AttentionLayout& l) {
@@ -32,7 +26,7 @@ void forward_by_head(const at::Tensor& probs, const at::Tensor& src, at::Tensor&
     attention::pack_rows(x + b * sb + l.v_col + kv * D, st, T, D, v);
     for (int64_t g = 0; g < G; ++g)
       for (int64_t r = 0; r < l.blocks(); ++r)
-        detail::sgemm(false, false, l.rows(r), D, l.cols(r), 1.0f, matrix(p, l, r, b, kv, g), l.cols(r), v, D, 0.0f,
+        detail::sgemm(false, false, l.rows(r), D, l.cols(r), 1.0f, p + attention::matrix_offset(l, r, b, kv * G + g), l.cols(r), v, D, 0.0f,
                       o + b * ob + l.first_row(r) * ot + (kv * G + g) * D, ot);
   });
 }
@@ -59,8 +53,8 @@ void backward_by_head(const at::Tensor& probs, at::Tensor& dprobs, const at::Ten
       const int64_t rows = l.rows(r), cols = l.cols(r);
       for (int64_t g = 0; g < G; ++g) {
         const float* dor = go + (g * T + l.first_row(r)) * D;
-        detail::sgemm(true, false, cols, D, rows, 1.0f, matrix(p, l, r, b, kv, g), cols, dor, D, 1.0f, dv, dt);
-        detail::sgemm(false, true, rows, cols, D, 1.0f, dor, D, v, D, 0.0f, matrix(dp, l, r, b, kv, g),
+        detail::sgemm(true, false, cols, D, rows, 1.0f, p + attention::matrix_offset(l, r, b, kv * G + g), cols, dor, D, 1.0f, dv, dt);
+        detail::sgemm(false, true, rows, cols, D, 1.0f, dor, D, v, D, 0.0f, dp + attention::matrix_offset(l, r, b, kv * G + g),
                       cols);
       }
     }

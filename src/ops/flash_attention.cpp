@@ -50,7 +50,7 @@ int64_t visible(const AttentionLayout& l, int64_t i, int64_t j0, int64_t nc) {
 // Where (b, h, i, j0) sits in math attention's packed probabilities: its dropout mask's index.
 int64_t mask_index(const AttentionLayout& l, int64_t b, int64_t h, int64_t i, int64_t j0) {
   const int64_t r = i / l.block;
-  return l.offset(r) + ((b * l.heads + h) * l.rows(r) + (i - l.first_row(r))) * l.cols(r) + j0;
+  return attention::matrix_offset(l, r, b, h) + (i - l.first_row(r)) * l.cols(r) + j0;
 }
 
 // Raw pointers and row strides of the tensors one call works on.

@@ -21,7 +21,7 @@ namespace {
 // CPU float32: one task per (batch, key/value head), k and the group's q copied into the task's
 // buffers once for all row blocks (NOTE [The engine's GEMMs], 6f).
 void forward_by_head(const at::Tensor& src, at::Tensor& scores, const AttentionLayout& l) {
-  const int64_t T = l.seq, D = l.head_dim, G = l.group(), KV = l.kv(), sb = src.stride(0), st = src.stride(1);
+  const int64_t T = l.seq, D = l.head_dim, G = l.group(), sb = src.stride(0), st = src.stride(1);
   const float* x = src.data_ptr<float>();
   float* s = scores.data_ptr<float>();
   const auto scale = static_cast<float>(attention::scale(l));
@@ -32,7 +32,7 @@ void forward_by_head(const at::Tensor& src, at::Tensor& scores, const AttentionL
     for (int64_t g = 0; g < G; ++g) {
       attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q);
       for (int64_t r = 0; r < l.blocks(); ++r) {
-        float* block = s + l.offset(r) + ((b * KV + kv) * G + g) * l.rows(r) * l.cols(r);
+        float* block = s + attention::matrix_offset(l, r, b, kv * G + g);
         detail::sgemm(false, true, l.rows(r), l.cols(r), D, scale, q + l.first_row(r) * D, D, k, D, 0.0f, block,
                       l.cols(r));
         if (l.causal) attention::mask_matrix(block, l, r);
@@ -44,7 +44,7 @@ void forward_by_head(const at::Tensor& src, at::Tensor& scores, const AttentionL
 // The backward's products in the same tasks: dS K into dq, dS^T Q added into dk (shared by the
 // group's heads, in the order the batched path adds them: row block, then head).
 void backward_by_head(const at::Tensor& src, const at::Tensor& dscores, at::Tensor& dsrc, const AttentionLayout& l) {
-  const int64_t T = l.seq, D = l.head_dim, G = l.group(), KV = l.kv();
+  const int64_t T = l.seq, D = l.head_dim, G = l.group();
   const int64_t sb = src.stride(0), st = src.stride(1), db = dsrc.stride(0), dt = dsrc.stride(1);
   const float* x = src.data_ptr<float>();
   const float* ds = dscores.data_ptr<float>();
@@ -59,7 +59,7 @@ void backward_by_head(const at::Tensor& src, const at::Tensor& dscores, at::Tens
     for (int64_t r = 0; r < l.blocks(); ++r) {
       const int64_t rows = l.rows(r), cols = l.cols(r), first = l.first_row(r);
       for (int64_t g = 0; g < G; ++g) {
-        const float* d = ds + l.offset(r) + ((b * KV + kv) * G + g) * rows * cols;
+        const float* d = ds + attention::matrix_offset(l, r, b, kv * G + g);
         float* dq = dx + b * db + first * dt + l.q_col + (kv * G + g) * D;
         detail::sgemm(false, false, rows, D, cols, scale, d, cols, k, D, 1.0f, dq, dt);                    // dS K
         detail::sgemm(true, false, cols, D, rows, scale, d, cols, q + (g * T + first) * D, D, 1.0f, dk, dt);  // dS^T Q

@@ -9,8 +9,11 @@
 namespace remat {
 
 int64_t AttentionLayout::offset(int64_t r) const {
-  int64_t n = 0;
-  for (int64_t q = 0; q < r; ++q) n += rows(q) * cols(q);
+  // Only the last block can be short: before it, block q has `block` rows of `seq` columns, or
+  // (causal) of (q + 1) blocks of columns. Closed form, as flash attention asks per row.
+  const int64_t whole = std::min(r, seq / block);
+  int64_t n = causal ? block * block * (whole * (whole + 1) / 2) : whole * block * seq;
+  for (int64_t q = whole; q < r; ++q) n += rows(q) * cols(q);
   return batch * heads * n;
 }
 

@@ -1,6 +1,5 @@
 #include "ops/attention_common.h"
 
-#include <array>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -63,7 +62,15 @@ void mask_block(at::Tensor& s, const AttentionLayout& l, int64_t r) {
     s.masked_fill_(at::ones({rows, cols}, s.options().dtype(at::kBool)).triu_(first + 1), -INFINITY);
 }
 
+namespace {
+int g_batched_for_tests = 0;  // live BatchedPathForTests
+}  // namespace
+
+BatchedPathForTests::BatchedPathForTests() { ++g_batched_for_tests; }
+BatchedPathForTests::~BatchedPathForTests() { --g_batched_for_tests; }
+
 bool head_products(std::initializer_list<const at::Tensor*> tensors) {
+  if (g_batched_for_tests > 0) return false;
   for (const at::Tensor* t : tensors)
     if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->stride(-1) != 1) return false;
   return detail::gemm_available();
@@ -75,13 +82,6 @@ void for_each_kv_head(const AttentionLayout& l, const std::function<void(int64_t
   detail::parallel_chunks(l.batch * l.kv(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) fn(i / l.kv(), i % l.kv());
   });
-}
-
-float* thread_buffer(int slot, int64_t n) {
-  thread_local std::array<std::vector<float>, 4> buffers;
-  std::vector<float>& b = buffers.at(static_cast<size_t>(slot));
-  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
-  return b.data();
 }
 
 void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t width, float* dst) {

@@ -35,13 +35,18 @@ void mask_block(at::Tensor& block, const AttentionLayout& l, int64_t r);
 // can run on remat's own GEMM (util/gemm.h) on these CPU float32 tensors, whose last dimension
 // is contiguous.
 bool head_products(std::initializer_list<const at::Tensor*> tensors);
+// For tests: while one is alive, head_products answers false, so float32 takes the batched path
+// (the two must give the same bits). Not for use while an op runs on another thread.
+struct BatchedPathForTests {
+  BatchedPathForTests();
+  ~BatchedPathForTests();
+  BatchedPathForTests(const BatchedPathForTests&) = delete;
+  BatchedPathForTests& operator=(const BatchedPathForTests&) = delete;
+};
 // Runs fn(b, kv) for every (batch, key/value head) on the kernel threads, one task each: a task
 // runs the products of that key/value head's query heads, so the head's operands, copied once into
 // the task's buffers, serve all its causal row blocks from cache.
 void for_each_kv_head(const AttentionLayout& l, const std::function<void(int64_t b, int64_t kv)>& fn);
-// A buffer of n floats of the calling thread's own, slot 0..3, kept between calls (outside the
-// tensor accounting, like the GEMM's own packing buffers).
-float* thread_buffer(int slot, int64_t n);
 // Copies `rows` rows of `width` floats, `ld` apart in src, one after the other into dst.
 void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t width, float* dst);
 // Where block r's (rows x cols) matrix of query head h (0 <= h < heads) of batch entry b starts

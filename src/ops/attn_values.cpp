@@ -9,6 +9,7 @@
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "util/gemm.h"
+#include "util/parallel.h"
 
 namespace remat::ops {
 namespace {
@@ -22,7 +23,7 @@ void forward_by_head(const at::Tensor& probs, const at::Tensor& src, at::Tensor&
   const float* x = src.data_ptr<float>();
   float* o = atty.data_ptr<float>();
   attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
-    float* v = attention::thread_buffer(0, T * D);
+    float* v = detail::thread_scratch(detail::Scratch::Operand0, T * D);
     attention::pack_rows(x + b * sb + l.v_col + kv * D, st, T, D, v);
     for (int64_t g = 0; g < G; ++g)
       for (int64_t r = 0; r < l.blocks(); ++r)
@@ -44,8 +45,8 @@ void backward_by_head(const at::Tensor& probs, at::Tensor& dprobs, const at::Ten
   const float* dy = dout.data_ptr<float>();
   float* dx = dsrc.data_ptr<float>();
   attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
-    float* v = attention::thread_buffer(0, T * D);
-    float* go = attention::thread_buffer(1, G * T * D);
+    float* v = detail::thread_scratch(detail::Scratch::Operand0, T * D);
+    float* go = detail::thread_scratch(detail::Scratch::Operand1, G * T * D);
     attention::pack_rows(x + b * sb + l.v_col + kv * D, st, T, D, v);
     for (int64_t g = 0; g < G; ++g) attention::pack_rows(dy + b * gb + (kv * G + g) * D, gt, T, D, go + g * T * D);
     float* dv = dx + b * db + l.v_col + kv * D;

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "ops/attention_common.h"
 #include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
@@ -17,6 +18,7 @@
 #include "remat/executor.h"
 #include "remat/policy.h"
 #include "test_util.h"
+#include "util/gemm.h"
 
 namespace remat {
 namespace {
@@ -134,6 +136,35 @@ TEST_P(OpsTest, EveryOpRecomputesBitwise) {
   }
 }
 
+// The attention ops' float32 products run head by head from compact copies of the operands
+// (NOTE [The engine's GEMMs], 6f), float64 and CUDA on the batched path: both paths must give the
+// same bits (the example is causal, in row blocks, with two query heads per key/value head).
+TEST(AttentionOps, HeadByHeadProductsHaveTheBatchedPathsBits) {
+  if (!detail::gemm_available()) GTEST_SKIP() << "no oneDNN sgemm: float32 takes the batched path too";
+  for (const OpKind kind : {OpKind::Scores, OpKind::AttnValues}) {
+    const Case c = make_case(kind, at::kFloat);
+    auto run = [&c] {
+      BlockExecutor exec(c.spec, keep_everything(c.spec));
+      BlockContext ctx;
+      const at::Tensor y = exec.forward(c.inputs, c.params, ctx, 0);
+      at::manual_seed(3);
+      const at::Tensor dy = at::randn(y.sizes(), at::kDouble).to(at::kFloat);
+      std::vector<at::Tensor> out{y};
+      for (const at::Tensor& g : exec.backward(dy, c.params, ctx, float_inputs(c), 0).inputs) out.push_back(g);
+      return out;
+    };
+    const std::vector<at::Tensor> by_head = run();
+    std::vector<at::Tensor> batched;
+    {
+      const ops::attention::BatchedPathForTests force;
+      batched = run();
+    }
+    ASSERT_EQ(by_head.size(), batched.size());
+    for (size_t i = 0; i < by_head.size(); ++i)
+      EXPECT_TRUE(testing::bitwise_equal(by_head[i], batched[i])) << op_def(kind).name << ": tensor " << i;
+  }
+}
+
 // Runs the backward of a case's op with input 0's gradient made as `source` says (input 1, if it
 // is a Slot, zeroed); returns input 0's gradient and whether it took the memory it was handed.
 std::pair<at::Tensor, bool> backward_with(const Case& c, GradSource source) {
@@ -205,6 +236,21 @@ TEST(AttentionLayout, CausalBlocksStoreOnlyTheVisibleColumns) {
   AttentionLayout full = l;
   full.seq = 128, full.causal = false;
   EXPECT_EQ(full.shape(), (std::vector<int64_t>{8, 8, 128, 128}));
+}
+
+// offset(r) is a closed form: it must be the sum of the blocks before r, short last block or not.
+TEST(AttentionLayout, OffsetIsTheSumOfTheBlocksBefore) {
+  for (const bool causal : {true, false})
+    for (const int64_t seq : {5, 128, 300, 1024}) {
+      AttentionLayout l;
+      l.batch = 2, l.heads = 3, l.seq = seq, l.block = 128, l.causal = causal;
+      if (seq == 5) l.block = 2;
+      int64_t sum = 0;
+      for (int64_t r = 0; r <= l.blocks(); ++r) {
+        EXPECT_EQ(l.offset(r), sum) << "seq " << seq << " causal " << causal << " block " << r;
+        if (r < l.blocks()) sum += l.batch * l.heads * l.rows(r) * l.cols(r);
+      }
+    }
 }
 
 // Rows of -100 with one entry of 200, at every position (the vector loop's lanes and the scalar

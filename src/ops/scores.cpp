@@ -14,6 +14,7 @@
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "util/gemm.h"
+#include "util/parallel.h"
 
 namespace remat::ops {
 namespace {
@@ -26,8 +27,8 @@ void forward_by_head(const at::Tensor& src, at::Tensor& scores, const AttentionL
   float* s = scores.data_ptr<float>();
   const auto scale = static_cast<float>(attention::scale(l));
   attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
-    float* k = attention::thread_buffer(0, T * D);
-    float* q = attention::thread_buffer(1, T * D);
+    float* k = detail::thread_scratch(detail::Scratch::Operand0, T * D);
+    float* q = detail::thread_scratch(detail::Scratch::Operand1, T * D);
     attention::pack_rows(x + b * sb + l.k_col + kv * D, st, T, D, k);
     for (int64_t g = 0; g < G; ++g) {
       attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q);
@@ -51,8 +52,8 @@ void backward_by_head(const at::Tensor& src, const at::Tensor& dscores, at::Tens
   float* dx = dsrc.data_ptr<float>();
   const auto scale = static_cast<float>(attention::scale(l));
   attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
-    float* k = attention::thread_buffer(0, T * D);
-    float* q = attention::thread_buffer(1, G * T * D);
+    float* k = detail::thread_scratch(detail::Scratch::Operand0, T * D);
+    float* q = detail::thread_scratch(detail::Scratch::Operand1, G * T * D);
     attention::pack_rows(x + b * sb + l.k_col + kv * D, st, T, D, k);
     for (int64_t g = 0; g < G; ++g) attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q + g * T * D);
     float* dk = dx + b * db + l.k_col + kv * D;

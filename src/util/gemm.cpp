@@ -118,7 +118,7 @@ void sgemm_tiled(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
   const bool pack = ta && lda >= kPackLda;
   // Packed, a chunk is one row of tiles: its panel is copied once, for all of the row's tiles.
   parallel_chunks(rows * cols, pack ? cols : 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> panel;
+    float* panel = nullptr;
     int64_t panel_row = -1;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / cols * kTileRows, j = t % cols * kTileCols;
@@ -127,11 +127,11 @@ void sgemm_tiled(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
       int64_t ld = lda;
       if (pack) {
         if (panel_row != i) {
-          panel.resize(static_cast<size_t>(k * mr));
-          for (int64_t r = 0; r < k; ++r) std::copy_n(at + r * lda, mr, panel.data() + r * mr);
+          panel = thread_scratch(Scratch::GemmPanel, k * mr);
+          for (int64_t r = 0; r < k; ++r) std::copy_n(at + r * lda, mr, panel + r * mr);
           panel_row = i;
         }
-        at = panel.data(), ld = mr;
+        at = panel, ld = mr;
       }
       const float* bt = tb ? b + j * ldb : b + j;
       gemm_here<float>(ta, tb, mr, std::min(kTileCols, n - j), k, alpha, at, ld, bt, ldb, beta, c + i * ldc + j, ldc);

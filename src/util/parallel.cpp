@@ -1,6 +1,7 @@
 #include "util/parallel.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -125,6 +126,13 @@ void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t,
 
 void parallel_chunks_indexed(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn) {
   parallel_chunks(n, grain, [&](int64_t b, int64_t e) { fn(b, e, t_worker); });
+}
+
+float* thread_scratch(Scratch slot, int64_t n) {
+  thread_local std::array<std::vector<float>, 3> buffers;
+  std::vector<float>& b = buffers.at(static_cast<size_t>(slot));
+  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  return b.data();
 }
 
 }  // namespace remat::detail

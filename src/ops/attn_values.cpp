@@ -26,9 +26,11 @@ void forward_by_head(const at::Tensor& probs, const at::Tensor& src, at::Tensor&
     float* v = detail::thread_scratch(detail::Scratch::Operand0, T * D);
     attention::pack_rows(x + b * sb + l.v_col + kv * D, st, T, D, v);
     for (int64_t g = 0; g < G; ++g)
-      for (int64_t r = 0; r < l.blocks(); ++r)
-        detail::sgemm(false, false, l.rows(r), D, l.cols(r), 1.0f, p + attention::matrix_offset(l, r, b, kv * G + g), l.cols(r), v, D, 0.0f,
+      for (int64_t r = 0; r < l.blocks(); ++r) {
+        const float* pr = p + attention::matrix_offset(l, r, b, kv * G + g);
+        detail::sgemm(false, false, l.rows(r), D, l.cols(r), 1.0f, pr, l.cols(r), v, D, 0.0f,
                       o + b * ob + l.first_row(r) * ot + (kv * G + g) * D, ot);
+      }
   });
 }
 
@@ -54,9 +56,9 @@ void backward_by_head(const at::Tensor& probs, at::Tensor& dprobs, const at::Ten
       const int64_t rows = l.rows(r), cols = l.cols(r);
       for (int64_t g = 0; g < G; ++g) {
         const float* dor = go + (g * T + l.first_row(r)) * D;
-        detail::sgemm(true, false, cols, D, rows, 1.0f, p + attention::matrix_offset(l, r, b, kv * G + g), cols, dor, D, 1.0f, dv, dt);
-        detail::sgemm(false, true, rows, cols, D, 1.0f, dor, D, v, D, 0.0f, dp + attention::matrix_offset(l, r, b, kv * G + g),
-                      cols);
+        const int64_t off = attention::matrix_offset(l, r, b, kv * G + g);  // P's and dP's matrix
+        detail::sgemm(true, false, cols, D, rows, 1.0f, p + off, cols, dor, D, 1.0f, dv, dt);
+        detail::sgemm(false, true, rows, cols, D, 1.0f, dor, D, v, D, 0.0f, dp + off, cols);
       }
     }
   });

@@ -55,7 +55,8 @@ void backward_by_head(const at::Tensor& src, const at::Tensor& dscores, at::Tens
     float* k = detail::thread_scratch(detail::Scratch::Operand0, T * D);
     float* q = detail::thread_scratch(detail::Scratch::Operand1, G * T * D);
     attention::pack_rows(x + b * sb + l.k_col + kv * D, st, T, D, k);
-    for (int64_t g = 0; g < G; ++g) attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q + g * T * D);
+    for (int64_t g = 0; g < G; ++g)
+      attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q + g * T * D);
     float* dk = dx + b * db + l.k_col + kv * D;
     for (int64_t r = 0; r < l.blocks(); ++r) {
       const int64_t rows = l.rows(r), cols = l.cols(r), first = l.first_row(r);

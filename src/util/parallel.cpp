@@ -129,7 +129,7 @@ void parallel_chunks_indexed(int64_t n, int64_t grain, const std::function<void(
 }
 
 float* thread_scratch(Scratch slot, int64_t n) {
-  thread_local std::array<std::vector<float>, 3> buffers;
+  thread_local std::array<std::vector<float>, static_cast<size_t>(Scratch::Count)> buffers;
   std::vector<float>& b = buffers.at(static_cast<size_t>(slot));
   if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
   return b.data();

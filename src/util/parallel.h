@@ -33,7 +33,7 @@ void parallel_chunks_indexed(int64_t n, int64_t grain,
                              const std::function<void(int64_t begin, int64_t end, int worker)>& fn);
 
 // Slots of thread_scratch. A task may use the operand slots while the GEMM it calls uses its own.
-enum class Scratch { Operand0, Operand1, GemmPanel };
+enum class Scratch { Operand0, Operand1, GemmPanel, Count };
 
 // A buffer of at least n floats of the calling thread's own, one per slot, its storage kept
 // between calls (outside the tensor accounting, like the GEMM library's own packing buffers;

@@ -7,6 +7,8 @@
 
 #include "ops/op_env.h"
 #include "remat/error.h"
+#include "remat/runtime.h"
+#include "util/parallel.h"
 
 namespace remat {
 
@@ -32,6 +34,10 @@ LayerPolicy policy_of(const BlockSpec& spec, const std::vector<bool>& saved) {
     if (!saved[t]) lp.tensors[t] = {Choice::Recompute, Strength::Prefer};
   return lp;
 }
+
+// Whether the kernel threads may poll through a pass: only when every GEMM and loop of the pass runs
+// on them, so that no BLAS or OpenMP thread needs the cores they hold (NOTE [Kernel threads awake]).
+bool pass_owns_the_cores() { return !gemm_uses_blas() && current_threads().aten == 1; }
 
 }  // namespace
 
@@ -66,6 +72,7 @@ at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, 
   for (size_t i = 0; i < inputs.size(); ++i) ctx.tensors[spec_.inputs[i]] = inputs[i];
 
   detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, nullptr, params, layer);
+  detail::KernelThreadsAwake awake(pass_owns_the_cores());
   for (const Step& step : s.forward) {
     if (step.kind == Step::Kind::Free) {
       ctx.tensors[step.index] = at::Tensor();
@@ -96,6 +103,7 @@ BlockExecutor::Grads BlockExecutor::backward(const at::Tensor& dy, at::TensorLis
   env.grads.assign(spec_.tensors.size(), at::Tensor());
   env.param_grads.assign(spec_.params.size(), at::Tensor());
   env.grads[spec_.output] = dy;
+  detail::KernelThreadsAwake awake(pass_owns_the_cores());
 
   for (const Step& step : s.backward) {
     switch (step.kind) {

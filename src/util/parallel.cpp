@@ -12,6 +12,13 @@ namespace remat::detail {
 
 namespace {
 
+// Spins one iteration of a wait loop, telling the CPU (and a hypervisor) that it is a wait.
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 thread_local bool t_inside = false;  // set while this thread runs chunks of a job
 thread_local int t_worker = 0;       // this thread's number in the pool: 0 for callers
 
@@ -19,13 +26,17 @@ class Pool {
  public:
   ~Pool() { resize(1); }
 
+  // NOTE [Kernel threads awake]: while awake() > 0, idle workers poll for the next job and the
+  // caller polls for the end of its job instead of both sleeping on a condition variable.
+  std::atomic<int>& awake() { return awake_; }
+
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   void resize(int threads) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
-      ++generation_;
+      posted_.store(++generation_, std::memory_order_release);
     }
     wake_.notify_all();
     for (std::thread& w : workers_) w.join();
@@ -53,10 +64,12 @@ class Pool {
       chunks_ = chunks;
       next_.store(0);
       done_ = 0;
-      ++generation_;
+      posted_.store(++generation_, std::memory_order_release);
     }
     wake_.notify_all();
     const int64_t mine = chunks_run();
+    while (awake_.load(std::memory_order_relaxed) > 0 && !(done_.load() + mine == chunks_ && active_.load() == 0))
+      relax();
     std::unique_lock<std::mutex> lock(mutex_);
     done_ += mine;
     // Every chunk done and every worker that joined gone: none can touch this job after we return.
@@ -78,6 +91,7 @@ class Pool {
   void work() {
     uint64_t seen = 0;
     for (;;) {
+      while (awake_.load(std::memory_order_relaxed) > 0 && posted_.load(std::memory_order_acquire) == seen) relax();
       {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return generation_ != seen; });
@@ -99,10 +113,13 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable wake_, finished_;
   uint64_t generation_ = 0;
+  std::atomic<uint64_t> posted_{0};  // generation_, readable without the mutex
+  std::atomic<int> awake_{0};
   bool stop_ = false;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, grain_ = 1, chunks_ = 0, done_ = 0;
-  int active_ = 0;  // workers inside the current job
+  int64_t n_ = 0, grain_ = 1, chunks_ = 0;
+  std::atomic<int64_t> done_{0};  // written under mutex_; read without it while polling
+  std::atomic<int> active_{0};    // workers inside the current job
   std::atomic<int64_t> next_{0};
 };
 
@@ -118,6 +135,14 @@ void set_kernel_threads(int threads) {
 }
 
 int kernel_threads() { return pool().threads(); }
+
+KernelThreadsAwake::KernelThreadsAwake(bool on) : on_(on) {
+  if (on_) pool().awake().fetch_add(1);
+}
+
+KernelThreadsAwake::~KernelThreadsAwake() {
+  if (on_) pool().awake().fetch_sub(1);
+}
 
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

@@ -22,6 +22,23 @@ namespace remat::detail {
 void set_kernel_threads(int threads);
 int kernel_threads();
 
+// While one of these is alive and `on` (on any thread), the pool's idle workers poll for the next
+// job, and a caller for the end of its job, instead of sleeping on a condition variable: for a run
+// of many short jobs, such as one executor pass, where waking a sleeping thread costs more than a
+// short job (on a VM, a halted virtual CPU waits for the host). Polling takes the workers' cores, so
+// keep it to runs in which nothing else (the BLAS's or OpenMP's threads) needs them. NOTE [Kernel
+// threads awake] in docs/design.md.
+class KernelThreadsAwake {
+ public:
+  explicit KernelThreadsAwake(bool on);
+  ~KernelThreadsAwake();
+  KernelThreadsAwake(const KernelThreadsAwake&) = delete;
+  KernelThreadsAwake& operator=(const KernelThreadsAwake&) = delete;
+
+ private:
+  bool on_;
+};
+
 // Calls fn(begin, end) for the chunks [0, grain), [grain, 2 grain), ... of [0, n), spread over the
 // pool, and returns when all are done. Runs inline when n <= grain, with one thread, or when
 // called from inside another parallel_chunks. fn must not throw.

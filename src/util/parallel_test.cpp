@@ -43,6 +43,22 @@ TEST(Parallel, NestedCallsRunInline) {
   EXPECT_EQ(total.load(), 800);
 }
 
+// With the threads kept awake, the caller polls for the end of its job instead of waiting on the
+// condition variable: it must still return only after every chunk has run, job after job.
+TEST(Parallel, AwakeJobsReturnOnlyWhenEveryChunkHasRun) {
+  const KernelThreads three(3);
+  const KernelThreadsAwake awake(true);
+  std::vector<std::atomic<int>> hits(8);
+  for (int job = 1; job <= 2000; ++job) {
+    parallel_chunks(8, 1, [&](int64_t b, int64_t) {
+      volatile int spin = 0;
+      for (int i = 0; i < 2000; ++i) spin = spin + 1;
+      hits[b]++;
+    });
+    for (const auto& h : hits) ASSERT_EQ(h.load(), job);
+  }
+}
+
 // The kernels split work into fixed chunks: one thread or two give the same bits.
 TEST(Parallel, KernelsGiveTheSameBitsOnOneThreadOrTwo) {
   const int64_t rows = 300, cols = 1000, n = rows * cols;  // several chunks, and a partial one

@@ -24,7 +24,7 @@ ThreadConfig default_threads();
 ThreadConfig parse_threads(std::string_view text);
 
 // Applies both settings to this process. remat's own pointwise kernels run on `blas` threads too,
-// from a pool whose idle threads sleep (src/parallel.h).
+// from a pool whose idle threads sleep, except through an engine pass (src/util/parallel.h).
 void apply_threads(const ThreadConfig& t);
 
 // "1/2".

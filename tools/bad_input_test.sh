@@ -19,12 +19,14 @@ printf 'tiny' > "$box/tiny.txt"
 mkdir "$box/folder" "$box/fifo_run" "$box/garbage" "$box/truncated"
 mkfifo "$box/fifo" "$box/fifo_run/state.bin"
 shape=(--layers 1 --dim 16 --heads 2 --batch 2 --seq 16)
-"$remat" train "${shape[@]}" --steps 2 --eval-every 0 --data "$box/text.txt" --threads 1/1 --save "$box/run" \
+"$remat" train "${shape[@]}" --steps 2 --eval-every 0 --data "$box/text.txt" --threads 1/1 --gemm onednn --save "$box/run" \
   >/dev/null 2>"$box/setup.err" || { echo "FAIL: setting up a train state: $(cat "$box/setup.err")"; exit 1; }
 rm "$box/setup.err"
 printf 'REMATTS1 this is not a train state' > "$box/garbage/state.bin"
 head -c 300 "$box/run/state.bin" > "$box/truncated/state.bin"
 echo '{"name": 5}' > "$box/device-type.json"
+echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/dev.json"
+ln "$box/keep.csv" "$box/hard.csv"
 echo '{' > "$box/device-syntax.json"
 
 # The sandbox as (type, path, inode; size and mtime but for folders, whose mtime a write check's
@@ -82,8 +84,8 @@ bad "unknown --arch 'gpt5'; allowed: seed, gpt2" bench "${tiny[@]}" --arch gpt5
 bad "unknown --engine 'gpu'; allowed: module, ops" bench "${tiny[@]}" --engine gpu
 bad "unknown --attention 'sdpa'" bench "${tiny[@]}" --attention sdpa
 bad "--attention takes one of math, flash here, got 'math,flash'" train --attention math,flash
-bad "--steps must be >= 1, got 0" bench "${tiny[@]}" --steps 0
-bad "--warmup must be >= 0, got -1" bench "${tiny[@]}" --warmup -1
+bad "--steps must be in 1..10000, got 0" bench "${tiny[@]}" --steps 0
+bad "--warmup must be in 0..10000, got -1" bench "${tiny[@]}" --warmup -1
 bad "--threads 'x'" bench "${tiny[@]}" --threads x
 bad "--threads '0/1': expected N or A/B with positive integers" bench "${tiny[@]}" --threads 0/1
 bad "--threads '999/1': at most" bench "${tiny[@]}" --threads 999/1
@@ -153,7 +155,7 @@ bad "cannot save a train state in 'keep.json': it is not a folder" train --save 
 bad "cannot save a train state in '/proc/nope'" train --save /proc/nope --data "$box/text.txt"
 # ---- training options ---------------------------------------------------------------------------
 bad "--steps must be >= 1, got 0" train --steps 0
-bad "--accum must be >= 1, got 0" train --accum 0
+bad "--accum must be in 1..65536, got 0" train --accum 0
 bad "--weight-decay must be a finite number >= 0, got nan" train --weight-decay nan --steps 1
 bad "--clip must be a finite number >= 0 (0 = off), got nan" train --clip nan --steps 1
 bad "--lr inf and --min-lr" train --lr inf --steps 1
@@ -195,6 +197,30 @@ bad "--tokens must be in 0..1000000" sample --load run --tokens 99999999999
 bad "--temperature must be > 0, got -1" sample --load run --temperature -1
 bad "--top-k must be in 0..256 (0 = all), got -2" sample --load run --top-k -2
 bad "--prompt was given an empty value" sample --load run --prompt ''
+# ---- what a command reads and writes: no output replaces an input, no saved run is restarted ------
+bad "--csv 'text.txt' is the same file as --data 'text.txt'" train --data text.txt --csv text.txt --steps 1
+bad "--json 'dev.json' is the same file as --device 'dev.json'" plan --model gpt3-175b --gpus 64 --device dev.json --json dev.json
+bad "--csv 'keep.json' is the same file as --json 'keep.json'" bench "${tiny[@]}" --json keep.json --csv keep.json
+bad "--csv 'run/state.bin' and --save 'run' overlap" train --save run --csv run/state.bin --data "$box/text.txt"
+bad "'run' holds a saved run; continue it with --resume run --save run" train --save run --data "$box/text.txt"
+bad "'hard.csv': it has 2 hard links" bench "${tiny[@]}" --csv hard.csv
+bad "--device 'fifo' is a FIFO; give a regular file" plan --model gpt3-175b --gpus 64 --device fifo
+bad "--gemm \"blas\" differs from the run saved in 'run' (\"onednn\")" train --resume run --gemm blas --data "$box/text.txt"
+RANK=0 bad "--nproc 2 starts its own ranks, but RANK=0 is set" train --nproc 2 --data "$box/text.txt"
+# ---- flags a device cannot honour, and work without bound ------------------------------------------
+bad "--budget 200GiB is more than device a100-80gb has" plan "${gpt3[@]}" --budget 200GiB
+bad "--tp is a GPU layout; --device cpu plans remat's own trainer" plan --device cpu --gpus 2 --tp 2 --layers 2 --dim 16 --heads 4 --seq 8
+bad "--pp is a GPU layout" plan --device cpu --gpus 2 --pp 2 --layers 2 --dim 16 --heads 4 --seq 8
+bad "--global-batch must be in 1..1048576" plan "${gpt3[@]}" --global-batch 1099511627776
+bad "--policies lists 'attn' twice" plan "${gpt3[@]}" --policies attn,attn
+bad "--policies lists 'full' twice" bench "${tiny[@]}" --policies full,none,full
+bad "--warmup must be in 0..10000, got 2000000000" bench "${tiny[@]}" --warmup 2000000000
+bad "--eval-batches must be in 1..65536, got 2000000000" train --eval-batches 2000000000 --data "$box/text.txt"
+bad "--accum must be in 1..65536, got 2000000000" train --accum 2000000000 --data "$box/text.txt"
+bad "unknown policy term 'attn\\nfull'" plan "${gpt3[@]}" --policies "$(printf 'attn\nfull')"
+# A kernel above this CPU's best (SIGILL at its first product if accepted).
+above=$(grep -qw avx512f /proc/cpuinfo || echo SkylakeX)
+if [ -n "$above" ]; then bad "--blas-kernel $above needs instructions this CPU lacks" bench "${tiny[@]}" --blas-kernel "$above"; fi
 
 if [ "$failures" -ne 0 ]; then echo "$failures of $cases bad-input cases failed"; exit 1; fi
 echo "$cases bad-input cases: each refused with exit 2 and one line, before any work, touching no file"

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "remat/error.h"
 #include "remat/policy.h"
+#include "util/paths.h"
 
 namespace remat::cli {
 
@@ -47,6 +48,12 @@ void check(BenchFlags& f) {
   o.warmup = f.warmup;
   o.seed = f.seed;
   if (!f.threads.empty()) o.threads = parse_threads(f.threads);
+  FileRoles files;
+  files.output("--json", f.json);
+  files.output("--csv", f.csv);
+  files.output("--markdown", f.markdown);
+  for (const std::string& c : f.charts) files.output("--chart", c);
+  files.check();
   for (const std::string& p : {f.json, f.csv, f.markdown})
     if (!p.empty()) check_writable(p);
   for (const std::string& c : f.charts) {

@@ -14,6 +14,7 @@
 #include "remat/planner.h"
 #include "remat/policy.h"
 #include "remat/units.h"
+#include "util/paths.h"
 
 namespace remat::cli {
 
@@ -129,15 +130,11 @@ int run_single(PlanFlags& f) {
 
 // ---- layouts of a multi-GPU run ------------------------------------------------------------------
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> v;
-  size_t start = 0;
-  for (size_t i = 0; i <= s.size(); ++i)
-    if (i == s.size() || s[i] == ',') {
-      if (i > start) v.push_back(s.substr(start, i - start));
-      start = i + 1;
-    }
-  return v;
+// A path rather than a preset or custom:... (parse_device's order).
+bool is_device_file(const std::string& text) {
+  for (const std::string& n : device_names())
+    if (text == n) return false;
+  return text.rfind("custom:", 0) != 0;
 }
 
 // "300B", "1.4T", "2e9": tokens to train on.
@@ -244,8 +241,9 @@ int run_layouts(PlanFlags& f) {
     opt.budget = b.bytes;
   }
   SearchSpace space;
-  space.policies = split_list(f.policies);
+  space.policies = split_policy_list(f.policies);
   if (space.policies.empty()) fail("--policies needs at least one policy, e.g. none,attn,full,auto");
+
   for (const std::string& p : space.policies)
     if (p != "auto") (void)Policy::parse(p);  // a bad one is refused before any work
   space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
@@ -258,8 +256,21 @@ int run_layouts(PlanFlags& f) {
       if (v < 1 || v > (1 << 20)) fail("{} must be in 1..1048576, got {}; leave it out to search", flag, v);
     }
   if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
+  FileRoles files;
+  if (is_device_file(f.device)) files.input("--device", f.device);
+  files.output("--json", f.json);
+  files.check();
   if (!f.json.empty()) check_writable(f.json);
+  if (f.device == "cpu")  // before parse_device, which calibrates this machine once
+    for (const char* flag : {"--tp", "--pp", "--vpp", "--sp"})
+      if (f.app->count(flag) > 0 && (std::string(flag) == "--sp" ? f.sp : f.app->get_option(flag)->as<int64_t>() > 1))
+        fail("{} is a GPU layout; --device cpu plans remat's own trainer (data parallel only): leave {} out, or plan "
+             "a GPU --device",
+             flag, flag);
   const Device device = parse_device(f.device);
+  if (opt.budget > device.memory)
+    fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, device.name,
+         bytes_str(device.memory));
   if (cfg.dtype == DType::F32) space.grad_bytes = 4;
   // The GPU count: given, or what explicit --tp --pp --dp make.
   space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);

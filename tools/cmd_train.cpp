@@ -15,6 +15,7 @@
 #include "remat/policy.h"
 #include "remat/runtime.h"
 #include "remat/units.h"
+#include "util/paths.h"
 
 namespace remat::cli {
 
@@ -59,7 +60,8 @@ int launch(TrainFlags& f) {
 }
 
 // This process launches the ranks (--nproc N, not itself a rank).
-bool launches(const TrainFlags& f) { return f.nproc > 1 && std::getenv("RANK") == nullptr && f.rank < 0; }
+// (Its ranks are started without --nproc.)
+bool launches(const TrainFlags& f) { return f.nproc > 1 && f.rank < 0; }
 
 // The flags as TrainOptions in f.o, checked: check_train_options, for the world the ranks will form
 // when this process launches them (once, here: each rank would refuse them again). A resumed run
@@ -98,6 +100,19 @@ void check(TrainFlags& f) {
     if (b.bytes <= 0) fail("--memory-limit takes a size such as 2GiB or 300MiB, got '{}'", f.memory_limit);
     f.o.memory_limit = b.bytes;
   }
+  if (f.nproc > 1 && f.rank < 0)
+    for (const char* var : {"RANK", "WORLD_SIZE"})
+      if (const char* v = std::getenv(var))
+        fail("--nproc {} starts its own ranks, but {}={} is set (this would be one rank of another launcher's run): "
+             "unset {}, or leave --nproc out",
+             f.nproc, var, v, var);
+  FileRoles files;
+  files.input("--data", f.o.data);
+  if (!FileRoles::same(f.resume, f.o.save_dir)) files.input("--resume", f.resume, /*folder=*/true);  // resumed in place
+  files.output("--save", f.o.save_dir, /*folder=*/true);
+  files.output("--csv", f.csv);
+  for (const std::string& c : f.charts) files.output("--chart", c);
+  files.check();
   if (!f.csv.empty()) check_writable(f.csv);
   for (const std::string& c : f.charts) {
     check_chart_path(c);
@@ -106,7 +121,7 @@ void check(TrainFlags& f) {
   if (launches(f)) {
     TrainOptions ranks = f.o;
     ranks.dist.world = f.nproc;
-    check_train_options(ranks);
+    check_train_options(ranks, f.resume);
   } else if (f.resume.empty()) {
     check_train_options(f.o);
   }
@@ -251,9 +266,13 @@ Command add_sample(CLI::App& parent) {
   a->add_option("--temperature", f->o.temperature, "> 0; lower is more conservative")->capture_default_str();
   a->add_option("--top-k", f->o.top_k, "sample from the k likeliest bytes; 0 = all")->capture_default_str();
   a->add_option("--seed", f->o.seed, "sampling seed")->check(seed_check())->capture_default_str();
-  return {a, [f] { check_sample_options(f->o); },
+  f->o.progress = [](int64_t done, int64_t total) { progress(fmt::format("sampling: {} of {} bytes", done, total)); };
+  return {a,
+          [f] { check_sample_options(f->o); },
           [f] {
-            fmt::print("{}\n", sample(f->load, f->o));
+            const std::string text = sample(f->load, f->o);
+            end_progress();
+            fmt::print("{}\n", text);
             return 0;
           }};
 }

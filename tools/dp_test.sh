@@ -73,10 +73,29 @@ took=$(( ($(date +%s%N) - start) / 1000000 ))
 [ "$rc" -ne 0 ] || fail "the launcher exited 0 after a rank was killed"
 [ "$took" -lt 10000 ] || fail "the launcher took $took ms to stop after a rank was killed"
 grep -q "remat: error: rank 1 (pid $victim) was killed by signal 9" "$tmp/kill.err" || fail "no line naming the lost rank: $(cat "$tmp/kill.err")"
+[ "$(grep -c '^remat: error:' "$tmp/kill.err")" -eq 1 ] || fail "the lost rank was reported in more than one line: $(cat "$tmp/kill.err")"
 step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 [ -n "$step" ] && [ "$step" -lt 300 ] || fail "the run finished (step $step) before kill -9"
 run resumed --steps 300 --nproc 2 --save "$tmp/run" --save-every 10 --resume "$tmp/run"
 [ "$(digest resumed)" = "$(digest straight)" ] || fail "killed at step $step and resumed: $(digest resumed), uninterrupted $(digest straight)"
+
+# kill -9 of the launcher: its ranks die with it (a parent-death signal); none is left training.
+"$remat" train "${args[@]}" --steps 3000 --nproc 2 > /dev/null 2>&1 &
+launcher=$!
+for _ in $(seq 1 500); do [ "$(pgrep -P "$launcher" | wc -l)" -eq 2 ] && break; sleep 0.01; done
+ranks=$(pgrep -P "$launcher")
+[ -n "$ranks" ] || fail "the launcher started no ranks"
+sleep 1
+kill -9 "$launcher"
+wait "$launcher" 2>/dev/null
+alive=1
+for _ in $(seq 1 500); do
+  alive=0
+  for r in $ranks; do kill -0 "$r" 2>/dev/null && alive=1; done
+  [ "$alive" -eq 0 ] && break
+  sleep 0.01
+done
+[ "$alive" -eq 0 ] || fail "ranks $(echo $ranks) outlived their launcher (kill -9)"
 
 "$remat" train "${args[@]}" --steps 300 --resume "$tmp/run" > /dev/null 2> "$tmp/world.err"
 rc=$?

@@ -48,6 +48,28 @@ std::string as_flags(const std::string& message) {
   return out;
 }
 
+// An error is one line: a newline or other control character in a value the user gave (a policy,
+// a path) is shown escaped.
+std::string one_line(const std::string& message) {
+  std::string out;
+  for (const char c : message) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    else out += c;
+  }
+  return out;
+}
+
+// What was printed reached stdout: a full disk or a closed pipe makes the command fail (exit 1), so
+// that `remat plan > plan.txt` never succeeds with the plan missing.
+int stdout_written(int code) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return code;
+  fmt::print(stderr, "remat: error: cannot write to standard output: {}\n", std::strerror(errno));
+  return code == 0 ? 1 : code;
+}
+
 // CLI11 reads an integer beyond int64's range as INT64_MAX, and the error then names that number:
 // refuse the text the user gave, as given.
 CLI::Validator fits_in_int64() {
@@ -80,6 +102,11 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
       std::string allowed = "auto, keep";
       for (const std::string& k : known) allowed += ", " + k;
       fmt::print(stderr, "remat: error: unknown --blas-kernel '{}'; allowed: {}\n", mode, allowed);
+      return 2;
+    }
+    if (!remat::blas::can_run(remat::blas::cpu_features(), mode)) {
+      fmt::print(stderr, "remat: error: --blas-kernel {} needs instructions this CPU lacks; its best is {}\n", mode,
+                 remat::blas::best_kernel(remat::blas::cpu_features()));
       return 2;
     }
   }
@@ -130,7 +157,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return fmt::format("remat: error: {} (see remat --help)\n", e.what());
+    return fmt::format("remat: error: {} (see remat --help)\n", one_line(e.what()));
   });
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
                                                      remat::cli::add_train(app, argc, argv), remat::cli::add_sample(app)};
@@ -149,7 +176,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return stdout_written(app.exit(e) == 0 ? 0 : 2);
   }
 
   // An option given an empty value ("--json ''", "--data ''") is a mistake, never a default.
@@ -175,17 +202,17 @@ int main(int argc, char** argv) {
       if (c.app->parsed() && c.check) c.check();  // bad flags are refused before a second start
     if (const int code = choose_blas_kernel(argv, blas_kernel, !plan || remat::gemm_uses_blas()); code >= 0) return code;
     for (const remat::cli::Command& c : commands)
-      if (c.app->parsed()) return c.run();
+      if (c.app->parsed()) return stdout_written(c.run());
   } catch (const remat::Error& e) {
     remat::cli::end_progress();
-    fmt::print(stderr, "remat: error: {}\n", as_flags(e.what()));
+    fmt::print(stderr, "remat: error: {}\n", one_line(as_flags(e.what())));
     return e.kind() == remat::Error::Kind::Usage ? 2 : 1;
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
     remat::cli::end_progress();
-    fmt::print(stderr, "remat: error: {}\n", what);
+    fmt::print(stderr, "remat: error: {}\n", one_line(what));
     return 1;
   }
-  return 0;
+  return stdout_written(0);
 }

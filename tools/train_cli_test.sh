@@ -25,6 +25,9 @@ wait "$pid" 2>/dev/null
 step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 [ -n "$step" ] && [ "$step" -lt 600 ] || fail "the run finished (step $step) before kill -9; the test needs a longer run"
 
+# A writer killed mid-save leaves its temporary file; the next start removes it.
+touch "$tmp/run/state.bin.tmp.999999"
+
 # Resumed with every flag left out, the run is the saved one: its banner shows the saved shape (not
 # the flags' defaults) and the step it continues from, and it ends at the same weights.
 cp -r "$tmp/run" "$tmp/copy"
@@ -37,6 +40,35 @@ grep -q "resuming the run saved in $tmp/copy at step $((step + 1))" "$tmp/bare.o
   || fail "resume: $(cat "$tmp/resumed.err")"
 got=$(sed -n 's/.*weights digest: //p' "$tmp/resumed.out")
 [ "$got" = "$want" ] || fail "killed at step $step and resumed: weights digest $got, uninterrupted $want"
+[ ! -e "$tmp/run/state.bin.tmp.999999" ] || fail "a stale temporary file in the run folder was left there"
+
+# The GEMM is part of the run: trained on the BLAS's GEMM, a resume without --gemm continues on it
+# (not on whatever --gemm auto picks now) and ends at the uninterrupted run's weights.
+blas=(--layers 2 --dim 32 --heads 4 --batch 4 --seq 32 --steps 200 --eval-every 0 --data "$tmp/text.txt" --threads 1/1)
+"$remat" train "${blas[@]}" --gemm blas > "$tmp/blas.out" 2> "$tmp/blas.err" || fail "blas run: $(cat "$tmp/blas.err")"
+"$remat" train "${blas[@]}" --gemm blas --save "$tmp/blasrun" --save-every 10 > /dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1 1000); do [ -f "$tmp/blasrun/state.bin" ] && break; sleep 0.01; done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+"$remat" train --resume "$tmp/blasrun" --gemm onednn --threads 1/1 > /dev/null 2> "$tmp/gemm.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q 'differs from the run saved in .* ("blas")' "$tmp/gemm.err" || fail "a resume with another --gemm: exit $rc, $(cat "$tmp/gemm.err")"
+"$remat" train --resume "$tmp/blasrun" --threads 1/1 > "$tmp/blasresumed.out" 2> "$tmp/blasresumed.err" ||
+  fail "resuming the blas run: $(cat "$tmp/blasresumed.err")"
+[ "$(sed -n 's/.*weights digest: //p' "$tmp/blasresumed.out")" = "$(sed -n 's/.*weights digest: //p' "$tmp/blas.out")" ] ||
+  fail "the blas run resumed without --gemm ended at other weights"
+
+# One writer per run folder: a second training saving into the folder of a running one is refused.
+"$remat" train "${args[@]}" --steps 100000 --save "$tmp/locked" > /dev/null 2>&1 &
+first=$!
+for _ in $(seq 1 500); do [ -d "$tmp/locked" ] && break; sleep 0.01; done
+sleep 0.5
+"$remat" train "${args[@]}" --save "$tmp/locked" > /dev/null 2> "$tmp/lock.err"
+rc=$?
+kill -9 "$first" 2>/dev/null
+wait "$first" 2>/dev/null
+[ $rc -eq 2 ] && grep -q "another remat train is saving into" "$tmp/lock.err" || fail "a second writer: exit $rc, $(cat "$tmp/lock.err")"
 
 # A damaged state is refused with one line and exit code 2.
 printf 'garbage' | dd of="$tmp/run/state.bin" bs=1 seek=200 conv=notrunc 2>/dev/null

@@ -32,6 +32,10 @@ const std::vector<std::string>& known_kernels();
 // Prescott.
 std::string best_kernel(const CpuFeatures& cpu);
 
+// True when `cpu` has the instructions `kernel` uses (a known kernel at or below best_kernel(cpu));
+// a kernel above it dies of SIGILL at its first product.
+bool can_run(const CpuFeatures& cpu, std::string_view kernel);
+
 // The kernel `auto` moves to: best_kernel(cpu) when `loaded` is a known kernel below it (an older
 // instruction set), else "" (keep what OpenBLAS chose: it knows this CPU).
 std::string upgrade(const CpuFeatures& cpu, std::string_view loaded);

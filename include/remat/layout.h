@@ -56,6 +56,11 @@ std::vector<std::string> device_names();
 // Throws remat::Error naming the bad part and what is allowed.
 Device parse_device(std::string_view text);
 
+// Bounds on what one plan is asked: sequences per optimizer step (Llama 3 405B trained with 2048
+// of 8192 tokens; a million is far past any run) and policies tried in one search.
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
+inline constexpr size_t kMaxPolicies = 64;
+
 // How one training step is laid out over tp x pp x dp devices. Ranks are ordered tensor-parallel
 // first (inside a node), then data-parallel, then pipeline (Megatron-LM's order).
 struct Layout {

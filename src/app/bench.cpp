@@ -195,9 +195,16 @@ std::vector<AttentionImpl> bench_attentions(const BenchOptions& o) {
 
 void check_bench_options(const BenchOptions& o) {
   validate(o.model);
-  if (o.steps < 1) fail("BenchOptions.steps must be >= 1, got {}", o.steps);
-  if (o.warmup < 0) fail("BenchOptions.warmup must be >= 0, got {}", o.warmup);
+  // Every timed and warm-up step runs every row: bounds far past what a comparison needs.
+  constexpr int kMostSteps = 10000, kMostPolicies = 64;
+  if (o.steps < 1 || o.steps > kMostSteps) fail("BenchOptions.steps must be in 1..{}, got {}", kMostSteps, o.steps);
+  if (o.warmup < 0 || o.warmup > kMostSteps) fail("BenchOptions.warmup must be in 0..{}, got {}", kMostSteps, o.warmup);
   if (o.policies.empty()) fail("BenchOptions.policies is empty; give at least one policy, e.g. none,full");
+  if (o.policies.size() > kMostPolicies)
+    fail("BenchOptions.policies lists {} policies; give at most {}", o.policies.size(), kMostPolicies);
+  for (size_t i = 0; i < o.policies.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (o.policies[i] == o.policies[j]) fail("BenchOptions.policies lists '{}' twice", o.policies[i]);
   if (o.engines.empty()) fail("BenchOptions.engines is empty; allowed: module, ops");
   const bool has_ops = runs_engine(o, Engine::Ops), has_module = runs_engine(o, Engine::Module);
   const std::vector<AttentionImpl> attentions = bench_attentions(o);

@@ -1,14 +1,20 @@
 #include "app/launch.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -43,22 +49,102 @@ std::string how_it_ended(int status) {
   return fmt::format("exited with code {}", WEXITSTATUS(status));
 }
 
+// The signal that asked the launcher to stop (SIGINT, SIGTERM, SIGHUP), or 0.
+volatile std::sig_atomic_t g_stop = 0;
+void on_stop(int sig) { g_stop = sig; }
+
+// One rank as the launcher sees it: its process, its stderr, and how it ended.
+struct Rank {
+  pid_t pid = -1;
+  int err = -1;            // read end of its stderr
+  std::string partial;     // a line not yet ended
+  std::string last_error;  // its last "remat: error: ..." line, held back until its end is known
+  std::optional<int> status;
+};
+
+constexpr std::string_view kError = "remat: error: ";
+
+// Passes a rank's finished lines on; its error lines are kept (the launcher reports one failure).
+void forward(Rank& r, bool quiet) {
+  size_t at;
+  while ((at = r.partial.find('\n')) != std::string::npos) {
+    std::string line = r.partial.substr(0, at);
+    r.partial.erase(0, at + 1);
+    if (line.rfind(kError, 0) == 0) r.last_error = line.substr(kError.size());
+    else if (!quiet) fmt::print(stderr, "{}\n", line);
+  }
+}
+
+// Reads what the ranks wrote to stderr for up to `ms`.
+void drain(std::vector<Rank>& ranks, int ms, bool quiet) {
+  std::vector<pollfd> fds;
+  for (const Rank& r : ranks)
+    if (r.err >= 0) fds.push_back({r.err, POLLIN, 0});
+  if (fds.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return;
+  }
+  if (::poll(fds.data(), fds.size(), ms) <= 0) return;
+  for (const pollfd& p : fds) {
+    if (!(p.revents & (POLLIN | POLLHUP))) continue;
+    for (Rank& r : ranks) {
+      if (r.err != p.fd) continue;
+      char buf[4096];
+      const ssize_t n = ::read(r.err, buf, sizeof buf);
+      if (n > 0) {
+        r.partial.append(buf, static_cast<size_t>(n));
+        forward(r, quiet);
+      } else if (n == 0 || errno != EINTR) {
+        ::close(r.err);
+        r.err = -1;
+      }
+    }
+  }
+}
+
+// Collects the ends of ranks that have ended; returns how many are still running.
+int reap(std::vector<Rank>& ranks) {
+  int running = 0;
+  for (Rank& r : ranks) {
+    if (r.status) continue;
+    int status = 0;
+    if (::waitpid(r.pid, &status, WNOHANG) == r.pid) r.status = status;
+    else ++running;
+  }
+  return running;
+}
+
+bool failed(const Rank& r) { return r.status && !(WIFEXITED(*r.status) && WEXITSTATUS(*r.status) == 0); }
+
 }  // namespace
 
 int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::seconds grace,
                  const std::function<void(const std::string&)>& say) {
   const int port = free_port();
-  std::vector<pid_t> pids(nproc, -1);
-  for (int r = 0; r < nproc; ++r) {
+  const pid_t launcher = ::getpid();
+  std::vector<Rank> ranks(nproc);
+  auto kill_all = [&](int sig) {
+    for (const Rank& r : ranks)
+      if (r.pid > 0 && !r.status) ::kill(r.pid, sig);
+  };
+  for (int k = 0; k < nproc; ++k) {
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+      kill_all(SIGKILL);
+      fail_runtime("cannot start rank {}: {}", k, std::strerror(errno));
+    }
     const pid_t pid = ::fork();
     if (pid < 0) {
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, SIGKILL);
-      fail_runtime("cannot start rank {}: {}", r, std::strerror(errno));
+      kill_all(SIGKILL);
+      fail_runtime("cannot start rank {}: {}", k, std::strerror(errno));
     }
     if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      // A rank never outlives its launcher, however the launcher ends (kill -9 included).
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(1);
+      ::dup2(pipe_fds[1], STDERR_FILENO);
+      ::setenv("RANK", std::to_string(k).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(k).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
@@ -68,44 +154,64 @@ int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::s
       ::execv("/proc/self/exe", argv.data());
       ::_exit(127);
     }
-    pids[r] = pid;
+    ::close(pipe_fds[1]);
+    ranks[k].pid = pid;
+    ranks[k].err = pipe_fds[0];
   }
-  int code = 0;
-  for (int left = nproc; left > 0;) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
+  // Ctrl-C, kill and a closed terminal stop the ranks too; the last saved state stays as it was.
+  struct sigaction sa {}, old_int{}, old_term{}, old_hup{};
+  sa.sa_handler = on_stop;
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+  ::sigaction(SIGHUP, &sa, &old_hup);
+
+  int running = nproc;
+  while (running > 0 && !g_stop) {
+    drain(ranks, 50, false);
+    running = reap(ranks);
+    bool any = false;
+    for (const Rank& r : ranks) any = any || failed(r);
+    if (any) break;
+  }
+  const int stop = g_stop;
+  // A failure or a signal: stop the others, quietly (their errors are the failure's echo).
+  if (running > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the failure's cause may end a moment later
+    running = reap(ranks);
+    kill_all(stop != 0 ? stop : SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    while ((running = reap(ranks)) > 0 && std::chrono::steady_clock::now() < deadline) drain(ranks, 20, true);
+    kill_all(SIGKILL);
+    for (Rank& r : ranks)
+      if (!r.status) {
+        int status = 0;
+        ::waitpid(r.pid, &status, 0);
+        r.status = status;
+      }
+  }
+  const bool quiet = stop != 0 || std::any_of(ranks.begin(), ranks.end(), failed);
+  while (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.err >= 0; })) drain(ranks, 20, quiet);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
+  if (stop != 0) {
+    say(fmt::format("stopped by signal {} ({}); the {} ranks were stopped with it", stop, strsignal(stop), nproc));
+    return 128 + stop;
+  }
+  // The cause: a rank killed by a signal (the others' errors are its echo), else the first that failed.
+  const Rank* cause = nullptr;
+  for (const Rank& r : ranks)
+    if (failed(r) && WIFSIGNALED(*r.status) && WTERMSIG(*r.status) != SIGTERM) {
+      cause = &r;
       break;
     }
-    int r = 0;
-    while (r < nproc && pids[r] != pid) ++r;
-    if (r == nproc) continue;
-    pids[r] = -1;
-    --left;
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (ok || code != 0) continue;
-    code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-    if (left == 0) break;
-    say(fmt::format("rank {} (pid {}) {}; stopping the other {} rank(s)", r, pid, how_it_ended(status), left));
-    for (pid_t p : pids)
-      if (p > 0) ::kill(p, SIGTERM);
-    // Give them `grace` to go, then make sure.
-    const auto deadline = std::chrono::steady_clock::now() + grace;
-    while (left > 0 && std::chrono::steady_clock::now() < deadline) {
-      const pid_t done = ::waitpid(-1, &status, WNOHANG);
-      if (done > 0) {
-        for (pid_t& p : pids)
-          if (p == done) p = -1;
-        --left;
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    for (pid_t p : pids)
-      if (p > 0) ::kill(p, SIGKILL);
-  }
-  return code;
+  for (const Rank& r : ranks)
+    if (cause == nullptr && failed(r) && !(WIFSIGNALED(*r.status) && WTERMSIG(*r.status) == SIGTERM)) cause = &r;
+  if (cause == nullptr) return 0;
+  const int k = static_cast<int>(cause - ranks.data());
+  say(fmt::format("rank {} (pid {}) {}{}; the other {} rank(s) were stopped", k, cause->pid, how_it_ended(*cause->status),
+                  cause->last_error.empty() ? "" : ": " + cause->last_error, nproc - 1));
+  return WIFEXITED(*cause->status) ? WEXITSTATUS(*cause->status) : 1;
 }
 
 }  // namespace remat

@@ -1,5 +1,6 @@
 // remat sample: text from a trained model's saved weights.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -50,6 +51,8 @@ std::string sample(const std::string& dir, const SampleOptions& o) {
   std::mt19937_64 rng(o.seed);
   std::string text = o.prompt.empty() ? std::string("\n") : o.prompt;
   const int64_t seq = t.model.seq;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point next = Clock::now() + std::chrono::seconds(1);
   for (int64_t n = 0; n < o.tokens; ++n) {
     // The last `seq` bytes, left-aligned; causal attention makes the padding after them irrelevant.
     const int64_t len = std::min<int64_t>(seq, static_cast<int64_t>(text.size()));
@@ -57,8 +60,8 @@ std::string sample(const std::string& dir, const SampleOptions& o) {
     for (int64_t i = 0; i < len; ++i)
       x[0][i] = static_cast<int64_t>(static_cast<unsigned char>(text[text.size() - len + i]));
     const at::Tensor logits = model->logits(x)[0][len - 1].to(at::kDouble) / o.temperature;
-    std::vector<double> w(256);
-    for (int64_t v = 0; v < 256; ++v) w[v] = logits[v].item<double>();
+    const at::Tensor row = logits.contiguous();
+    std::vector<double> w(row.data_ptr<double>(), row.data_ptr<double>() + 256);
     if (o.top_k > 0) {
       std::vector<double> sorted = w;
       std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
@@ -70,6 +73,10 @@ std::string sample(const std::string& dir, const SampleOptions& o) {
     for (double& v : w) v = std::exp(v - mx);
     std::discrete_distribution<int> pick(w.begin(), w.end());
     text += static_cast<char>(pick(rng));
+    if (o.progress && Clock::now() >= next) {
+      o.progress(n + 1, o.tokens);
+      next = Clock::now() + std::chrono::seconds(1);
+    }
   }
   return text;
 }

@@ -17,6 +17,7 @@
 #include "app/corpus.h"
 #include "app/report.h"
 #include "app/train_state.h"
+#include "remat/blas_kernel.h"
 #include "remat/data_parallel.h"
 #include "remat/error.h"
 #include "remat/memory.h"
@@ -49,7 +50,9 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
           {"val-fraction", o.val_fraction}, {"seed", o.seed}, {"data", corpus_id},
           {"policy", o.policy}, {"eval-every", o.eval_every}, {"eval-batches", o.eval_batches},
           {"save-every", o.save_every}, {"nproc", o.dist.world}, {"zero", o.zero},
-          {"bucket-mb", static_cast<double>(o.bucket_bytes) / (1 << 20)}, {"aten-threads", o.threads.aten}};
+          {"bucket-mb", static_cast<double>(o.bucket_bytes) / (1 << 20)}, {"aten-threads", o.threads.aten},
+          {"gemm", gemm_uses_blas() ? "blas" : "onednn"},
+          {"blas-kernel", blas::loaded_kernel()}};
 }
 
 // Options that may change when resuming: they affect memory, time or bookkeeping, not the weights.
@@ -57,6 +60,25 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
 bool may_change(const std::string& key) {
   return key == "policy" || key == "eval-every" || key == "eval-batches" || key == "save-every" || key == "zero" ||
          key == "bucket-mb";
+}
+
+// A resumed run continues bitwise only on the arithmetic it started with. Measured on 30 steps of
+// a small model: the ATen thread count changes the weights (some gradients are summed in its
+// order), the engine's GEMM does, and OpenBLAS's kernel does when the GEMM is the BLAS; the BLAS
+// thread count does not (the engine's tiles never depend on it). A GEMM chosen by measurement
+// (--gemm auto) is taken over from the saved run; anything else that differs is refused with the
+// flag that restores it.
+void check_same_arithmetic(const Json& was, const TrainOptions& o, const std::string& dir) {
+  if (was.contains("aten-threads") && was.at("aten-threads").get<int>() != o.threads.aten)
+    fail("the run in '{}' was trained with {} ATen thread(s); resume it with --threads {}/{} (its gradients are "
+         "summed in that order)",
+         dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), o.threads.blas);
+  // (An explicit --gemm that differs was refused with the other flags that change the trajectory.)
+  if (was.contains("gemm") && was.at("gemm").get<std::string>() != (gemm_uses_blas() ? "blas" : "onednn"))
+    set_gemm(parse_gemm(was.at("gemm").get<std::string>()));
+  if (gemm_uses_blas() && was.contains("blas-kernel") && was.at("blas-kernel").get<std::string>() != blas::loaded_kernel())
+    fail("the run in '{}' was trained on OpenBLAS kernel {}; resume it with --blas-kernel {} (this process runs {})",
+         dir, was.at("blas-kernel").get<std::string>(), was.at("blas-kernel").get<std::string>(), blas::loaded_kernel());
 }
 
 }  // namespace
@@ -81,13 +103,13 @@ uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro) {
   return (z ^ (z >> 31)) & 0x7fffffffffffffffULL;  // at::manual_seed takes it as signed
 }
 
-void check_train_options(const TrainOptions& o) {
+void check_train_options(const TrainOptions& o, const std::string& resume_dir) {
   validate(o.model);
   if (make_model(o.model).stem.tensors.empty())
     fail("remat train trains token models (gpt2, llama) on bytes; ModelConfig.arch {} takes float data", o.model.arch);
   static_cast<void>(Policy::parse(o.policy));  // syntax only: a budget is planned once the corpus is loaded
   if (o.steps < 1) fail("--steps must be >= 1, got {}", o.steps);
-  if (o.accum < 1) fail("--accum must be >= 1, got {}", o.accum);
+  if (o.accum < 1 || o.accum > kMaxAccum) fail("--accum must be in 1..{}, got {}", kMaxAccum, o.accum);
   // Written as !(x >= 0) so that NaN is refused too.
   if (!(o.lr > 0) || !std::isfinite(o.lr) || !(o.min_lr >= 0) || o.min_lr > o.lr)
     fail("--lr {} and --min-lr {} need 0 <= min-lr <= lr, lr > 0 and finite", o.lr, o.min_lr);
@@ -95,14 +117,16 @@ void check_train_options(const TrainOptions& o) {
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     fail("--weight-decay must be a finite number >= 0, got {}", o.weight_decay);
   if (!(o.clip >= 0) || !std::isfinite(o.clip)) fail("--clip must be a finite number >= 0 (0 = off), got {}", o.clip);
-  if (o.eval_every < 0 || o.eval_batches < 1) fail("--eval-every must be >= 0 and --eval-batches >= 1");
+  if (o.eval_every < 0) fail("--eval-every must be >= 0, got {}", o.eval_every);
+  if (o.eval_batches < 1 || o.eval_batches > kMaxEvalBatches)
+    fail("--eval-batches must be in 1..{}, got {}", kMaxEvalBatches, o.eval_batches);
   if (o.save_every < 0) fail("--save-every must be >= 0, got {}", o.save_every);
   if (!(o.val_fraction > 0 && o.val_fraction < 0.5)) fail("--val-fraction must be in (0, 0.5), got {}", o.val_fraction);
   validate(o.dist);
   if (o.zero != 0 && o.zero != 1) fail("--zero must be 0 or 1 (ZeRO-1 shards the Adam moments), got {}", o.zero);
   if (o.zero == 1 && o.dist.world == 1) fail("--zero 1 shards the Adam moments over ranks; give --nproc 2 or more");
   if (o.bucket_bytes <= 0) fail("--bucket-mb must be positive, got {} bytes", o.bucket_bytes);
-  if (!o.save_dir.empty() && o.dist.rank == 0) check_state_dir(o.save_dir);
+  if (!o.save_dir.empty() && o.dist.rank == 0) check_state_dir(o.save_dir, resume_dir);
 }
 
 namespace {
@@ -319,12 +343,9 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     if (world != r.o.dist.world)
       fail("the run in '{}' was trained on {} process(es); resume it with --nproc {} (this is {})", resume_dir, world,
            world, r.o.dist.world);
-    if (was.contains("aten-threads") && was.at("aten-threads").get<int>() != r.o.threads.aten)
-      fail("the run in '{}' was trained with {} ATen thread(s); resume it with --threads {}/{} (its gradients are "
-           "summed in that order)",
-           resume_dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), r.o.threads.blas);
+    check_same_arithmetic(was, r.o, resume_dir);
   }
-  check_train_options(r.o);
+  check_train_options(r.o, resume_dir);
   apply_threads(r.o.threads);
   r.corpus = load_corpus(r.o.data, r.o.val_fraction, r.o.model.seq);
   if (saved && saved->header.at("options").at("data").get<std::string>() != r.corpus.id)
@@ -392,6 +413,12 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     if (r.step >= r.o.steps) fail("the run in '{}' already finished its {} steps", resume_dir, r.o.steps);
   }
 
+  // One writer per run folder; a run saved there since the checks above is not written over.
+  std::optional<RunLock> lock;
+  if (!r.o.save_dir.empty() && r.leader()) {
+    lock.emplace(r.o.save_dir);
+    check_state_dir(r.o.save_dir, resume_dir);
+  }
   if (r.o.started && r.leader()) r.o.started(r.o, r.step);
 
   TrainResult result;

@@ -103,10 +103,14 @@ struct TrainResult {
 };
 
 // Throws remat::Error naming the first bad option (a count, a rate, a policy that does not parse, a
-// float-data arch, a ZeRO stage for the world size, a --save folder this process cannot write:
-// checked before any step). train() calls it; the CLI also calls it before it may re-execute
+// float-data arch, a ZeRO stage for the world size, a --save folder this process cannot write or
+// that holds another saved run than `resume_dir`: checked before any step). train() calls it; the CLI also calls it before it may re-execute
 // itself for the BLAS kernel.
-void check_train_options(const TrainOptions& options);
+void check_train_options(const TrainOptions& options, const std::string& resume_dir = "");
+
+// Bounds on counts that multiply a step's work: micro-batches per step and validation batches.
+inline constexpr int64_t kMaxAccum = 65536;
+inline constexpr int64_t kMaxEvalBatches = 65536;
 
 // Runs training, or continues the run saved in `resume_dir`. When resuming, the saved options
 // are used; `explicit_flags` names the options the user gave on the command line ("dim", "lr"), and
@@ -133,6 +137,8 @@ struct SampleOptions {
   double temperature = 0.8;     // > 0
   int64_t top_k = 40;           // 0 = all 256
   uint64_t seed = 1;
+  // Called about once a second with the bytes generated so far and the total; may be empty.
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 // Throws remat::Error naming the first bad option (temperature, top-k, tokens); sample() calls it.

@@ -1,6 +1,7 @@
 #include "app/train_state.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,12 +62,15 @@ const at::Tensor& TrainState::tensor(const std::string& name) const {
   fail("train state has no tensor '{}'; it was written by another model or version", name);
 }
 
-void check_state_dir(const std::string& dir) {
+void check_state_dir(const std::string& dir, const std::string& resume_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (dir.empty()) fail("the train state folder is empty; give a folder name");
   const fs::path p(dir);
   if (fs::exists(p, ec) && !fs::is_directory(p, ec)) fail("cannot save a train state in '{}': it is not a folder", dir);
+  const bool resumes_here = !resume_dir.empty() && fs::equivalent(p, fs::path(resume_dir), ec);
+  if (fs::exists(path_of(dir), ec) && !resumes_here)
+    fail("'{}' holds a saved run; continue it with --resume {} --save {}, or --save to a new folder", dir, dir, dir);
   // Create what is missing, try the file, and remove what was created, deepest first.
   std::vector<fs::path> created;
   for (fs::path at = fs::absolute(p, ec); !at.empty() && !fs::exists(at, ec); at = at.parent_path()) {
@@ -120,6 +124,29 @@ void save_train_state(const std::string& dir, const TrainState& state) {
     ::fsync(fd);
     ::close(fd);
   }
+}
+
+RunLock::RunLock(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail_runtime("cannot create '{}': {}", dir, ec.message());
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) fail_runtime("cannot open the run folder '{}': {}", dir, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK) fail("another remat train is saving into '{}'; wait for it to end or --save elsewhere", dir);
+    fail_runtime("cannot lock the run folder '{}': {}", dir, std::strerror(err));
+  }
+  // A writer killed mid-save leaves "state.bin.tmp.PID" (write_file_atomic); no writer is alive now.
+  const std::string stale = "state.bin.tmp.";
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(stale, 0) == 0) std::filesystem::remove(e.path(), ec);
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the lock
 }
 
 // Every field of the file is untrusted: offsets, sizes and shapes are checked against the file

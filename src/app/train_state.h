@@ -29,8 +29,24 @@ struct TrainState {
 void save_train_state(const std::string& dir, const TrainState& state);
 
 // Throws a usage remat::Error naming `dir` unless save_train_state(dir, ...) could write there: the
-// folder exists and takes a new file, or it can be created. Creates nothing that outlives the call.
-void check_state_dir(const std::string& dir);
+// folder exists and takes a new file, or it can be created. A folder that already holds a saved
+// run is refused unless that run is the one being resumed (`resume_dir` names the same folder):
+// a new run never writes over an unfinished one. Creates nothing that outlives the call.
+void check_state_dir(const std::string& dir, const std::string& resume_dir = "");
+
+// While alive, this process is the one writer of the run folder `dir` (created if missing): an
+// advisory lock (flock) that a second `remat train` saving there is refused by, naming the folder.
+// Temporary files a killed writer left in the folder are removed once the lock is held.
+class RunLock {
+ public:
+  explicit RunLock(const std::string& dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // Reads DIR/state.bin. Throws remat::Error (usage kind) for a missing, truncated or corrupt file,
 // or an unknown format version, naming the file and what is wrong.

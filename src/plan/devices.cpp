@@ -1,11 +1,13 @@
 // Devices for planning: vendor figures of the common training GPUs, this machine's CPU, and any
 // other as custom:... or a JSON file.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "remat/error.h"
@@ -13,12 +15,14 @@
 #include "remat/policy.h"
 #include "remat/runtime.h"
 #include "remat/units.h"
+#include "util/paths.h"
 
 namespace remat {
 
 namespace {
 
 constexpr int64_t MiB = int64_t{1} << 20;
+constexpr int64_t kMaxDeviceFile = MiB;  // a device's JSON is a few hundred bytes
 
 // Memory is the total the driver reports (nvidia-smi, MiB); rates are the dense peaks of the SXM
 // parts' data sheets; links are NVLink per direction and one InfiniBand port per GPU (DGX).
@@ -98,15 +102,17 @@ Device custom(std::string_view text) {
 }
 
 Device from_file(std::string_view path) {
-  std::ifstream in{std::string(path)};
-  if (!in) fail("--device '{}' is neither a preset ({}), custom:..., nor a readable JSON file", path, [] {
-    std::string s;
-    for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }());
+  struct stat st;
+  if (::stat(std::string(path).c_str(), &st) != 0)
+    fail("--device '{}' is neither a preset ({}), custom:..., nor a readable JSON file", path, [] {
+      std::string s;
+      for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
+      return s;
+    }());
+  const std::string text = read_regular_file("--device", std::string(path), kMaxDeviceFile);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail("--device file '{}' is not JSON: {}", path, e.what());
   }
@@ -146,6 +152,13 @@ Device from_file(std::string_view path) {
   } catch (const nlohmann::json::exception& e) {
     fail("--device file '{}': a field has the wrong type ({})", path, e.what());
   }
+  // Rates left out get the assumptions custom: states, named in the plan's header.
+  std::vector<std::string> assumed;
+  if (!(d.fp32_tflops > 0) && d.bf16_tflops > 0) d.fp32_tflops = d.bf16_tflops / 16, assumed.push_back("fp32 = bf16 / 16");
+  if (!(d.intra_gbps > 0) && d.hbm_gbps > 0) d.intra_gbps = d.hbm_gbps / 8, assumed.push_back("intra_gbps = hbm_gbps / 8");
+  if (!(d.inter_gbps > 0) && d.intra_gbps > 0)
+    d.inter_gbps = d.intra_gbps / 8, assumed.push_back("inter_gbps = intra_gbps / 8");
+  if (!assumed.empty()) d.source += fmt::format(" (not in the file, assumed: {})", fmt::join(assumed, ", "));
   check(d, path);
   return d;
 }

@@ -36,7 +36,8 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   positive("vpp", l.vpp);
   positive("dp", l.dp);
   positive("micro_batch", l.micro_batch);
-  if (l.global_batch < 0) fail("Layout.global_batch must be >= 0 (0 = micro_batch * dp), got {}", l.global_batch);
+  if (l.global_batch < 0 || l.global_batch > kMaxGlobalBatch)
+    fail("Layout.global_batch must be in 0..{} (0 = micro_batch * dp), got {}", kMaxGlobalBatch, l.global_batch);
   if (l.zero < 0 || l.zero > 3) fail("Layout.zero must be 0, 1, 2 or 3, got {}", l.zero);
   if (l.grad_bytes != 2 && l.grad_bytes != 4)
     fail("Layout.grad_bytes must be 4 (fp32 gradient buffers) or 2 (fp16/bf16), got {}", l.grad_bytes);
@@ -479,7 +480,13 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
     if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 1..{} (0: searched), got {}", name, kMostGpus, v);
   if (space.zero_fixed < -1 || space.zero_fixed > 3)
     fail("SearchSpace.zero must be a ZeRO stage 0..3, got {}", space.zero_fixed);
-  if (space.global_batch < 1) fail("SearchSpace.global_batch must be a positive integer, got {}", space.global_batch);
+  if (space.global_batch < 1 || space.global_batch > kMaxGlobalBatch)
+    fail("SearchSpace.global_batch must be in 1..{} sequences per step, got {}", kMaxGlobalBatch, space.global_batch);
+  if (space.policies.empty() || space.policies.size() > kMaxPolicies)
+    fail("SearchSpace.policies lists {} policies; give 1..{}", space.policies.size(), kMaxPolicies);
+  for (size_t i = 0; i < space.policies.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (space.policies[i] == space.policies[j]) fail("SearchSpace.policies lists '{}' twice", space.policies[i]);
   if (top < 1) fail("search_layouts: top must be >= 1, got {}", top);
   Evaluator e(cfg, device, options);
   SearchResult res;

@@ -280,6 +280,23 @@ std::vector<PipelineStep> pipeline_order(int stages, int stage, int chunks, int 
   return order;
 }
 
+namespace {
+
+// The micro-batch count whose pipeline order reaches the same levels as `micro`'s: in the steady
+// state of 1F1B each forward of one chunk is paired with a backward, and the chunks cycle with a
+// period of stages x chunks virtual micro-batches, every period returning to the level it began
+// at. Whole periods past the second are left out (keeping the count modulo the period, so the
+// cool-down runs the same chunks): a step of a million micro-batches folds in a few hundred.
+int periodic_micro(int stages, int stage, int chunks, int micro) {
+  const int64_t total = int64_t{micro} * chunks;
+  const int64_t warmup = std::min<int64_t>(total, chunks == 1 ? stages - stage - 1 : (stages - stage - 1) * 2 + (chunks - 1) * stages);
+  const int64_t period = int64_t{stages} * chunks, steady = total - warmup;
+  if (steady < 2 * period) return micro;
+  return micro - static_cast<int>((steady / period - 1) * stages);
+}
+
+}  // namespace
+
 StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out, const StepShape& shape) {
   if (plan.chunk > 0)
     fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
@@ -436,7 +453,8 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
     }
     int64_t level = 0, highest = 0;
     Where at;
-    for (const PipelineStep& e : pipeline_order(shape.stages, shape.stage, shape.chunks, shape.micro)) {
+    for (const PipelineStep& e : pipeline_order(shape.stages, shape.stage, shape.chunks,
+                                                periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro))) {
       const Pass& p = e.forward ? fwd[e.chunk] : bwd[e.chunk];
       if (level + p.height > highest) highest = level + p.height, at = p.at;
       level += p.delta;

@@ -196,6 +196,30 @@ TEST(Calibration, IsMeasuredOnceAndReused) {
   std::filesystem::remove_all(dir);
 }
 
+// A cached op profile anyone edited (its op list emptied, a negative time) is measured again, with
+// a note in the costs' source; it is never used as it is.
+TEST(Calibration, AnEditedProfileIsMeasuredAgain) {
+  const std::string dir = testing::temp_dir("costs");
+  ModelConfig c;
+  c.layers = 2, c.dim = 16, c.heads = 2, c.batch = 2, c.seq = 8;
+  const ThreadConfig threads{1, 1};
+  const size_t ops = make_model(c).block.ops.size();
+  measure_costs(c, threads, 1, dir);
+  std::filesystem::path file;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) file = e.path();
+  for (const char* edit : {"empty", "negative"}) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
+    if (std::string(edit) == "empty") j["costs"]["block"] = nlohmann::json::array();
+    else j["costs"]["block"][0][0] = -5.0;
+    std::ofstream(file) << j.dump();
+    const CostModel again = measure_costs(c, threads, 1, dir);
+    EXPECT_EQ(again.block.size(), ops) << edit;
+    EXPECT_GE(again.block[0].forward_ms, 0) << edit;
+    EXPECT_NE(again.source.find("was unusable"), std::string::npos) << edit << ": " << again.source;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // When the engine's GEMM is not OpenBLAS, the OpenBLAS kernel remat chose (bench re-executes for
 // it, plan does not) does not make another calibration: one machine, one set of rates.
 TEST(Calibration, IsSharedAcrossBlasKernelsWhenTheGemmIsNotBlas) {

@@ -1,6 +1,7 @@
 #include "remat/costs.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -59,6 +60,21 @@ CostModel from_json(const nlohmann::json& j) {
   c.source = j.at("source").get<std::string>();
   c.matmul_gflops = j.at("matmul_gflops").get<double>();
   return c;
+}
+
+// A rate or a time read back from a cache file, which anyone may have edited: positive, finite and
+// below what any machine reaches (10^7 GFLOP/s, GB/s or ms).
+bool plausible(double v) { return v > 0 && v < 1e7; }
+
+// Why a cached profile cannot be used for a block of `ops` ops, or "" when it can.
+std::string check_cached(const CostModel& c, size_t ops, double other_1, double adam) {
+  if (c.block.size() != ops) return fmt::format("it times {} ops, the block has {}", c.block.size(), ops);
+  for (const OpTime& t : c.block)
+    if (!(t.forward_ms >= 0 && t.forward_ms < 1e7) || !(t.backward_ms >= 0 && t.backward_ms < 1e7))
+      return fmt::format("an op time of {} / {} ms", t.forward_ms, t.backward_ms);
+  if (!(std::abs(other_1) < 1e7) || !(adam >= 0 && adam < 1e7) || !(c.matmul_gflops >= 0 && c.matmul_gflops < 1e7))
+    return "a step or rate out of range";
+  return "";
 }
 
 }  // namespace
@@ -172,20 +188,24 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
                                       gemm_name(), reps, build_identity());
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/costs-{:016x}.json", folder, std::hash<std::string>{}(key));
+  std::string rejected;  // why a cached profile was not used
   if (std::ifstream in(path); in) {
     try {
       const nlohmann::json j = nlohmann::json::parse(in);
       if (j.at("key").get<std::string>() == key) {
         CostModel c = from_json(j.at("costs"));
         const double other_1 = j.at("other_1_ms").get<double>(), adam = j.at("adam_block_ms").get<double>();
-        c.other_ms = other_1 + static_cast<double>(cfg.layers - 1) * adam;
-        c.source += " (cached in " + path + ")";
-        c.measured = true;
-        c.threads = threads;
-        return c;
+        rejected = check_cached(c, make_model(one).block.ops.size(), other_1, adam);
+        if (rejected.empty()) {
+          c.other_ms = other_1 + static_cast<double>(cfg.layers - 1) * adam;
+          c.source += " (cached in " + path + ")";
+          c.measured = true;
+          c.threads = threads;
+          return c;
+        }
       }
-    } catch (const std::exception&) {
-      // An unreadable cache entry is measured again and replaced.
+    } catch (const std::exception& e) {
+      rejected = e.what();  // an unreadable cache entry is measured again and replaced
     }
   }
 
@@ -197,6 +217,7 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   CostModel c = probe.costs();
   c.matmul_gflops = 0.5 * (gflops_before + matmul_gflops(1024, 5));
   c.source = "measured on this machine: " + c.source;
+  if (!rejected.empty()) c.source += fmt::format(" (the cached profile {} was unusable, {}; measured again)", path, rejected);
   c.threads = threads;
   try {
     std::filesystem::create_directories(folder);
@@ -230,7 +251,7 @@ MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& ca
     try {
       const nlohmann::json j = nlohmann::json::parse(in);
       MachineRates r{j.at("matmul_gflops").get<double>(), j.at("memory_gbps").get<double>()};
-      if (j.at("key").get<std::string>() == key && r.matmul_gflops > 0 && r.memory_gbps > 0) return r;
+      if (j.at("key").get<std::string>() == key && plausible(r.matmul_gflops) && plausible(r.memory_gbps)) return r;
     } catch (const std::exception&) {
       // An unreadable calibration is measured again and replaced.
     }

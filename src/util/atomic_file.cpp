@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "remat/error.h"
+#include "util/paths.h"
 
 namespace remat {
 
@@ -18,17 +19,17 @@ namespace {
 
 std::string temp_name(const std::string& path) { return fmt::format("{}.tmp.{}", path, getpid()); }
 
-// Where the bytes go: a link's target, resolved; the path itself otherwise.
-std::string target_of(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
-    char buf[PATH_MAX];
-    if (::realpath(path.c_str(), buf) != nullptr) return buf;
-  }
-  return path;
-}
+// Where the bytes go: a link's target (a dangling link's too), never the link itself.
+std::string target_of(const std::string& path) { return final_target(path); }
 
 enum class Kind { Missing, Regular, Stream, Other };
+
+// A file with other names: renaming a new file over this name would leave them with the old bytes.
+std::string hard_links(const std::string& path, nlink_t links) {
+  return fmt::format("cannot write '{}': it has {} hard links, which a safe (write, then rename) update would split "
+                     "from it; write to another name",
+                     path, links);
+}
 
 Kind kind_of(const std::string& path) {
   struct stat st;
@@ -67,10 +68,14 @@ void write_file_atomic(const std::string& given, std::string_view content) {
     if (err != 0) fail_runtime("cannot write '{}': {}", given, std::strerror(err));
     return;
   }
+  struct stat old;
+  const bool exists = ::stat(path.c_str(), &old) == 0;
+  if (exists && old.st_nlink > 1) fail_runtime("{}", hard_links(given, old.st_nlink));
   const std::string tmp = temp_name(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail_runtime("cannot write '{}': {}", given, std::strerror(errno));
   int err = write_all(fd, content);
+  if (err == 0 && exists && ::fchmod(fd, old.st_mode & 07777) != 0) err = errno;  // the file keeps its mode
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
@@ -85,6 +90,8 @@ void check_writable(const std::string& given) {
   const std::string path = target_of(given);
   const Kind kind = kind_of(path);
   if (kind == Kind::Other) fail("cannot write '{}': it is a directory or another non-file", given);
+  struct stat st;
+  if (kind == Kind::Regular && ::stat(path.c_str(), &st) == 0 && st.st_nlink > 1) fail("{}", hard_links(given, st.st_nlink));
   if (kind == Kind::Stream) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail("cannot write '{}': {}", given, std::strerror(errno));

@@ -82,6 +82,11 @@ std::string best_kernel(const CpuFeatures& cpu) {
   return "Prescott";
 }
 
+bool can_run(const CpuFeatures& cpu, std::string_view kernel) {
+  const int need = level(kernel);
+  return need >= 0 && need <= level(best_kernel(cpu));
+}
+
 std::string upgrade(const CpuFeatures& cpu, std::string_view loaded) {
   const int have = level(loaded);
   const std::string best = best_kernel(cpu);

@@ -72,6 +72,20 @@ std::vector<EngineCase> engine_cases() {
     }
     out.push_back({k + "_flash", c});
   }
+  // Decoders between the kinds' defaults (blocks/decoder.h): rotary q and k sliced from a fused
+  // projection, grouped-query attention, SwiGLU and RMSNorm on gpt2, an untied head, biased q/k/v,
+  // and the chunked loss with a tied and an untied head.
+  ModelConfig g = tiny("gpt2", 0.1);
+  g.positions = Positions::Rope, g.kv_heads = 2, g.mlp = Mlp::Swiglu, g.norm = Norm::Rms, g.tied = Switch::Off;
+  out.push_back({"gpt2_rope_gqa_swiglu_untied", g});
+  g.attention = AttentionImpl::Flash;
+  out.push_back({"gpt2_rope_gqa_swiglu_untied_flash", g});
+  ModelConfig l = tiny("llama", 0.1);
+  l.fused_qkv = Switch::On, l.qkv_bias = true, l.norm = Norm::Layer, l.loss = Loss::Chunked, l.loss_chunks = 3;
+  out.push_back({"llama_fused_qkvbias_chunked", l});
+  ModelConfig t = tiny("gpt2", 0.1);
+  t.loss = Loss::Chunked, t.loss_chunks = 4;
+  out.push_back({"gpt2_chunked_tied", t});
   return out;
 }
 

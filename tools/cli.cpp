@@ -68,6 +68,16 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--attn-block", cfg.attn_block, "causal attention: query rows per stored block")->capture_default_str();
   a->add_option("--attention", attention, "math (T x T scores and probabilities) or flash (one fused op, no T x T)")
       ->capture_default_str();
+  // The decoder's choices (gpt2, llama): the kind's own unless given.
+  a->add_option("--norm", norm, "layer (LayerNorm) or rms (RMSNorm); default: the kind's");
+  a->add_option("--positions", positions, "learned, rope or none; default: the kind's");
+  a->add_option("--mlp", mlp, "gelu (fc) or swiglu (gate, up); default: the kind's");
+  a->add_flag("--bias,!--no-bias", bias_flag, "biases on every linear (default: the kind's: gpt2 yes, llama no)");
+  a->add_flag("--qkv-bias", cfg.qkv_bias, "biases on q, k and v only (Qwen2)");
+  a->add_flag("--tied,!--untied", tied_flag, "the LM head is the token embedding (default: the kind's: gpt2 tied)");
+  a->add_option("--qkv", qkv, "fused (one qkv linear: GPT-2, Megatron-LM) or separate (q, k, v: HF Llama, torchtitan)");
+  a->add_option("--loss", loss, "cross-entropy: fp32 (logits up-cast; default under bf16/fp16), model, or chunked:N "
+                                "(fused with the LM head, N chunks of the tokens)");
 }
 
 void ShapeFlags::add_planning(CLI::App* a) {
@@ -95,6 +105,16 @@ ModelConfig ShapeFlags::resolve() {
   }
   cfg.dtype = parse_dtype(dtype);
   cfg.attention = parse_attention(attention.substr(0, attention.find(',')));
+  if (!norm.empty()) cfg.norm = parse_norm(norm);
+  if (!positions.empty()) cfg.positions = parse_positions(positions);
+  if (!mlp.empty()) cfg.mlp = parse_mlp(mlp);
+  if (app->count("--bias") + app->count("--no-bias") > 0) cfg.bias = bias_flag ? Switch::On : Switch::Off;
+  if (app->count("--tied") + app->count("--untied") > 0) cfg.tied = tied_flag ? Switch::On : Switch::Off;
+  if (!qkv.empty()) {
+    if (qkv != "fused" && qkv != "separate") fail("unknown --qkv '{}'; allowed: fused, separate", qkv);
+    cfg.fused_qkv = qkv == "fused" ? Switch::On : Switch::Off;
+  }
+  if (!loss.empty()) parse_loss(loss, cfg);
   if (attention.find(',') != std::string::npos && !lists_attention)
     fail("--attention takes one of math, flash here, got '{}'; remat bench takes a list", attention);
   validate(cfg);

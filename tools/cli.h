@@ -32,12 +32,16 @@ Command add_sample(CLI::App& parent);
 struct ShapeFlags {
   std::string dtype = "fp32";
   std::string attention = "math";
+  std::string norm, positions, mlp, qkv, loss;  // "" = the kind's
+  bool bias_flag = false, tied_flag = false;
   std::string model;  // plan: a named shape
   ModelConfig cfg;
   CLI::App* app = nullptr;
   bool lists_attention = false;  // bench: --attention math,flash runs both
 
   // --arch --layers --dim --heads --kv-heads --batch --seq --ffn --dropout --attn-block --attention
+  // and the decoder's choices: --norm --positions --mlp --bias/--no-bias --qkv-bias --tied/--untied
+  // --qkv --loss
   void add(CLI::App* a);
   // plan: --model --vocab --dtype
   void add_planning(CLI::App* a);

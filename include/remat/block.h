@@ -139,6 +139,9 @@ struct OpNode {
   double eps = 0.0;             // norms: epsilon
   double theta = 0.0;           // rotary embedding: frequency base
   AttentionLayout attn;         // attention ops: heads, causal mask, storage
+  int64_t in_col = 0;           // rope: the columns of its input it turns, [in_col, in_col + in_width)
+  int64_t in_width = 0;         //   (q and k of a fused qkv projection); 0: all of them
+  int64_t chunks = 0;           // chunked_cross_entropy: chunks of the tokens it runs one at a time
   TensorParallel tp;            // how the op is split over tensor-parallel ranks
 };
 

@@ -19,6 +19,26 @@ enum class AttentionImpl : uint8_t {
   Flash,  // one fused op that keeps only its output and a (B, H, T) log-sum-exp
 };
 
+// Choices of the token block kinds (gpt2, llama). Default takes the kind's own: gpt2 is GPT-2
+// (LayerNorm, learned positions, GELU, biases, one qkv linear, tied head), llama is LLaMA (RMSNorm,
+// rotary positions, SwiGLU, no biases, separate q/k/v linears, untied head). Any other choice makes
+// the block a model people train under another name (Megatron-LM's GPT with rope and SwiGLU,
+// Qwen2's biased q/k/v, ...): blocks/decoder.h builds them all.
+enum class Norm : uint8_t { Default, Layer, Rms };
+enum class Positions : uint8_t { Default, Learned, Rope, None };
+enum class Mlp : uint8_t { Default, Gelu, Swiglu };
+enum class Switch : uint8_t { Default, Off, On };
+
+// How the head computes its cross-entropy (planning bf16/fp16 models: frameworks up-cast first).
+enum class Loss : uint8_t {
+  Default,  // Fp32 (the model's dtype when that is fp32)
+  Fp32,     // logits up-cast: the log-probabilities kept for the backward are fp32 (Megatron-LM,
+            // torchtitan, Hugging Face)
+  Model,    // log-probabilities in the model's dtype
+  Chunked,  // fused linear + cross-entropy over `loss_chunks` chunks of the tokens: only a chunk's
+            // fp32 logits ever exist, each recomputed in the backward (torchtune, Liger)
+};
+
 struct ModelConfig {
   std::string arch = "seed";  // block kind: a name from block_kinds() (block.h)
   int64_t layers = 6;         // transformer blocks
@@ -41,6 +61,16 @@ struct ModelConfig {
   // sp (sequence parallelism), the norm, dropout and residual tensors hold seq / tp tokens.
   int64_t tp = 1;
   bool sp = false;
+  // The block's structure (token kinds; Default = the kind's, above).
+  Norm norm = Norm::Default;
+  Positions positions = Positions::Default;
+  Mlp mlp = Mlp::Default;
+  Switch bias = Switch::Default;       // biases on every linear
+  bool qkv_bias = false;               // biases on q, k and v alone (Qwen2), whatever `bias` says
+  Switch tied = Switch::Default;       // the LM head is the token embedding
+  Switch fused_qkv = Switch::Default;  // q, k, v from one linear (GPT-2, Megatron-LM) or three (HF Llama, torchtitan)
+  Loss loss = Loss::Default;
+  int64_t loss_chunks = 8;             // Loss::Chunked: chunks of the micro-batch's tokens
 
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
   int64_t head_dim() const { return dim / heads; }
@@ -74,12 +104,27 @@ inline int64_t dtype_size(DType t) {
   return 0;
 }
 
-// Names as used on the command line and in reports: "fp32"/"bf16"/"fp16", "math"/"flash". The
-// parsers throw remat::Error listing the allowed names.
+// Names as used on the command line and in reports: "fp32"/"bf16"/"fp16", "math"/"flash",
+// "layer"/"rms", "learned"/"rope"/"none", "gelu"/"swiglu", "fp32"/"model"/"chunked:N". The parsers
+// throw remat::Error naming the field and listing the allowed names.
 std::string_view to_string(DType t);
 std::string_view to_string(AttentionImpl a);
+std::string_view to_string(Norm n);
+std::string_view to_string(Positions p);
+std::string_view to_string(Mlp m);
+std::string to_string(Loss l, int64_t chunks);
 DType parse_dtype(std::string_view s);
 AttentionImpl parse_attention(std::string_view s);
+Norm parse_norm(std::string_view s);
+Positions parse_positions(std::string_view s);
+Mlp parse_mlp(std::string_view s);
+// "fp32", "model", "chunked:N" into cfg.loss and cfg.loss_chunks.
+void parse_loss(std::string_view s, ModelConfig& cfg);
+
+// The loss as the head computes it: Default resolved by the dtype.
+inline Loss resolved_loss(const ModelConfig& c) {
+  return c.loss != Loss::Default ? c.loss : (c.dtype == DType::F32 ? Loss::Model : Loss::Fp32);
+}
 
 // One line, e.g. "gpt2 L=6 C=512 H=8 B=8 T=1024 fp32 dropout=0.1".
 std::string describe(const ModelConfig& cfg);

@@ -60,7 +60,7 @@ class OpEnv;           // the executor's view of one stage run (src/ops/op_env.h
 struct OpTestCase;     // a reference and a tiny example for the op tests (src/ops/op_testing.h)
 }  // namespace detail
 
-constexpr int kMaxOpInputs = 2;
+constexpr int kMaxOpInputs = 3;
 
 struct OpDef {
   const char* name = "";
@@ -68,7 +68,10 @@ struct OpDef {
   int max_params = 0;          // parameters it takes at most (a bias-free linear takes one)
   unsigned bwd_reads_in = 0;   // bit i set: the backward reads input i
   unsigned bwd_reads_out = 0;  // bit i set: the backward reads output i
-  GradKind grad_in[kMaxOpInputs] = {GradKind::None, GradKind::None};
+  GradKind grad_in[kMaxOpInputs] = {};  // GradKind::None each
+  // The kind of a node whose kind depends on the node (rope on a column slice of its input adds into
+  // that input's gradient slot; on the whole input it writes over dy); null: grad_in.
+  GradKind (*grad_kind)(const OpNode& node, int input) = nullptr;
   // Matmul FLOPs of a node; null: none.
   OpFlops (*flops)(const BlockSpec& spec, const OpNode& node) = nullptr;
   // Bytes allocated and freed inside one forward (beyond the outputs) or one backward (beyond the
@@ -82,6 +85,11 @@ struct OpDef {
   // For the op tests: a one-op example stage and the op's math in differentiable ATen ops.
   const detail::OpTestCase* test = nullptr;
 };
+
+// How `node` produces input `input`'s gradient: def.grad_kind's answer, or def.grad_in.
+inline GradKind grad_kind(const OpDef& def, const OpNode& node, int input) {
+  return def.grad_kind != nullptr ? def.grad_kind(node, input) : def.grad_in[input];
+}
 
 // The definition of `kind`. REQUIRES: kind < OpKind::Count.
 const OpDef& op_def(OpKind kind);

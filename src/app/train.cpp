@@ -38,9 +38,19 @@ using Json = nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // Options in the train state
 
+std::string switch_name(Switch s, const char* on, const char* off) {
+  return s == Switch::Default ? "default" : s == Switch::On ? on : off;
+}
+Switch parse_switch(const std::string& s, const char* on) {
+  return s == "default" ? Switch::Default : s == on ? Switch::On : Switch::Off;
+}
+
 Json options_json(const TrainOptions& o, const std::string& corpus_id) {
   const ModelConfig& m = o.model;
-  return {{"arch", m.arch},     {"kv-heads", m.kv_heads}, {"attention", std::string(to_string(m.attention))},
+  return {{"norm", to_string(m.norm)}, {"positions", to_string(m.positions)}, {"mlp", to_string(m.mlp)},
+          {"bias", switch_name(m.bias, "on", "off")}, {"qkv-bias", m.qkv_bias}, {"tied", switch_name(m.tied, "on", "off")},
+          {"qkv", switch_name(m.fused_qkv, "fused", "separate")}, {"loss", to_string(m.loss, m.loss_chunks)},
+          {"arch", m.arch},     {"kv-heads", m.kv_heads}, {"attention", std::string(to_string(m.attention))},
           {"layers", m.layers}, {"dim", m.dim},   {"heads", m.heads},
           {"batch", m.batch},   {"seq", m.seq},   {"ffn", m.ffn},
           {"dropout", m.dropout}, {"attn-block", m.attn_block},
@@ -88,6 +98,16 @@ TrainOptions options_from(const Json& j, TrainOptions o) {
   m.arch = j.contains("arch") ? j.at("arch").get<std::string>() : "gpt2";  // states before 0.3 were gpt2
   if (j.contains("attention")) m.attention = parse_attention(j.at("attention").get<std::string>());
   if (j.contains("kv-heads")) m.kv_heads = j.at("kv-heads");
+  // The decoder's choices (absent from states before 0.4: the kinds' defaults).
+  auto text = [&](const char* k) { return j.contains(k) ? j.at(k).get<std::string>() : std::string("default"); };
+  if (text("norm") != "default") m.norm = parse_norm(text("norm"));
+  if (text("positions") != "default") m.positions = parse_positions(text("positions"));
+  if (text("mlp") != "default") m.mlp = parse_mlp(text("mlp"));
+  m.bias = parse_switch(text("bias"), "on");
+  m.tied = parse_switch(text("tied"), "on");
+  m.fused_qkv = parse_switch(text("qkv"), "fused");
+  if (j.contains("qkv-bias")) m.qkv_bias = j.at("qkv-bias").get<bool>();
+  if (text("loss") != "default") parse_loss(text("loss"), m);
   m.layers = j.at("layers"); m.dim = j.at("dim"); m.heads = j.at("heads"); m.batch = j.at("batch");
   m.seq = j.at("seq"); m.ffn = j.at("ffn"); m.dropout = j.at("dropout"); m.attn_block = j.at("attn-block");
   o.steps = j.at("steps"); o.accum = j.at("accum"); o.lr = j.at("lr"); o.min_lr = j.at("min-lr");

@@ -137,9 +137,11 @@ TEST(Block, LlamaSharesKeysAndValuesAcrossQueryHeads) {
   ModelConfig c = tiny("llama");
   c.kv_heads = 2;
   const BlockSpec b = make_block(c);
-  EXPECT_EQ(b.tensors[b.find("qk_rot")].shape, (std::vector<int64_t>{2, 8, 16 + 8}));  // 4 q heads, 2 k heads of 4
+  EXPECT_EQ(b.tensors[b.find("q_rot")].shape, (std::vector<int64_t>{2, 8, 16}));  // 4 q heads of 4
+  EXPECT_EQ(b.tensors[b.find("k_rot")].shape, (std::vector<int64_t>{2, 8, 8}));  // 2 k heads
   EXPECT_EQ(b.tensors[b.find("v")].shape, (std::vector<int64_t>{2, 8, 8}));
-  EXPECT_EQ(b.tensors[b.find("qk")].read_by_backward, false);  // rope's backward reads nothing
+  EXPECT_EQ(b.tensors[b.find("q")].read_by_backward, false);  // rope's backward reads nothing
+  EXPECT_EQ(b.tensors[b.find("k")].read_by_backward, false);
   c.kv_heads = 3;
   EXPECT_THROW(make_block(c), Error);
 }

@@ -53,6 +53,18 @@ int layer_norm(Builder& b, const std::string& name, int x, const std::string& do
   return y;
 }
 
+int rms_norm(Builder& b, const std::string& name, int x, const std::string& doc) {
+  std::vector<int64_t> stat = b.tensor(x).shape;
+  stat.back() = 1;
+  const int64_t width = b.tensor(x).shape.back();
+  const int y = b.op(OpKind::RmsNorm, name, {x},
+                     {{name, b.tensor(x).shape, b.cfg().dtype, tag::kNormOut, doc},
+                      {name + "_rstd", stat, DType::F32, tag::kNormStat, "RMSNorm 1/rms per token"}},
+                     {{name + ".weight", {width}, Init::Ones, 0.0, /*decay=*/false}})[0];
+  b.last().eps = b.cfg().norm_eps;
+  return y;
+}
+
 int unary(Builder& b, OpKind kind, const std::string& name, int x, uint32_t tags, const std::string& doc) {
   return b.op(kind, name, {x}, {{name, b.tensor(x).shape, b.cfg().dtype, tags, doc}})[0];
 }
@@ -88,14 +100,14 @@ AttentionLayout attention_layout(const ModelConfig& cfg, bool causal, int64_t q_
   return l;
 }
 
-int core_attention(Builder& b, int qk, int v, const AttentionLayout& layout) {
+int core_attention(Builder& b, int q, int k, int v, const AttentionLayout& layout) {
   const ModelConfig& c = b.cfg();
   const std::vector<int64_t> btc = b.btc(c.rank_heads() * c.head_dim());
   if (c.attention == AttentionImpl::Flash) {
     // One fused op: no T x T tensor is stored; the backward reruns the scores from q, k and the
     // per-row log-sum-exp. Attention dropout happens inside, replayed from a seed: no mask. The
     // layout (math attention's) addresses the mask, so both draw the same one.
-    const int atty = b.op(OpKind::FlashAttention, "atty", {qk, v},
+    const int atty = b.op(OpKind::FlashAttention, "atty", {q, k, v},
                           {{"atty", btc, c.dtype, 0, "attention output, heads merged"},
                            {"lse", {c.batch, c.rank_heads(), c.seq}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
     b.last().attn = layout;
@@ -103,7 +115,7 @@ int core_attention(Builder& b, int qk, int v, const AttentionLayout& layout) {
     return atty;
   }
   const int scores =
-      b.op(OpKind::Scores, "scores", {qk}, {{"scores", layout.shape(), c.dtype, tag::kAttnCore, "attention scores q k^T / sqrt(D)"}})[0];
+      b.op(OpKind::Scores, "scores", {q, k}, {{"scores", layout.shape(), c.dtype, tag::kAttnCore, "attention scores q k^T / sqrt(D)"}})[0];
   b.last().attn = layout;
   int probs = unary(b, OpKind::Softmax, "probs", scores, tag::kAttnCore, "attention probabilities");
   b.last().attn = layout;

@@ -24,6 +24,8 @@ int tied_linear(Builder& b, const std::string& name, int x, int64_t out, const s
                 const std::string& doc);
 // LayerNorm over the last dimension: output tagged norm, mean and rstd tagged as statistics.
 int layer_norm(Builder& b, const std::string& name, int x, const std::string& doc);
+// RMSNorm over the last dimension: output tagged norm, its 1/rms per token as a statistic.
+int rms_norm(Builder& b, const std::string& name, int x, const std::string& doc);
 // A one-input, one-output op whose output has x's shape.
 int unary(Builder& b, OpKind kind, const std::string& name, int x, uint32_t tags, const std::string& doc);
 // x unchanged when cfg.dropout is 0, else "<name>_drop" = dropout(x) with its mask "<name>_mask".
@@ -36,7 +38,8 @@ int add(Builder& b, const std::string& name, int x, int y, const std::string& do
 // input, k of kv heads from k_col, v of kv heads from v_col of the values input.
 AttentionLayout attention_layout(const ModelConfig& cfg, bool causal, int64_t q_col, int64_t k_col, int64_t v_col);
 // Core attention as cfg.attention says: scores, softmax, dropout, probs x V (math), or one fused
-// op (flash). `qk` holds q and k, `v` holds v (they may be the same tensor). Returns atty (B, T, C).
-int core_attention(Builder& b, int qk, int v, const AttentionLayout& layout);
+// op (flash). `q`, `k` and `v` hold them at the layout's columns (any of them may be one tensor, a
+// fused projection). Returns atty (B, T, C).
+int core_attention(Builder& b, int q, int k, int v, const AttentionLayout& layout);
 
 }  // namespace remat::blocks

@@ -12,7 +12,7 @@ BlockSpec block(const ModelConfig& c) {
   Builder b(c, "seed");
   const int x = b.input("x", b.btc(c.dim), c.dtype, "block input (residual stream)");
   const int qkv = linear(b, "qkv", x, 3 * c.dim, 0, "q, k, v projections");
-  const int atty = core_attention(b, qkv, qkv, attention_layout(c, /*causal=*/false, 0, c.dim, 2 * c.dim));
+  const int atty = core_attention(b, qkv, qkv, qkv, attention_layout(c, /*causal=*/false, 0, c.dim, 2 * c.dim));
   const int proj = linear(b, "proj", atty, c.dim, 0, "attention output projection", true, Init::ResidualNormal);
   const int x2 = add(b, "x2", x, proj, "residual stream after attention");
   const int fc = linear(b, "fc", x2, c.hidden(), tag::kMlpInner, "FFN first linear");
@@ -38,6 +38,11 @@ void check(const ModelConfig& c) {
   if (c.attention != AttentionImpl::Math)
     fail("ModelConfig.attention flash is for causal blocks (gpt2, llama); the seed block attends to all positions");
   if (c.tp > 1) fail("ModelConfig.tp {}: seed blocks have no tensor-parallel split; use arch gpt2 or llama", c.tp);
+  if (c.norm != Norm::Default || c.positions != Positions::Default || c.mlp != Mlp::Default ||
+      c.bias != Switch::Default || c.qkv_bias || c.tied != Switch::Default || c.fused_qkv != Switch::Default ||
+      c.loss != Loss::Default)
+    fail("ModelConfig.norm, positions, mlp, bias, tied, fused_qkv and loss shape the token kinds (gpt2, llama); the "
+         "seed block has none of them");
 }
 
 }  // namespace

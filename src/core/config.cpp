@@ -30,6 +30,57 @@ AttentionImpl parse_attention(std::string_view s) {
   fail("unknown ModelConfig.attention '{}'; allowed: math, flash", s);
 }
 
+std::string_view to_string(Norm n) { return n == Norm::Layer ? "layer" : n == Norm::Rms ? "rms" : "default"; }
+std::string_view to_string(Positions p) {
+  return p == Positions::Learned ? "learned" : p == Positions::Rope ? "rope" : p == Positions::None ? "none" : "default";
+}
+std::string_view to_string(Mlp m) { return m == Mlp::Gelu ? "gelu" : m == Mlp::Swiglu ? "swiglu" : "default"; }
+std::string to_string(Loss l, int64_t chunks) {
+  switch (l) {
+    case Loss::Default: return "default";
+    case Loss::Fp32: return "fp32";
+    case Loss::Model: return "model";
+    case Loss::Chunked: return fmt::format("chunked:{}", chunks);
+  }
+  return "?";
+}
+
+Norm parse_norm(std::string_view s) {
+  if (s == "layer") return Norm::Layer;
+  if (s == "rms") return Norm::Rms;
+  fail("unknown ModelConfig.norm '{}'; allowed: layer (LayerNorm), rms (RMSNorm)", s);
+}
+
+Positions parse_positions(std::string_view s) {
+  if (s == "learned") return Positions::Learned;
+  if (s == "rope") return Positions::Rope;
+  if (s == "none") return Positions::None;
+  fail("unknown ModelConfig.positions '{}'; allowed: learned, rope, none", s);
+}
+
+Mlp parse_mlp(std::string_view s) {
+  if (s == "gelu") return Mlp::Gelu;
+  if (s == "swiglu") return Mlp::Swiglu;
+  fail("unknown ModelConfig.mlp '{}'; allowed: gelu, swiglu", s);
+}
+
+void parse_loss(std::string_view s, ModelConfig& cfg) {
+  if (s == "fp32") {
+    cfg.loss = Loss::Fp32;
+  } else if (s == "model") {
+    cfg.loss = Loss::Model;
+  } else if (s.rfind("chunked:", 0) == 0) {
+    const std::string_view n = s.substr(8);
+    int64_t v = n.empty() || n.size() > 6 ? -1 : 0;
+    for (char ch : n) v = v >= 0 && ch >= '0' && ch <= '9' ? v * 10 + (ch - '0') : -1;
+    if (v < 1) fail("ModelConfig.loss '{}': chunked:N needs a positive number of chunks, e.g. chunked:8", s);
+    cfg.loss = Loss::Chunked;
+    cfg.loss_chunks = v;
+  } else {
+    fail("unknown ModelConfig.loss '{}'; allowed: fp32, model, chunked:N", s);
+  }
+}
+
 std::string describe(const ModelConfig& c) {
   std::string s = fmt::format("{} L={} C={} H={}", c.arch, c.layers, c.dim, c.heads);
   if (c.kv() != c.heads) s += fmt::format(" KV={}", c.kv());
@@ -39,6 +90,14 @@ std::string describe(const ModelConfig& c) {
   if (c.dropout > 0) s += fmt::format(" dropout={}", c.dropout);
   if (c.attention != AttentionImpl::Math) s += fmt::format(" attention={}", to_string(c.attention));
   if (c.attn_block != 128 && c.arch != "seed") s += fmt::format(" attn-block={}", c.attn_block);
+  if (c.norm != Norm::Default) s += fmt::format(" norm={}", to_string(c.norm));
+  if (c.positions != Positions::Default) s += fmt::format(" positions={}", to_string(c.positions));
+  if (c.mlp != Mlp::Default) s += fmt::format(" mlp={}", to_string(c.mlp));
+  if (c.bias != Switch::Default) s += c.bias == Switch::On ? " bias" : " no-bias";
+  if (c.qkv_bias) s += " qkv-bias";
+  if (c.tied != Switch::Default) s += c.tied == Switch::On ? " tied" : " untied";
+  if (c.fused_qkv != Switch::Default) s += c.fused_qkv == Switch::On ? " qkv=fused" : " qkv=separate";
+  if (c.loss != Loss::Default) s += " loss=" + to_string(c.loss, c.loss_chunks);
   if (c.tp > 1) s += fmt::format(" tp={}{}", c.tp, c.sp ? "+sp" : "");
   return s;
 }

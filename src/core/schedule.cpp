@@ -139,7 +139,7 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
         for (size_t k = 0; k < op.in.size(); ++k) {
           const int t = op.in[k];
           GradStep& gs = step.grads[k];
-          const GradKind kind = def.grad_in[k];
+          const GradKind kind = grad_kind(def, op, static_cast<int>(k));
           if (kind == GradKind::None || !needs_grad(t)) continue;
           GradState::Slot& out0 = g.slot(op.out[0]);
           if (kind == GradKind::OverDy && g.sole(out0)) {

@@ -126,9 +126,9 @@ BlockSpec example() {
 
 std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
   const AttentionLayout& l = n.attn;
-  const at::Tensor v = attention::heads_of(in[1], l.v_col, l.kv(), l).repeat_interleave(l.group(), 1);
+  const at::Tensor v = attention::heads_of(in[n.in[1]], l.v_col, l.kv(), l).repeat_interleave(l.group(), 1);
   std::vector<at::Tensor> rows;
-  const std::vector<at::Tensor> p = attention::blocks_of(in[0], l);
+  const std::vector<at::Tensor> p = attention::blocks_of(in[n.in[0]], l);
   for (int64_t r = 0; r < l.blocks(); ++r) rows.push_back(at::matmul(p[r], v.narrow(2, 0, l.cols(r))));
   return {at::cat(rows, 2).permute({0, 2, 1, 3}).reshape({l.batch, l.seq, l.heads * l.head_dim})};
 }

@@ -1,7 +1,8 @@
 // flash_attention: fused causal attention that keeps only its output and a (B, H, T) log-sum-exp;
 // no T x T tensor ever exists (Dao et al. 2022, 2023). NOTE [Flash attention].
-//   in: src_qk (q and k), src_v (v; may be the same tensor)   out: atty (B, T, H D), lse (B, H, T)
-//   backward reads both inputs and both outputs, reruns each tile's scores from q, k and lse, and
+//   in: q_src, k_src, v_src holding q, k and v at the layout's columns (any two, or all three, may be
+//       one tensor: a fused projection)   out: atty (B, T, H D), lse (B, H, T)
+//   backward reads the inputs and both outputs, reruns each tile's scores from q, k and lse, and
 //   adds dq, dk and dv into the inputs' gradients.
 //
 // Forward: each (batch, head, tile of query rows) runs over the tiles of keys with an online
@@ -56,22 +57,24 @@ int64_t mask_index(const AttentionLayout& l, int64_t b, int64_t h, int64_t i, in
 // Raw pointers and row strides of the tensors one call works on.
 struct Geometry {
   AttentionLayout l;
-  int64_t ld_qk = 0, ld_v = 0, ld_o = 0;
-  const float *qk = nullptr, *v = nullptr;
+  int64_t ld_q = 0, ld_k = 0, ld_v = 0, ld_o = 0;
+  const float *qs = nullptr, *ks = nullptr, *vs = nullptr;
   int64_t rows(int64_t b, int64_t t) const { return b * l.seq + t; }
-  const float* q(int64_t b, int64_t h, int64_t t) const { return qk + rows(b, t) * ld_qk + l.q_col + h * l.head_dim; }
-  const float* k(int64_t b, int64_t g, int64_t t) const { return qk + rows(b, t) * ld_qk + l.k_col + g * l.head_dim; }
-  const float* val(int64_t b, int64_t g, int64_t t) const { return v + rows(b, t) * ld_v + l.v_col + g * l.head_dim; }
+  const float* q(int64_t b, int64_t h, int64_t t) const { return qs + rows(b, t) * ld_q + l.q_col + h * l.head_dim; }
+  const float* k(int64_t b, int64_t g, int64_t t) const { return ks + rows(b, t) * ld_k + l.k_col + g * l.head_dim; }
+  const float* val(int64_t b, int64_t g, int64_t t) const { return vs + rows(b, t) * ld_v + l.v_col + g * l.head_dim; }
 };
 
-Geometry geometry(const AttentionLayout& l, const at::Tensor& qk, const at::Tensor& v) {
+Geometry geometry(const AttentionLayout& l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   Geometry g;
   g.l = l;
-  g.ld_qk = qk.size(2);
+  g.ld_q = q.size(2);
+  g.ld_k = k.size(2);
   g.ld_v = v.size(2);
   g.ld_o = l.heads * l.head_dim;
-  g.qk = qk.data_ptr<float>();
-  g.v = v.data_ptr<float>();
+  g.qs = q.data_ptr<float>();
+  g.ks = k.data_ptr<float>();
+  g.vs = v.data_ptr<float>();
   return g;
 }
 
@@ -82,25 +85,25 @@ int64_t backward_floats() { return 2 * kTile * kTile + kTile; }
 
 bool supported(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
 
-void check_supported(const OpNode& op, const at::Tensor& qk, const at::Tensor& v) {
-  if (!supported(qk) || !supported(v))
+void check_supported(const OpNode& op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!supported(q) || !supported(k) || !supported(v))
     fail("flash_attention runs on contiguous float32 CPU tensors on this build; '{}' got {} on {}", op.name,
-         c10::toString(qk.scalar_type()), qk.device().str());
+         c10::toString(q.scalar_type()), q.device().str());
 }
 
 void forward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
-  const at::Tensor &qk = e.in(op, 0), &v = e.in(op, 1);
-  check_supported(op, qk, v);
-  const Geometry geo = geometry(l, qk, v);
+  const at::Tensor &q = e.in(op, 0), &k = e.in(op, 1), &v = e.in(op, 2);
+  check_supported(op, q, k, v);
+  const Geometry geo = geometry(l, q, k, v);
   const bool dropout = op.p > 0;
   const uint64_t seed = dropout ? e.seed(op) : 0;
   const float keep_scale = static_cast<float>(1.0 / (1.0 - op.p)), scale = static_cast<float>(attention::scale(l));
-  at::Tensor atty = at::empty({l.batch, l.seq, l.heads * l.head_dim}, qk.options());
-  at::Tensor lse = at::empty({l.batch, l.heads, l.seq}, qk.options());
+  at::Tensor atty = at::empty({l.batch, l.seq, l.heads * l.head_dim}, q.options());
+  at::Tensor lse = at::empty({l.batch, l.heads, l.seq}, q.options());
   const int slots = detail::kernel_threads();
-  at::Tensor scratch = at::empty({slots, forward_floats()}, qk.options());
-  at::Tensor keep = dropout ? at::empty({slots, kTile * kTile}, qk.options().dtype(at::kBool)) : at::Tensor();
+  at::Tensor scratch = at::empty({slots, forward_floats()}, q.options());
+  at::Tensor keep = dropout ? at::empty({slots, kTile * kTile}, q.options().dtype(at::kBool)) : at::Tensor();
   float* out = atty.data_ptr<float>();
   float* plse = lse.data_ptr<float>();
   const int64_t nq = tiles(l.seq), D = l.head_dim;
@@ -120,7 +123,7 @@ void forward(detail::OpEnv& e, const OpNode& op) {
     }
     for (int64_t kt = 0; kt < key_tiles(l, qt); ++kt) {
       const int64_t j0 = kt * kTile, nc = std::min(kTile, l.seq - j0);
-      detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_qk, geo.k(b, g, j0), geo.ld_qk, 0.0f, s,
+      detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_q, geo.k(b, g, j0), geo.ld_k, 0.0f, s,
                     kTile);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t n = visible(l, i0 + r, j0, nc);
@@ -153,21 +156,22 @@ void forward(detail::OpEnv& e, const OpNode& op) {
 
 void backward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
-  const at::Tensor &qk = e.saved_in(op, 0), &v = e.saved_in(op, 1);
+  const at::Tensor &q = e.saved_in(op, 0), &k = e.saved_in(op, 1), &v = e.saved_in(op, 2);
   const at::Tensor &atty = e.saved_out(op, 0), &lse = e.saved_out(op, 1);
   const at::Tensor dout_t = e.grad_out(op, 0).contiguous();
-  check_supported(op, qk, v);
-  const Geometry geo = geometry(l, qk, v);
+  check_supported(op, q, k, v);
+  const Geometry geo = geometry(l, q, k, v);
   const bool dropout = op.p > 0;
   const uint64_t seed = dropout ? e.seed(op) : 0;
   const float keep_scale = static_cast<float>(1.0 / (1.0 - op.p)), scale = static_cast<float>(attention::scale(l));
-  at::Tensor& dqk = e.grad_slot(op, 0);
-  at::Tensor& dv_t = e.grad_slot(op, 1);  // the same tensor when q, k and v share one
+  at::Tensor& dq_t = e.grad_slot(op, 0);
+  at::Tensor& dk_t = e.grad_slot(op, 1);  // the same tensor as dq_t when q and k share one
+  at::Tensor& dv_t = e.grad_slot(op, 2);  // and so on
   const int slots = detail::kernel_threads();
-  at::Tensor scratch = at::empty({slots, backward_floats()}, qk.options());
-  at::Tensor keep = dropout ? at::empty({slots, kTile * kTile}, qk.options().dtype(at::kBool)) : at::Tensor();
+  at::Tensor scratch = at::empty({slots, backward_floats()}, q.options());
+  at::Tensor keep = dropout ? at::empty({slots, kTile * kTile}, q.options().dtype(at::kBool)) : at::Tensor();
   const float *o = atty.data_ptr<float>(), *plse = lse.data_ptr<float>(), *dout = dout_t.data_ptr<float>();
-  float *pdqk = dqk.data_ptr<float>(), *pdv = dv_t.data_ptr<float>();
+  float *pdq = dq_t.data_ptr<float>(), *pdk = dk_t.data_ptr<float>(), *pdv = dv_t.data_ptr<float>();
   const int64_t nq = tiles(l.seq), D = l.head_dim, G = l.group();
   detail::SingleThreadedBlas one_thread;
   detail::parallel_chunks_indexed(l.batch * l.kv(), 1, [&](int64_t task, int64_t, int worker) {
@@ -181,7 +185,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
         const int64_t i0 = qt * kTile, rows = std::min(kTile, l.seq - i0);
         const float* lse_row = plse + (b * l.heads + h) * l.seq + i0;
         const float* do_rows = dout + geo.rows(b, i0) * geo.ld_o + h * D;
-        float* dq = pdqk + geo.rows(b, i0) * geo.ld_qk + l.q_col + h * D;
+        float* dq = pdq + geo.rows(b, i0) * geo.ld_q + l.q_col + h * D;
         for (int64_t r = 0; r < rows; ++r) {  // rowsum(dO * O) = rowsum(P * dP), dropout or not
           const float* a = do_rows + r * geo.ld_o;
           const float* c = o + geo.rows(b, i0 + r) * geo.ld_o + h * D;
@@ -191,9 +195,9 @@ void backward(detail::OpEnv& e, const OpNode& op) {
         }
         for (int64_t kt = 0; kt < key_tiles(l, qt); ++kt) {
           const int64_t j0 = kt * kTile, nc = std::min(kTile, l.seq - j0);
-          float* dk = pdqk + geo.rows(b, j0) * geo.ld_qk + l.k_col + g * D;
+          float* dk = pdk + geo.rows(b, j0) * geo.ld_k + l.k_col + g * D;
           float* dvv = pdv + geo.rows(b, j0) * geo.ld_v + l.v_col + g * D;
-          detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_qk, geo.k(b, g, j0), geo.ld_qk, 0.0f,
+          detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_q, geo.k(b, g, j0), geo.ld_k, 0.0f,
                         p, kTile);
           for (int64_t r = 0; r < rows; ++r) {  // P, then the dropped P into ds (for dV)
             const int64_t n = visible(l, i0 + r, j0, nc);
@@ -217,8 +221,8 @@ void backward(detail::OpEnv& e, const OpNode& op) {
             std::fill(ds + r * kTile + n, ds + r * kTile + nc, 0.0f);
           }
           // dQ += dS K / sqrt(D); dK += dS^T Q / sqrt(D)
-          detail::sgemm(false, false, rows, D, nc, scale, ds, kTile, geo.k(b, g, j0), geo.ld_qk, 1.0f, dq, geo.ld_qk);
-          detail::sgemm(true, false, nc, D, rows, scale, ds, kTile, geo.q(b, h, i0), geo.ld_qk, 1.0f, dk, geo.ld_qk);
+          detail::sgemm(false, false, rows, D, nc, scale, ds, kTile, geo.k(b, g, j0), geo.ld_k, 1.0f, dq, geo.ld_q);
+          detail::sgemm(true, false, nc, D, rows, scale, ds, kTile, geo.q(b, h, i0), geo.ld_q, 1.0f, dk, geo.ld_k);
         }
       }
   });
@@ -246,16 +250,34 @@ int64_t backward_scratch(const BlockSpec&, const OpNode& n, const ThreadConfig& 
 }
 
 // Grouped-query heads (4 query heads, 2 key/value heads of 8), causal, over three tiles of keys
-// with a ragged last one: q and k in one tensor, v in another.
-BlockSpec example() {
-  ModelConfig cfg;
+// with a ragged last one: q, k and v in tensors of their own.
+AttentionLayout example_layout() {
   AttentionLayout l;
   l.batch = 2, l.heads = 4, l.kv_heads = 2, l.head_dim = 8, l.seq = 300, l.block = 128, l.causal = true;
-  l.q_col = 0, l.k_col = 4 * 8, l.v_col = 0;
+  return l;
+}
+
+BlockSpec example() {
+  ModelConfig cfg;
+  const AttentionLayout l = example_layout();
   detail::Builder b(cfg, "test.flash_attention");
-  const int qk = b.input("qk", {2, 300, (4 + 2) * 8}, DType::F32, "q and k");
+  const int q = b.input("q", {2, 300, 4 * 8}, DType::F32, "q");
+  const int k = b.input("k", {2, 300, 2 * 8}, DType::F32, "k");
   const int v = b.input("v", {2, 300, 2 * 8}, DType::F32, "v");
-  const std::vector<int> out = b.op(OpKind::FlashAttention, "atty", {qk, v},
+  const std::vector<int> out = b.op(OpKind::FlashAttention, "atty", {q, k, v},
+                                    {{"atty", {2, 300, 4 * 8}}, {"lse", {2, 4, 300}, DType::F32}});
+  b.last().attn = l;
+  return b.finish(out[0]);
+}
+
+// The same heads from one fused qkv projection.
+BlockSpec fused_example() {
+  ModelConfig cfg;
+  AttentionLayout l = example_layout();
+  l.q_col = 0, l.k_col = 4 * 8, l.v_col = (4 + 2) * 8;
+  detail::Builder b(cfg, "test.flash_attention_fused");
+  const int qkv = b.input("qkv", {2, 300, (4 + 2 + 2) * 8}, DType::F32, "q, k and v");
+  const std::vector<int> out = b.op(OpKind::FlashAttention, "atty", {qkv, qkv, qkv},
                                     {{"atty", {2, 300, 4 * 8}}, {"lse", {2, 4, 300}, DType::F32}});
   b.last().attn = l;
   return b.finish(out[0]);
@@ -264,27 +286,28 @@ BlockSpec example() {
 // Dense attention with a causal mask (no dropout in the example), and its log-sum-exp.
 std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
   const AttentionLayout& l = n.attn;
-  const at::Tensor q = attention::heads_of(in[0], l.q_col, l.heads, l);
-  const at::Tensor k = attention::heads_of(in[0], l.k_col, l.kv(), l).repeat_interleave(l.group(), 1);
-  const at::Tensor v = attention::heads_of(in[1], l.v_col, l.kv(), l).repeat_interleave(l.group(), 1);
+  const at::Tensor q = attention::heads_of(in[n.in[0]], l.q_col, l.heads, l);
+  const at::Tensor k = attention::heads_of(in[n.in[1]], l.k_col, l.kv(), l).repeat_interleave(l.group(), 1);
+  const at::Tensor v = attention::heads_of(in[n.in[2]], l.v_col, l.kv(), l).repeat_interleave(l.group(), 1);
   at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * attention::scale(l);
   if (l.causal) s = s.masked_fill(at::ones({l.seq, l.seq}, at::kBool).triu(1), -INFINITY);
   const at::Tensor out = at::matmul(at::softmax(s, -1), v).permute({0, 2, 1, 3}).reshape({l.batch, l.seq, -1});
   return {out, at::logsumexp(s, -1)};
 }
 
-const detail::OpTestCase kTest{example, reference, /*index_range=*/0, /*float64=*/false};
+const detail::OpTestCase kTest{example, reference, /*index_range=*/0, /*float64=*/false, fused_example};
 
 }  // namespace
 
 extern const OpDef kFlashAttention = [] {
   OpDef d;
   d.name = "flash_attention";
-  d.n_in = 2, d.n_out = 2;
-  d.bwd_reads_in = 0b11;
+  d.n_in = 3, d.n_out = 2;
+  d.bwd_reads_in = 0b111;
   d.bwd_reads_out = 0b11;
   d.grad_in[0] = GradKind::Slot;
   d.grad_in[1] = GradKind::Slot;
+  d.grad_in[2] = GradKind::Slot;
   d.flops = flops;
   d.forward_scratch = forward_scratch;
   d.backward_scratch = backward_scratch;

@@ -82,7 +82,7 @@ class OpEnv {
   int64_t layer_;
   const RecomputeHook* hook_;
   const Step* step_ = nullptr;
-  const void* handed_[kMaxOpInputs] = {nullptr, nullptr};  // memory grad_buffer() handed over
+  const void* handed_[kMaxOpInputs] = {};  // memory grad_buffer() handed over
 };
 
 }  // namespace remat::detail

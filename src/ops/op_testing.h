@@ -16,12 +16,16 @@ struct OpTestCase {
   // A stage of this one op whose inputs are the op's inputs, at small sizes (the tests fill it with
   // float64 or float32 data).
   BlockSpec (*example)() = nullptr;
-  // The op's outputs from its inputs and parameters, with autograd-differentiable ATen ops. Outputs
+  // The op's outputs from its inputs and parameters, with autograd-differentiable ATen ops. `in`
+  // holds the example's stage inputs, which it creates first: op input i is in[node.in[i]]. Outputs
   // that are not float (masks) may be returned as the op computes them.
   std::vector<at::Tensor> (*reference)(const OpNode& node, const std::vector<at::Tensor>& in,
                                        const std::vector<at::Tensor>& params) = nullptr;
   int64_t index_range = 0;  // int64 inputs are drawn from [0, index_range)
   bool float64 = true;      // the op runs float64 too (the tests then hold it to 1e-12)
+  // A second example, when the op takes its inputs in two forms (q and k in separate tensors or
+  // in one fused projection; rope on all of its input or on a slice). May be null.
+  BlockSpec (*example2)() = nullptr;
 };
 
 }  // namespace remat::detail

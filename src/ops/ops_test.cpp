@@ -39,10 +39,10 @@ struct Case {
   std::vector<at::Tensor> inputs, params;
 };
 
-Case make_case(OpKind kind, at::ScalarType dtype) {
+Case make_case(OpKind kind, at::ScalarType dtype, bool second = false) {
   Case c;
   c.def = &op_def(kind);
-  c.spec = c.def->test->example();
+  c.spec = second ? c.def->test->example2() : c.def->test->example();
   at::manual_seed(17 + static_cast<int>(kind));
   for (int in : c.spec.inputs) {
     const TensorSpec& t = c.spec.tensors[in];
@@ -57,6 +57,19 @@ Case make_case(OpKind kind, at::ScalarType dtype) {
   return c;
 }
 
+// Every op's examples (one or two) in `dtype`; float64 only for ops that run it.
+std::vector<Case> all_cases(at::ScalarType dtype) {
+  std::vector<Case> cases;
+  for (int k = 0; k < static_cast<int>(OpKind::Count); ++k) {
+    const OpKind kind = static_cast<OpKind>(k);
+    const detail::OpTestCase* t = op_def(kind).test;
+    if (!t || (dtype == at::kDouble && !t->float64)) continue;
+    cases.push_back(make_case(kind, dtype));
+    if (t->example2) cases.push_back(make_case(kind, dtype, true));
+  }
+  return cases;
+}
+
 std::vector<bool> float_inputs(const Case& c) {
   std::vector<bool> need;
   for (int in : c.spec.inputs) need.push_back(is_float(c.spec.tensors[in].dtype));
@@ -68,13 +81,10 @@ class OpsTest : public ::testing::TestWithParam<at::ScalarType> {};
 TEST_P(OpsTest, EveryOpMatchesItsReferenceForwardAndBackward) {
   const at::ScalarType dtype = GetParam();
   int tested = 0;
-  for (int k = 0; k < static_cast<int>(OpKind::Count); ++k) {
-    const OpKind kind = static_cast<OpKind>(k);
-    if (!op_def(kind).test || (dtype == at::kDouble && !op_def(kind).test->float64)) continue;
+  for (Case& c : all_cases(dtype)) {
     ++tested;
-    Case c = make_case(kind, dtype);
     const OpNode& node = c.spec.ops[0];
-    const std::string name = op_def(kind).name;
+    const std::string name = c.spec.kind;
     // The reference, differentiable in its float inputs and parameters.
     std::vector<at::Tensor> leaves, wrt;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
@@ -103,7 +113,11 @@ TEST_P(OpsTest, EveryOpMatchesItsReferenceForwardAndBackward) {
       if (c.inputs[i].is_floating_point()) {
         const at::Tensor expected = ref[r++];
         // Inputs the op gives no gradient by definition (a loss's target), or that its math does not use.
-        if (!expected.defined() || c.def->grad_in[i] == GradKind::None) continue;
+        if (!expected.defined() || !is_float(c.spec.tensors[c.spec.inputs[i]].dtype)) continue;
+        bool gets_grad = false;  // some op input that is this stage input has a gradient
+        for (size_t k = 0; k < node.in.size(); ++k)
+          gets_grad = gets_grad || (node.in[k] == c.spec.inputs[i] && grad_kind(*c.def, node, static_cast<int>(k)) != GradKind::None);
+        if (!gets_grad) continue;
         EXPECT_TRUE(testing::close(g.inputs[i], expected, tol(dtype))) << name << ": gradient of input " << i;
       }
     for (size_t p = 0; p < c.params.size(); ++p)
@@ -114,10 +128,7 @@ TEST_P(OpsTest, EveryOpMatchesItsReferenceForwardAndBackward) {
 
 // Dropping everything a one-op stage keeps makes the backward recompute the op: same bits.
 TEST_P(OpsTest, EveryOpRecomputesBitwise) {
-  for (int k = 0; k < static_cast<int>(OpKind::Count); ++k) {
-    const OpKind kind = static_cast<OpKind>(k);
-    if (!op_def(kind).test || (GetParam() == at::kDouble && !op_def(kind).test->float64)) continue;
-    Case c = make_case(kind, GetParam());
+  for (Case& c : all_cases(GetParam())) {
     auto grads = [&](const std::string& policy) {
       BlockExecutor exec(c.spec, Policy::parse(policy).resolve(c.spec, 1).layers[0]);
       BlockContext ctx;
@@ -129,10 +140,10 @@ TEST_P(OpsTest, EveryOpRecomputesBitwise) {
     const BlockExecutor::Grads keep = grads("none"), again = grads("full");
     for (size_t i = 0; i < keep.inputs.size(); ++i) {
       if (!keep.inputs[i].defined()) continue;
-      EXPECT_TRUE(testing::bitwise_equal(again.inputs[i], keep.inputs[i])) << op_def(kind).name;
+      EXPECT_TRUE(testing::bitwise_equal(again.inputs[i], keep.inputs[i])) << c.spec.kind;
     }
     for (size_t p = 0; p < keep.params.size(); ++p)
-      EXPECT_TRUE(testing::bitwise_equal(again.params[p], keep.params[p])) << op_def(kind).name;
+      EXPECT_TRUE(testing::bitwise_equal(again.params[p], keep.params[p])) << c.spec.kind;
   }
 }
 
@@ -141,8 +152,9 @@ TEST_P(OpsTest, EveryOpRecomputesBitwise) {
 // same bits (the example is causal, in row blocks, with two query heads per key/value head).
 TEST(AttentionOps, HeadByHeadProductsHaveTheBatchedPathsBits) {
   if (!detail::gemm_available()) GTEST_SKIP() << "no oneDNN sgemm: float32 takes the batched path too";
-  for (const OpKind kind : {OpKind::Scores, OpKind::AttnValues}) {
-    const Case c = make_case(kind, at::kFloat);
+  for (const Case& c : all_cases(at::kFloat)) {
+    const OpKind kind = c.spec.ops[0].kind;
+    if (kind != OpKind::Scores && kind != OpKind::AttnValues) continue;
     auto run = [&c] {
       BlockExecutor exec(c.spec, keep_everything(c.spec));
       BlockContext ctx;
@@ -161,7 +173,7 @@ TEST(AttentionOps, HeadByHeadProductsHaveTheBatchedPathsBits) {
     }
     ASSERT_EQ(by_head.size(), batched.size());
     for (size_t i = 0; i < by_head.size(); ++i)
-      EXPECT_TRUE(testing::bitwise_equal(by_head[i], batched[i])) << op_def(kind).name << ": tensor " << i;
+      EXPECT_TRUE(testing::bitwise_equal(by_head[i], batched[i])) << c.spec.kind << ": tensor " << i;
   }
 }
 
@@ -186,7 +198,8 @@ std::pair<at::Tensor, bool> backward_with(const Case& c, GradSource source) {
   step.index = 0;
   step.grads[0] = {source, SlotPrep::Zeros, GradMerge::Set};
   for (size_t i = 1; i < node.in.size(); ++i)
-    if (c.def->grad_in[i] == GradKind::Slot) step.grads[i] = {GradSource::Slot, SlotPrep::Zeros, GradMerge::Set};
+    if (c.def->grad_in[i] == GradKind::Slot)
+      step.grads[i] = {GradSource::Slot, node.in[i] == node.in[0] ? SlotPrep::Existing : SlotPrep::Zeros, GradMerge::Set};
   env.begin(step);
   c.def->backward(env, node);
   const at::Tensor g = env.grads[node.in[0]];

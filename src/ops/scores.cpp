@@ -1,7 +1,8 @@
 // scores: s = q k^T / sqrt(D), stored as the AttentionLayout says (block.h); causal entries above
 // the diagonal hold the lowest finite value (probability exactly 0).
-//   in: src (B, T, W) holding q and k (columns q_col, k_col)   out: scores
-//   backward reads src; dq and dk are added into src's gradient (a slot shared with other readers).
+//   in: q_src (B, T, Wq) holding q at column q_col, k_src (B, T, Wk) holding k at k_col; one tensor
+//       may be both (a fused qkv projection)   out: scores
+//   backward reads both; dq and dk are added into their gradients (slots shared with other readers).
 // CPU float32: a task per (batch, key/value head) runs all its products (NOTE [The engine's GEMMs],
 // 6f). Elsewhere each causal row block is one batched GEMM over (batch, head) on strided views
 // (util/gemm.h).
@@ -21,17 +22,18 @@ namespace {
 
 // CPU float32: one task per (batch, key/value head), k and the group's q copied into the task's
 // buffers once for all row blocks (NOTE [The engine's GEMMs], 6f).
-void forward_by_head(const at::Tensor& src, at::Tensor& scores, const AttentionLayout& l) {
-  const int64_t T = l.seq, D = l.head_dim, G = l.group(), sb = src.stride(0), st = src.stride(1);
-  const float* x = src.data_ptr<float>();
+void forward_by_head(const at::Tensor& qs, const at::Tensor& ks, at::Tensor& scores, const AttentionLayout& l) {
+  const int64_t T = l.seq, D = l.head_dim, G = l.group();
+  const float* xq = qs.data_ptr<float>();
+  const float* xk = ks.data_ptr<float>();
   float* s = scores.data_ptr<float>();
   const auto scale = static_cast<float>(attention::scale(l));
   attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
     float* k = detail::thread_scratch(detail::Scratch::Operand0, T * D);
     float* q = detail::thread_scratch(detail::Scratch::Operand1, T * D);
-    attention::pack_rows(x + b * sb + l.k_col + kv * D, st, T, D, k);
+    attention::pack_rows(xk + b * ks.stride(0) + l.k_col + kv * D, ks.stride(1), T, D, k);
     for (int64_t g = 0; g < G; ++g) {
-      attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q);
+      attention::pack_rows(xq + b * qs.stride(0) + l.q_col + (kv * G + g) * D, qs.stride(1), T, D, q);
       for (int64_t r = 0; r < l.blocks(); ++r) {
         float* block = s + attention::matrix_offset(l, r, b, kv * G + g);
         detail::sgemm(false, true, l.rows(r), l.cols(r), D, scale, q + l.first_row(r) * D, D, k, D, 0.0f, block,
@@ -44,27 +46,30 @@ void forward_by_head(const at::Tensor& src, at::Tensor& scores, const AttentionL
 
 // The backward's products in the same tasks: dS K into dq, dS^T Q added into dk (shared by the
 // group's heads, in the order the batched path adds them: row block, then head).
-void backward_by_head(const at::Tensor& src, const at::Tensor& dscores, at::Tensor& dsrc, const AttentionLayout& l) {
+void backward_by_head(const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& dscores, at::Tensor& dqs,
+                      at::Tensor& dks, const AttentionLayout& l) {
   const int64_t T = l.seq, D = l.head_dim, G = l.group();
-  const int64_t sb = src.stride(0), st = src.stride(1), db = dsrc.stride(0), dt = dsrc.stride(1);
-  const float* x = src.data_ptr<float>();
+  const float* xq = qs.data_ptr<float>();
+  const float* xk = ks.data_ptr<float>();
   const float* ds = dscores.data_ptr<float>();
-  float* dx = dsrc.data_ptr<float>();
+  float* dxq = dqs.data_ptr<float>();
+  float* dxk = dks.data_ptr<float>();
   const auto scale = static_cast<float>(attention::scale(l));
   attention::for_each_kv_head(l, [&](int64_t b, int64_t kv) {
     float* k = detail::thread_scratch(detail::Scratch::Operand0, T * D);
     float* q = detail::thread_scratch(detail::Scratch::Operand1, G * T * D);
-    attention::pack_rows(x + b * sb + l.k_col + kv * D, st, T, D, k);
+    attention::pack_rows(xk + b * ks.stride(0) + l.k_col + kv * D, ks.stride(1), T, D, k);
     for (int64_t g = 0; g < G; ++g)
-      attention::pack_rows(x + b * sb + l.q_col + (kv * G + g) * D, st, T, D, q + g * T * D);
-    float* dk = dx + b * db + l.k_col + kv * D;
+      attention::pack_rows(xq + b * qs.stride(0) + l.q_col + (kv * G + g) * D, qs.stride(1), T, D, q + g * T * D);
+    float* dk = dxk + b * dks.stride(0) + l.k_col + kv * D;
     for (int64_t r = 0; r < l.blocks(); ++r) {
       const int64_t rows = l.rows(r), cols = l.cols(r), first = l.first_row(r);
       for (int64_t g = 0; g < G; ++g) {
         const float* d = ds + attention::matrix_offset(l, r, b, kv * G + g);
-        float* dq = dx + b * db + first * dt + l.q_col + (kv * G + g) * D;
-        detail::sgemm(false, false, rows, D, cols, scale, d, cols, k, D, 1.0f, dq, dt);                    // dS K
-        detail::sgemm(true, false, cols, D, rows, scale, d, cols, q + (g * T + first) * D, D, 1.0f, dk, dt);  // dS^T Q
+        float* dq = dxq + b * dqs.stride(0) + first * dqs.stride(1) + l.q_col + (kv * G + g) * D;
+        detail::sgemm(false, false, rows, D, cols, scale, d, cols, k, D, 1.0f, dq, dqs.stride(1));  // dS K
+        detail::sgemm(true, false, cols, D, rows, scale, d, cols, q + (g * T + first) * D, D, 1.0f, dk,
+                      dks.stride(1));  // dS^T Q
       }
     }
   });
@@ -72,13 +77,13 @@ void backward_by_head(const at::Tensor& src, const at::Tensor& dscores, at::Tens
 
 void forward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
-  const at::Tensor& src = e.in(op, 0);
-  at::Tensor scores = at::empty(l.shape(), src.options());
-  if (attention::head_products({&src, &scores})) {
-    forward_by_head(src, scores, l);
+  const at::Tensor &qs = e.in(op, 0), &ks = e.in(op, 1);
+  at::Tensor scores = at::empty(l.shape(), qs.options());
+  if (attention::head_products({&qs, &ks, &scores})) {
+    forward_by_head(qs, ks, scores, l);
     return e.set_out(op, 0, std::move(scores));
   }
-  const at::Tensor q = attention::q_view(src, l), k = attention::kv_view(src, l.k_col, l);
+  const at::Tensor q = attention::q_view(qs, l), k = attention::kv_view(ks, l.k_col, l);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor s = attention::block_view(scores, l, r);
     detail::batched_gemm(q.narrow(3, l.first_row(r), l.rows(r)), false, k.narrow(3, 0, l.cols(r)), true, s,
@@ -90,13 +95,14 @@ void forward(detail::OpEnv& e, const OpNode& op) {
 
 void backward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
-  const at::Tensor& src = e.saved_in(op, 0);
+  const at::Tensor &qs = e.saved_in(op, 0), &ks = e.saved_in(op, 1);
   const at::Tensor& dscores = e.grad_out(op, 0);
-  at::Tensor& dsrc = e.grad_slot(op, 0);
-  if (attention::head_products({&src, &dscores, &dsrc}) && dscores.is_contiguous())
-    return backward_by_head(src, dscores, dsrc, l);
-  const at::Tensor q = attention::q_view(src, l), k = attention::kv_view(src, l.k_col, l);
-  at::Tensor dq = attention::q_view(dsrc, l), dk = attention::kv_view(dsrc, l.k_col, l);
+  at::Tensor& dqs = e.grad_slot(op, 0);
+  at::Tensor& dks = e.grad_slot(op, 1);  // the same tensor as dqs when q and k share one
+  if (attention::head_products({&qs, &ks, &dscores, &dqs, &dks}) && dscores.is_contiguous())
+    return backward_by_head(qs, ks, dscores, dqs, dks, l);
+  const at::Tensor q = attention::q_view(qs, l), k = attention::kv_view(ks, l.k_col, l);
+  at::Tensor dq = attention::q_view(dqs, l), dk = attention::kv_view(dks, l.k_col, l);
   for (int64_t r = 0; r < l.blocks(); ++r) {
     const at::Tensor ds = attention::block_view(dscores, l, r);
     at::Tensor dq_rows = dq.narrow(3, l.first_row(r), l.rows(r));
@@ -115,12 +121,26 @@ AttentionLayout example_layout() {
   return l;
 }
 
-BlockSpec example() {
+// q and k in one tensor (a fused projection).
+BlockSpec fused_example() {
   ModelConfig cfg;
   const AttentionLayout l = example_layout();
-  detail::Builder b(cfg, "test.scores");
+  detail::Builder b(cfg, "test.scores_fused");
   const int src = b.input("qk", {2, 5, (4 + 2) * 3}, DType::F32, "q and k");
-  const int s = b.op(OpKind::Scores, "scores", {src}, {{"scores", l.shape()}})[0];
+  const int s = b.op(OpKind::Scores, "scores", {src, src}, {{"scores", l.shape()}})[0];
+  b.last().attn = l;
+  return b.finish(s);
+}
+
+// q and k in tensors of their own.
+BlockSpec example() {
+  ModelConfig cfg;
+  AttentionLayout l = example_layout();
+  l.k_col = 0;
+  detail::Builder b(cfg, "test.scores");
+  const int q = b.input("q", {2, 5, 4 * 3}, DType::F32, "q");
+  const int k = b.input("k", {2, 5, 2 * 3}, DType::F32, "k");
+  const int s = b.op(OpKind::Scores, "scores", {q, k}, {{"scores", l.shape()}})[0];
   b.last().attn = l;
   return b.finish(s);
 }
@@ -129,8 +149,8 @@ BlockSpec example() {
 // through as the kernel's backward does (it never reads the mask).
 std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
   const AttentionLayout& l = n.attn;
-  const at::Tensor q = attention::heads_of(in[0], l.q_col, l.heads, l);
-  const at::Tensor k = attention::heads_of(in[0], l.k_col, l.kv(), l).repeat_interleave(l.group(), 1);
+  const at::Tensor q = attention::heads_of(in[n.in[0]], l.q_col, l.heads, l);
+  const at::Tensor k = attention::heads_of(in[n.in[1]], l.k_col, l.kv(), l).repeat_interleave(l.group(), 1);
   std::vector<at::Tensor> blocks;
   for (int64_t r = 0; r < l.blocks(); ++r) {
     at::Tensor s = at::matmul(q.narrow(2, l.first_row(r), l.rows(r)), k.narrow(2, 0, l.cols(r)).transpose(-1, -2)) *
@@ -146,16 +166,17 @@ std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>
   return {attention::pack_blocks(blocks, l)};
 }
 
-const detail::OpTestCase kTest{example, reference};
+const detail::OpTestCase kTest{example, reference, 0, true, fused_example};
 
 }  // namespace
 
 extern const OpDef kScores = [] {
   OpDef d;
   d.name = "scores";
-  d.n_in = 1, d.n_out = 1;
-  d.bwd_reads_in = 0b1;
+  d.n_in = 2, d.n_out = 1;
+  d.bwd_reads_in = 0b11;
   d.grad_in[0] = GradKind::Slot;
+  d.grad_in[1] = GradKind::Slot;
   d.flops = attention::flops;
   d.forward = forward;
   d.backward = backward;

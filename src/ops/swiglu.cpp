@@ -1,7 +1,7 @@
-// swiglu: act = silu(g) * u, with g and u the two halves of one linear's output (LLaMA's MLP).
-//   in: gate_up (..., 2F): g = [..., :F], u = [..., F:]   out: act (..., F)
-//   backward reads gate_up; dgate_up is a fresh tensor. silu(g) = g * sigmoid(g) is cheap to rerun,
-//   so act is the tensor mlp-act drops and gate_up the one it keeps.
+// swiglu: act = silu(g) * u, with g and u the gate and up projections (LLaMA's MLP).
+//   in: gate (..., F), up (..., F)   out: act (..., F)
+//   backward reads both; dgate and dup are fresh tensors. silu(g) = g * sigmoid(g) is cheap to
+//   rerun, so act is the tensor mlp-act drops and gate and up the ones it keeps.
 // CPU float32 and float64 run one loop on remat's kernel threads; elsewhere ATen ops.
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 namespace remat::ops {
 namespace {
 
-constexpr int64_t kRows = 16;
+constexpr int64_t kChunk = 16384;  // elements per task on the kernel threads
 
 template <typename T>
 T sigmoid(T x) {
@@ -24,27 +24,19 @@ T sigmoid(T x) {
 }
 
 template <typename T>
-void forward_rows(const T* gu, T* act, int64_t rows, int64_t f) {
-  detail::parallel_chunks(rows, kRows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T *g = gu + r * 2 * f, *u = g + f;
-      T* y = act + r * f;
-      for (int64_t j = 0; j < f; ++j) y[j] = g[j] * sigmoid(g[j]) * u[j];
-    }
+void forward_rows(const T* gate, const T* up, T* act, int64_t n) {
+  detail::parallel_chunks(n, kChunk, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) act[j] = gate[j] * sigmoid(gate[j]) * up[j];
   });
 }
 
 template <typename T>
-void backward_rows(const T* dy, const T* gu, T* dgu, int64_t rows, int64_t f) {
-  detail::parallel_chunks(rows, kRows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T *g = gu + r * 2 * f, *u = g + f, *d = dy + r * f;
-      T *dg = dgu + r * 2 * f, *du = dg + f;
-      for (int64_t j = 0; j < f; ++j) {
-        const T s = sigmoid(g[j]);
-        du[j] = d[j] * g[j] * s;
-        dg[j] = d[j] * u[j] * s * (T(1) + g[j] * (T(1) - s));
-      }
+void backward_rows(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n) {
+  detail::parallel_chunks(n, kChunk, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const T g = gate[j], s = sigmoid(g);
+      dup[j] = dy[j] * g * s;
+      dgate[j] = dy[j] * up[j] * s * (T(1) + g * (T(1) - s));
     }
   });
 }
@@ -54,48 +46,44 @@ bool cpu(const at::Tensor& t) {
 }
 
 void forward(detail::OpEnv& e, const OpNode& op) {
-  const at::Tensor& gu = e.in(op, 0);
-  const int64_t f = gu.size(-1) / 2;
-  if (!cpu(gu)) {
-    const at::Tensor g = gu.narrow(-1, 0, f), u = gu.narrow(-1, f, f);
-    return e.set_out(op, 0, at::silu(g) * u);
-  }
-  std::vector<int64_t> shape = gu.sizes().vec();
-  shape.back() = f;
-  at::Tensor act = at::empty(shape, gu.options());
-  const int64_t rows = gu.numel() / (2 * f);
-  if (gu.scalar_type() == at::kFloat) forward_rows(gu.data_ptr<float>(), act.data_ptr<float>(), rows, f);
-  else forward_rows(gu.data_ptr<double>(), act.data_ptr<double>(), rows, f);
+  const at::Tensor &g = e.in(op, 0), &u = e.in(op, 1);
+  if (!cpu(g) || !cpu(u)) return e.set_out(op, 0, at::silu(g) * u);
+  at::Tensor act = at::empty_like(g);
+  if (g.scalar_type() == at::kFloat) forward_rows(g.data_ptr<float>(), u.data_ptr<float>(), act.data_ptr<float>(), g.numel());
+  else forward_rows(g.data_ptr<double>(), u.data_ptr<double>(), act.data_ptr<double>(), g.numel());
   e.set_out(op, 0, std::move(act));
 }
 
 void backward(detail::OpEnv& e, const OpNode& op) {
-  const at::Tensor& gu = e.saved_in(op, 0);
+  const at::Tensor &g = e.saved_in(op, 0), &u = e.saved_in(op, 1);
   const at::Tensor dy = e.grad_out(op, 0).contiguous();
-  const int64_t f = gu.size(-1) / 2;
-  if (!cpu(gu) || !cpu(dy)) {
-    const at::Tensor g = gu.narrow(-1, 0, f), u = gu.narrow(-1, f, f), s = at::sigmoid(g);
-    return e.set_grad(op, 0, at::cat({dy * u * s * (1 + g * (1 - s)), dy * g * s}, -1));
+  if (!cpu(g) || !cpu(u) || !cpu(dy)) {
+    const at::Tensor s = at::sigmoid(g);
+    at::Tensor dg = dy * u * s * (1 + g * (1 - s)), du = dy * g * s;
+    e.set_grad(op, 0, std::move(dg));
+    return e.set_grad(op, 1, std::move(du));
   }
-  at::Tensor dgu = at::empty_like(gu);
-  const int64_t rows = gu.numel() / (2 * f);
-  if (gu.scalar_type() == at::kFloat)
-    backward_rows(dy.data_ptr<float>(), gu.data_ptr<float>(), dgu.data_ptr<float>(), rows, f);
+  at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
+  if (g.scalar_type() == at::kFloat)
+    backward_rows(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
+                  du.data_ptr<float>(), g.numel());
   else
-    backward_rows(dy.data_ptr<double>(), gu.data_ptr<double>(), dgu.data_ptr<double>(), rows, f);
-  e.set_grad(op, 0, std::move(dgu));
+    backward_rows(dy.data_ptr<double>(), g.data_ptr<double>(), u.data_ptr<double>(), dg.data_ptr<double>(),
+                  du.data_ptr<double>(), g.numel());
+  e.set_grad(op, 0, std::move(dg));
+  e.set_grad(op, 1, std::move(du));
 }
 
 BlockSpec example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.swiglu");
-  const int gu = b.input("gate_up", {2, 20, 2 * 6}, DType::F32, "gate and up");
-  return b.finish(b.op(OpKind::Swiglu, "act", {gu}, {{"act", {2, 20, 6}}})[0]);
+  const int g = b.input("gate", {2, 20, 6}, DType::F32, "gate");
+  const int u = b.input("up", {2, 20, 6}, DType::F32, "up");
+  return b.finish(b.op(OpKind::Swiglu, "act", {g, u}, {{"act", {2, 20, 6}}})[0]);
 }
 
-std::vector<at::Tensor> reference(const OpNode&, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
-  const int64_t f = in[0].size(-1) / 2;
-  const at::Tensor g = in[0].narrow(-1, 0, f), u = in[0].narrow(-1, f, f);
+std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
+  const at::Tensor &g = in[n.in[0]], &u = in[n.in[1]];
   return {g * at::sigmoid(g) * u};
 }
 
@@ -106,9 +94,10 @@ const detail::OpTestCase kTest{example, reference};
 extern const OpDef kSwiglu = [] {
   OpDef d;
   d.name = "swiglu";
-  d.n_in = 1, d.n_out = 1;
-  d.bwd_reads_in = 0b1;
+  d.n_in = 2, d.n_out = 1;
+  d.bwd_reads_in = 0b11;
   d.grad_in[0] = GradKind::Fresh;
+  d.grad_in[1] = GradKind::Fresh;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

@@ -77,8 +77,9 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsInTheLoss) {
   c.vocab = 512;
   c.seq = 33;
   const StepMemory m = simulate_memory(c, Policy::parse("full").resolve(make_block(c), c.layers), current_threads());
-  // (Flash attention's tiles of 128 x 128 outweigh a model this small: there the peak is theirs.)
-  if (c.attention == AttentionImpl::Math) {
+  // (Flash attention's tiles of 128 x 128 outweigh a model this small: there the peak is theirs;
+  // the chunked loss never holds a whole logits tensor: that is what it is for.)
+  if (c.attention == AttentionImpl::Math && resolved_loss(c) != Loss::Chunked) {
     EXPECT_NE(m.peak_at.find("backward of the head, op 'loss'"), std::string::npos) << m.peak_at;
   }
   for (const char* p : {"none", "full"}) expect_equal(c, p);

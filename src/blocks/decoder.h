@@ -1,0 +1,45 @@
+// The decoder both token kinds build (internal). gpt2 and llama differ only in their defaults; a
+// ModelConfig may change any choice (blocks/kinds.h), so one builder makes GPT-2, LLaMA and what
+// people train between them (Megatron-LM's GPT with rotary positions and SwiGLU, Mistral, Qwen2
+// with biased q/k/v, GPT-NeoX-like untied LayerNorm models).
+//
+//   stem   x = drop(wte[tokens] (+ wpe[0:T]))
+//   block  x + drop(proj(attn(q, k, v))), q k v = linear(norm1(x)) (fused or three; rotated with rope)
+//          then + drop(mlp(act(...))), act = gelu(fc(norm2(.))) or silu(gate(.)) * up(.)
+//   head   cross_entropy(normf(x) W^T, targets), W = wte when tied
+//
+// Names follow the choices: the norms are ln1/ln2/lnf (LayerNorm) or rms1/rms2/rmsf (RMSNorm); the
+// projections qkv (fused) or q, k, v, rotated into qk_rot or q_rot, k_rot; the MLP's fc or gate
+// and up, act and mlp.
+#pragma once
+
+#include "remat/block.h"
+#include "remat/config.h"
+
+namespace remat::blocks {
+
+// Every choice of a decoder, resolved.
+struct DecoderStyle {
+  bool rms_norm = false;      // RMSNorm, else LayerNorm
+  Positions positions = Positions::Learned;  // Learned, Rope or None (never Default)
+  bool swiglu = false;        // SwiGLU MLP (gate, up), else GELU (fc)
+  bool bias = true;           // biases on every linear
+  bool qkv_bias = false;      // biases on q, k and v
+  bool tied = true;           // the LM head is wte
+  bool fused_qkv = true;      // one qkv linear
+};
+
+// `kind`'s defaults with what `cfg` sets over them.
+DecoderStyle resolve_style(const ModelConfig& cfg, const DecoderStyle& kind);
+
+// The stem, the block and the head of a decoder in `style`; `name` is the kind's ("gpt2"), the
+// stages are named name, name.stem, name.head and name.logits (the head without its loss).
+BlockSpec decoder_stem(const ModelConfig& c, const DecoderStyle& style, const std::string& name);
+BlockSpec decoder_block(const ModelConfig& c, const DecoderStyle& style, const std::string& name);
+BlockSpec decoder_head(const ModelConfig& c, const DecoderStyle& style, const std::string& name, bool loss);
+
+// What a decoder in `style` supports beyond validate()'s checks: rotary positions turn pairs of
+// head dimensions. Throws remat::Error.
+void check_decoder(const ModelConfig& c, const DecoderStyle& style);
+
+}  // namespace remat::blocks

@@ -26,14 +26,17 @@ struct PlanFlags {
   // Layouts of a multi-GPU run.
   std::string device, policies = "none,attn,attn+mlp-act,full,auto", grad_dtype = "fp32", reserve = "2GiB";
   std::string tokens;
-  int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0;
+  int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1;
+  std::string framework = "megatron", cublas_workspace;
+  bool no_batch_mask = false, no_fused_wgrad = false;
   int zero = -1, top = 5;
   bool sp = false;
   CLI::App* app = nullptr;
 
   bool layouts() const {
     for (const char* f : {"--device", "--gpus", "--tp", "--pp", "--vpp", "--dp", "--zero", "--sp", "--micro-batch",
-                          "--global-batch", "--policies", "--grad-dtype", "--reserve", "--top", "--tokens"})
+                          "--global-batch", "--policies", "--grad-dtype", "--reserve", "--top", "--tokens", "--cp",
+                          "--framework", "--no-batch-mask", "--no-fused-wgrad", "--cublas-workspace"})
       if (app->count(f) > 0) return true;
     return false;
   }
@@ -41,8 +44,8 @@ struct PlanFlags {
 
 nlohmann::json memory_json(const StepMemory& s) {
   return {{"params", s.params}, {"grads", s.grads},     {"optimizer", s.optimizer},     {"data", s.data},
-          {"buffers", s.buffers}, {"saved", s.saved}, {"peak", s.peak}, {"total_peak", s.total_peak()},
-          {"peak_at", s.peak_at}};
+          {"buffers", s.buffers}, {"fixed", s.fixed}, {"saved", s.saved}, {"peak", s.peak},
+          {"total_peak", s.total_peak()}, {"peak_at", s.peak_at}};
 }
 
 nlohmann::json config_json(const ModelConfig& cfg) {
@@ -158,11 +161,13 @@ nlohmann::json plan_json(const LayoutPlan& p) {
   for (const RankPlan& r : p.ranks) {
     nlohmann::json chunks = nlohmann::json::array();
     for (const LayerRange& c : r.chunks) chunks.push_back({c.first, c.end});
+    nlohmann::json fixed = nlohmann::json::array();
+    for (const Allocation& a : r.fixed) fixed.push_back({{"name", a.name}, {"bytes", a.bytes}, {"why", a.why}});
     stages.push_back({{"stage", r.stage}, {"layers", chunks}, {"policy", r.policy}, {"memory", memory_json(r.memory)},
-                      {"headroom", p.budget - r.memory.total_peak()}, {"micro_batch_s", r.micro_ms / 1e3}});
+                      {"fixed", fixed}, {"headroom", p.budget - r.memory.total_peak()}, {"micro_batch_s", r.micro_ms / 1e3}});
   }
   const LayoutTime& t = p.time;
-  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
+  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"cp", l.cp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
                       {"micro_batch", l.micro_batch}, {"global_batch", l.batch()}, {"micro_batches", l.micro_batches()},
                       {"grad_bytes", l.grad_bytes}, {"gpus", l.gpus()}, {"text", to_string(l)}}},
           {"policy", p.policy},
@@ -182,7 +187,7 @@ void print_breakdown(const LayoutPlan& p, double tokens) {
   const bool pipeline = p.layout.pp > 1;
   fmt::print("\n{} with {}:\n\n", to_string(p.layout), p.policy == "auto" ? "auto (each stage planned)" : p.policy);
   Table m;
-  m.header = {p.layout.gpus() > 1 || p.layout.pp > 1 ? "per GPU" : "memory", "weights", "gradients", "optimizer", "activations (peak)", "buffers + data", "total", "headroom"};
+  m.header = {p.layout.gpus() > 1 || p.layout.pp > 1 ? "per GPU" : "memory", "weights", "gradients", "optimizer", "activations (peak)", "fixed + data", "total", "headroom"};
   m.numeric = {false, true, true, true, true, true, true, true};
   // Every stage up to 8; beyond, the first two, the most loaded and the last (--json has all).
   std::vector<size_t> shown;
@@ -194,13 +199,17 @@ void print_breakdown(const LayoutPlan& p, double tokens) {
     std::string name = pipeline ? fmt::format("stage {}", r.stage) : "every GPU";
     if (static_cast<int>(shown[k]) == p.worst && pipeline) name += " (most)";
     m.rows.push_back({name, bytes_str(s.params), bytes_str(s.grads), bytes_str(s.optimizer), bytes_str(s.peak),
-                      bytes_str(s.buffers - s.grads + s.data), bytes_str(s.total_peak()),
+                      bytes_str(s.buffers - s.grads + s.data + s.fixed), bytes_str(s.total_peak()),
                       bytes_str(p.budget - s.total_peak())});
     if (k + 1 < shown.size() && shown[k + 1] > shown[k] + 1)
       m.rows.push_back({fmt::format("stages {}-{}", p.ranks[shown[k] + 1].stage, p.ranks[shown[k + 1] - 1].stage),
                         "(in --json)", "", "", "", "", "", ""});
   }
   fmt::print("{}\n", m.markdown());
+  std::string fixed;
+  for (const Allocation& a : p.rank().fixed)
+    if (a.bytes > 0) fixed += fmt::format("{}{} {}", fixed.empty() ? "" : ", ", a.name, bytes_str(a.bytes));
+  if (!fixed.empty()) fmt::print("  fixed{}: {}\n", pipeline ? fmt::format(" (stage {})", p.rank().stage) : "", fixed);
   fmt::print("  peak{}: {} = {} B, at the {}\n", pipeline ? fmt::format(" (stage {})", p.rank().stage) : "",
              bytes_str(p.peak()), p.peak(), p.rank().memory.peak_at);
   if (p.policy == "auto") {
@@ -232,6 +241,14 @@ int run_layouts(PlanFlags& f) {
   if (f.top < 1 || f.top > 100) fail("--top must be in 1..100, got {}", f.top);
   const double tokens = f.tokens.empty() ? 0 : parse_tokens(f.tokens);
   PlanOptions opt;
+  opt.framework = parse_framework(f.framework);
+  opt.batch_mask = !f.no_batch_mask;
+  opt.fused_wgrad = !f.no_fused_wgrad;
+  if (!f.cublas_workspace.empty()) {
+    const Budget w = parse_budget(f.cublas_workspace);
+    if (w.bytes <= 0) fail("--cublas-workspace takes a size such as 32MiB, got '{}'", f.cublas_workspace);
+    opt.cublas_workspace = w.bytes;
+  }
   const Budget reserve = parse_budget(f.reserve);
   if (reserve.bytes <= 0) fail("--reserve takes a size such as 2GiB, got '{}'", f.reserve);
   opt.reserve = reserve.bytes;
@@ -248,9 +265,10 @@ int run_layouts(PlanFlags& f) {
     if (p != "auto") (void)Policy::parse(p);  // a bad one is refused before any work
   space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
+  space.cp = f.cp;
   space.zero_fixed = f.zero;
   // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
-  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch"})
+  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp"})
     if (f.app->count(flag) > 0) {
       const int64_t v = f.app->get_option(flag)->as<int64_t>();
       if (v < 1 || v > (1 << 20)) fail("{} must be in 1..1048576, got {}; leave it out to search", flag, v);
@@ -273,9 +291,10 @@ int run_layouts(PlanFlags& f) {
          bytes_str(device.memory));
   if (cfg.dtype == DType::F32) space.grad_bytes = 4;
   // The GPU count: given, or what explicit --tp --pp --dp make.
-  space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);
-  if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && f.tp * f.pp * f.dp != f.gpus)
-    fail("--tp {} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp, f.pp, f.dp, f.tp * f.pp * f.dp, f.gpus);
+  space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * f.cp * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);
+  if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && f.tp * f.cp * f.pp * f.dp != f.gpus)
+    fail("--tp {} x --cp {} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp, f.cp, f.pp, f.dp,
+         f.tp * f.cp * f.pp * f.dp, f.gpus);
   space.global_batch = f.global_batch > 0 ? f.global_batch : f.shape.global_batch();
   if (device.engine && space.global_batch <= 0) space.global_batch = cfg.batch * (f.dp > 0 ? f.dp : space.gpus);
   if (space.global_batch <= 0)
@@ -400,6 +419,8 @@ Command add_plan(CLI::App& parent) {
   a->add_option("--gpus", f->gpus, "devices in all; searches the layouts (or say --tp --pp --dp)");
   a->add_option("--tp", f->tp, "tensor-parallel size (default: searched)");
   a->add_flag("--sp,!--no-sp", f->sp, "sequence parallelism on (or off) with tp > 1 (default: searched)");
+  a->add_option("--cp", f->cp, "context-parallel ranks: the sequence split, attention in a ring (flash)")
+      ->capture_default_str();
   a->add_option("--pp", f->pp, "pipeline stages, 1F1B (default: searched)");
   a->add_option("--vpp", f->vpp, "model chunks per pipeline stage, interleaved 1F1B (default: searched)");
   a->add_option("--dp", f->dp, "data-parallel replicas (default: gpus / (tp pp))");
@@ -414,6 +435,17 @@ Command add_plan(CLI::App& parent) {
       ->capture_default_str();
   a->add_option("--top", f->top, "layouts to list")->capture_default_str();
   a->add_option("--tokens", f->tokens, "tokens to train on (300B, 1.4T): prints the run's time");
+  a->add_option("--framework", f->framework,
+                "what runs on each GPU: megatron (Megatron-LM with Transformer Engine) or torchtitan (FSDP2)")
+      ->capture_default_str();
+  a->add_flag("--no-batch-mask", f->no_batch_mask,
+              "megatron: the dataloader puts no attention mask on the GPU (--no-create-attention-mask-in-dataloader)");
+  a->add_flag("--no-fused-wgrad", f->no_fused_wgrad,
+              "megatron: weight gradients are made in bf16, then added to the fp32 buffers "
+              "(--no-gradient-accumulation-fusion)");
+  a->add_option("--cublas-workspace", f->cublas_workspace,
+                "PyTorch's cuBLAS workspace per stream, as CUBLAS_WORKSPACE_CONFIG sets it (default: PyTorch's for the "
+                "device)");
   return {a, nullptr, [f] { return run(*f); }};  // plan re-executes itself only under --gemm blas
 }
 

@@ -26,7 +26,7 @@ namespace {
 // "ModelConfig.kv_heads" -> "--kv-heads": the library names what the API calls a field; the user
 // set it with a flag.
 std::string as_flags(const std::string& message) {
-  static const std::regex field(R"(\b(ModelConfig|BenchOptions|TrainOptions|SampleOptions|Layout|SearchSpace)\.([a-z_]+))");
+  static const std::regex field(R"(\b(ModelConfig|BenchOptions|TrainOptions|SampleOptions|Layout|SearchSpace|PlanOptions)\.([a-z_]+))");
   static const std::vector<std::pair<std::string, std::string>> renamed = {
       {"engines", "engine"}, {"save_dir", "save"}, {"val_fraction", "val-fraction"}, {"grad_bytes", "grad-dtype"}};
   std::string out;

@@ -57,6 +57,9 @@ struct AttentionLayout {
   int64_t kv_heads = 0;    // heads of K and V; 0 = heads
   int64_t head_dim = 0;    // D
   int64_t q_col = 0, k_col = 0, v_col = 0;
+  // Context-parallel ranks (planning): `seq` is this rank's share of the queries, and the keys and
+  // values of all `ring` shares pass through in a ring (flash attention only).
+  int64_t ring = 1;
 
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t group() const { return heads / kv(); }

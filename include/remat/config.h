@@ -61,6 +61,9 @@ struct ModelConfig {
   // sp (sequence parallelism), the norm, dropout and residual tensors hold seq / tp tokens.
   int64_t tp = 1;
   bool sp = false;
+  // One rank of a context-parallel group (planning only): it holds seq / cp tokens of every
+  // activation; flash attention meets the other ranks' keys and values in a ring.
+  int64_t cp = 1;
   // The block's structure (token kinds; Default = the kind's, above).
   Norm norm = Norm::Default;
   Positions positions = Positions::Default;
@@ -75,14 +78,16 @@ struct ModelConfig {
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
   int64_t head_dim() const { return dim / heads; }
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
-  int64_t tokens() const { return batch * seq; }
+  int64_t tokens() const { return batch * seq; }  // of the whole sequence (all context-parallel ranks)
   // One tensor-parallel rank's share (tp above).
   int64_t rank_heads() const { return heads / tp; }
   int64_t rank_kv() const { return kv() / tp; }
   int64_t rank_hidden() const { return hidden() / tp; }
   int64_t rank_vocab() const { return (vocab + tp - 1) / tp; }
-  // Tokens per sequence in the norm, dropout and residual tensors: seq / tp with sp.
-  int64_t rank_seq() const { return sp ? seq / tp : seq; }
+  // Tokens of a sequence this rank holds: seq / cp; in the norm, dropout and residual tensors also
+  // divided by tp with sp.
+  int64_t local_seq() const { return seq / cp; }
+  int64_t rank_seq() const { return sp ? local_seq() / tp : local_seq(); }
 };
 
 // Throws remat::Error naming the first invalid field ("ModelConfig.heads ...") and what is allowed:

@@ -43,6 +43,7 @@ struct Device {
   double link_efficiency = 0.7;    // assumption: share of the link bandwidth collectives reach
   std::string source;          // where the figures come from
   bool engine = false;         // this machine's CPU: remat's own engine and trainer (tp = pp = 1)
+  int sm = 90;                 // CUDA compute capability x 10 (90 Hopper, 80 Ampere): workspace sizes
 
   // Matmul rate in GFLOP/s for a dtype, after the efficiency.
   double matmul_gflops(DType dtype) const;
@@ -56,16 +57,37 @@ std::vector<std::string> device_names();
 // Throws remat::Error naming the bad part and what is allowed.
 Device parse_device(std::string_view text);
 
+// The training framework each GPU runs (PlanOptions::framework): what it holds beyond the model's
+// tensors, and how it runs what the tensor table leaves open. Every term is named with its reason
+// (fixed_allocations; docs/planner.md gives the sources).
+enum class Framework : uint8_t {
+  Megatron,    // Megatron-LM with Transformer Engine: fp32 main-gradient buffers filled by the weight
+               // GEMMs themselves, the distributed optimizer as ZeRO-1, the batch with its mask
+  Torchtitan,  // torchtitan: FSDP2 (fully_shard per block), the batch without a mask
+};
+std::string_view to_string(Framework f);
+// "megatron", "torchtitan". Throws remat::Error listing them otherwise.
+Framework parse_framework(std::string_view text);
+
+// One of a GPU's fixed allocations, named, with why it is there.
+struct Allocation {
+  std::string name;  // "cuBLAS workspace (PyTorch)"
+  int64_t bytes = 0;
+  std::string why;   // what allocates it, and when
+};
+
 // Bounds on what one plan is asked: sequences per optimizer step (Llama 3 405B trained with 2048
 // of 8192 tokens; a million is far past any run) and policies tried in one search.
 inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
 inline constexpr size_t kMaxPolicies = 64;
 
-// How one training step is laid out over tp x pp x dp devices. Ranks are ordered tensor-parallel
-// first (inside a node), then data-parallel, then pipeline (Megatron-LM's order).
+// How one training step is laid out over tp x cp x pp x dp devices. Ranks are ordered
+// tensor-parallel first (inside a node), then context-parallel, then data-parallel, then pipeline
+// (Megatron-LM's order).
 struct Layout {
   int64_t tp = 1;            // tensor-parallel ranks (Megatron's column/row split), inside a node
   bool sp = false;           // sequence parallelism over the tp ranks
+  int64_t cp = 1;            // context-parallel ranks: the sequence split, attention in a ring
   int64_t pp = 1;            // pipeline stages (1F1B schedule)
   int64_t vpp = 1;           // model chunks per pipeline stage (interleaved 1F1B when > 1)
   int64_t dp = 1;            // data-parallel replicas
@@ -75,7 +97,10 @@ struct Layout {
   int grad_bytes = 4;        // bytes per gradient element in the buffers: 4 (Megatron's fp32
                              // main_grad) or 2 (the ZeRO paper's fp16 gradients)
 
-  int64_t gpus() const { return tp * pp * dp; }
+  int64_t gpus() const { return tp * cp * pp * dp; }
+  // Ranks the gradients are reduced over and the optimizer state is sharded over: the data- and
+  // context-parallel ranks (Megatron-LM's DP x CP group).
+  int64_t shards() const { return dp * cp; }
   // Sequences per step.
   int64_t batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
   // Micro-batches per step on each pipeline (gradient accumulation follows).
@@ -96,6 +121,7 @@ struct RankPlan {
   std::vector<LayerRange> chunks;   // its layers
   std::string policy;               // the recompute policy of its layers, as a policy string
   StepMemory memory;                // exact, for its data-parallel rank with the largest shard
+  std::vector<Allocation> fixed;    // the framework's fixed allocations, summed in memory.fixed
   double micro_ms = 0;              // forward + backward (+ recompute) of one micro-batch, all chunks
   double backward_ms = 0;           // the backward part of micro_ms
   double p2p_ms = 0;                // sending and receiving activations and gradients per micro-batch
@@ -131,6 +157,13 @@ struct LayoutPlan {
 
 // Options of plan_layout and search_layouts.
 struct PlanOptions {
+  Framework framework = Framework::Megatron;
+  bool batch_mask = true;  // Megatron: the dataloader puts a bool (micro-batch, 1, s, s) attention mask on
+                           // the GPU (off: --no-create-attention-mask-in-dataloader)
+  bool fused_wgrad = true; // Megatron: weight GEMMs accumulate into the fp32 gradient buffers directly
+                           // (off: --no-gradient-accumulation-fusion, a bf16 weight gradient first)
+  int64_t cublas_workspace = 0;  // bytes of PyTorch's cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG); 0: its
+                                 // default for the device (32 MiB on Hopper, 8.125 MiB before)
   int64_t reserve = int64_t{2} << 30;  // bytes per device kept free (CUDA context, NCCL, allocator)
   int64_t budget = 0;                  // bytes per device to fit; 0 = device memory - reserve
   bool all_stages = true;              // replay every pipeline stage (false: the first two and the last,
@@ -155,6 +188,7 @@ struct SearchSpace {
   int64_t max_vpp = 4;
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
+  int64_t cp = 1;                   // context-parallel ranks (not searched)
   int zero_fixed = -1, sp_fixed = -1;
 };
 
@@ -170,6 +204,12 @@ struct SearchResult {
 // most `top`.
 SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
                             const PlanOptions& options = {});
+
+// What `options.framework` allocates on each GPU of pipeline stage `stage` of `l`, beyond the
+// tensors the memory model replays: its GEMM workspaces and the micro-batch it keeps on the GPU.
+// `cfg` is the model (whole, not a rank's share).
+std::vector<Allocation> fixed_allocations(const PlanOptions& options, const Device& device, const ModelConfig& cfg,
+                                          const Layout& l, int stage);
 
 // The smallest power-of-two multiple of space.gpus (up to 65536) at which some layout fits, or 0.
 int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options = {});

@@ -32,12 +32,14 @@ struct StepMemory {
   int64_t optimizer = 0;   // optimizer state (with ZeRO-1: this rank's share)
   int64_t data = 0;        // one batch: input and target
   int64_t buffers = 0;     // persistent communication buffers (data parallelism: gradient buckets)
+  int64_t fixed = 0;       // a GPU framework's fixed allocations (workspaces, the batch: layout.h,
+                           // RankPlan::fixed names them); 0 for remat's own engine
   int64_t saved = 0;       // live after the forward, above base()
   int64_t peak = 0;        // highest live during the step, above base()
   std::string peak_at;     // where the peak falls: "backward of layer 5, op 'fc'"
 
-  // Live before a step: weights, optimizer state, data, buffers (gradients were freed).
-  int64_t base() const { return params + optimizer + data + buffers; }
+  // Live before a step: weights, optimizer state, data, buffers, fixed allocations (gradients were freed).
+  int64_t base() const { return params + optimizer + data + buffers + fixed; }
   int64_t total_peak() const { return base() + peak; }
 };
 
@@ -64,6 +66,9 @@ struct StepShape {
   int stages = 1;            // pipeline ranks
   int stage = 0;             // this rank's pipeline stage
   int chunks = 1;            // model chunks per pipeline rank (StepPlan::chunks)
+  // Linear weight gradients are accumulated by their GEMM straight into the gradient buffers
+  // (Megatron-LM's gradient_accumulation_fusion): no weight-gradient tensor is made for them.
+  bool fused_wgrad = false;
   bool op_by_op = false;     // with gradient buffers: replay every op of every micro-batch instead
                              // of folding the pipeline order over each chunk's passes (the same
                              // bytes, for the tests that say so)

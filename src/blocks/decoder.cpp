@@ -87,7 +87,7 @@ void check_decoder(const ModelConfig& c, const DecoderStyle& s) {
 
 BlockSpec decoder_stem(const ModelConfig& c, const DecoderStyle& s, const std::string& name) {
   Builder b(c, name + ".stem");
-  const int tokens = b.input("tokens", {c.batch, c.seq}, DType::I64, "token ids");
+  const int tokens = b.input("tokens", {c.batch, c.local_seq()}, DType::I64, "token ids");
   std::vector<ParamSpec> params = {{"wte", {c.rank_vocab(), c.dim}}};
   if (s.positions == Positions::Learned) params.push_back({"wpe", {c.seq, c.dim}, Init::Normal, 0.02, /*decay=*/false});
   const int x = b.op(OpKind::Embedding, "emb", {tokens},
@@ -117,7 +117,7 @@ BlockSpec decoder_block(const ModelConfig& c, const DecoderStyle& s, const std::
 BlockSpec decoder_head(const ModelConfig& c, const DecoderStyle& s, const std::string& name, bool loss) {
   Builder b(c, name + (loss ? ".head" : ".logits"));
   const int x = b.input("x", b.res(c.dim), c.dtype, "last block output");
-  const int targets = loss ? b.input("targets", {c.batch, c.seq}, DType::I64, "next-token ids") : -1;
+  const int targets = loss ? b.input("targets", {c.batch, c.local_seq()}, DType::I64, "next-token ids") : -1;
   const int nf = norm(b, s, "f", x, "final output");
   const Loss kind = resolved_loss(c);
   if (loss && kind == Loss::Chunked) {
@@ -126,7 +126,7 @@ BlockSpec decoder_head(const ModelConfig& c, const DecoderStyle& s, const std::s
     if (s.tied) w.tied_to = "wte";
     const int out = b.op(OpKind::ChunkedCrossEntropy, "loss", {nf, targets},
                          {{"loss", {}, DType::F32, 0, "mean cross-entropy"},
-                          {"lse", {c.batch, c.seq}, DType::F32, 0, "log-sum-exp of each token's logits"}},
+                          {"lse", {c.batch, c.local_seq()}, DType::F32, 0, "log-sum-exp of each token's logits"}},
                          {w})[0];
     b.last().tp = {Split::Vocab, c.tp, c.sp};
     b.last().chunks = c.loss_chunks;
@@ -140,7 +140,7 @@ BlockSpec decoder_head(const ModelConfig& c, const DecoderStyle& s, const std::s
   const DType logp = kind == Loss::Model ? c.dtype : DType::F32;
   const int out = b.op(OpKind::CrossEntropy, "loss", {logits, targets},
                        {{"loss", {}, DType::F32, 0, "mean cross-entropy"},
-                        {"logp", {c.batch, c.seq, c.rank_vocab()}, logp, 0, "log-probabilities"}})[0];
+                        {"logp", {c.batch, c.local_seq(), c.rank_vocab()}, logp, 0, "log-probabilities"}})[0];
   b.last().tp = {Split::Vocab, c.tp, c.sp};
   return b.finish(out);
 }

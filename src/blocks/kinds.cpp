@@ -69,6 +69,7 @@ void validate(const ModelConfig& c) {
   at_most("vocab", c.vocab, k16M, "tokens in the vocabulary");
   at_most("ffn", c.ffn, k16M, "the MLP width");
   at_most("tp", c.tp, 4096, "tensor-parallel ranks");
+  at_most("cp", c.cp, 4096, "context-parallel ranks");
   // The largest tensors: (B, T, widest) activations, (B, H, T, T) attention scores and the weight
   // matrices, counted in doubles so that nothing wraps; 2^60 bytes is an exabyte.
   const double b = static_cast<double>(c.batch), t = static_cast<double>(c.seq), d = static_cast<double>(c.dim);
@@ -100,9 +101,18 @@ void validate(const ModelConfig& c) {
            c.hidden());
   }
   if (c.sp && c.tp == 1) fail("ModelConfig.sp (sequence parallelism) splits the sequence over tp ranks; set tp > 1");
-  if (c.sp && c.seq % c.tp != 0)
-    fail("ModelConfig.seq {} is not divisible by ModelConfig.tp {}; sequence parallelism gives each rank seq / tp tokens",
-         c.seq, c.tp);
+  if (c.cp < 1) fail("ModelConfig.cp must be a positive integer, got {}", c.cp);
+  if (c.cp > 1 && c.seq % c.cp != 0)
+    fail("ModelConfig.seq {} is not divisible by ModelConfig.cp {}: each context-parallel rank holds seq / cp tokens",
+         c.seq, c.cp);
+  if (c.cp > 1 && c.attention != AttentionImpl::Flash)
+    fail("ModelConfig.cp {} runs attention in a ring over the ranks' keys and values, which math attention's T x T "
+         "tensors cannot; use --attention flash",
+         c.cp);
+  if (c.sp && c.local_seq() % c.tp != 0)
+    fail("ModelConfig.seq {} is not divisible by ModelConfig.tp {} (x cp {}); sequence parallelism gives each rank "
+         "seq / (cp tp) tokens",
+         c.seq, c.tp, c.cp);
   if (kind.validate) kind.validate(c);
 }
 

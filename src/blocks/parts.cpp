@@ -91,9 +91,10 @@ AttentionLayout attention_layout(const ModelConfig& cfg, bool causal, int64_t q_
   l.heads = cfg.rank_heads();
   l.kv_heads = cfg.rank_kv();
   l.head_dim = cfg.head_dim();
-  l.seq = cfg.seq;
+  l.seq = cfg.local_seq();
+  l.ring = cfg.cp;
   l.causal = causal;
-  l.block = causal ? std::min(cfg.attn_block, cfg.seq) : cfg.seq;
+  l.block = causal ? std::min(cfg.attn_block, l.seq) : l.seq;
   l.q_col = q_col;
   l.k_col = k_col;
   l.v_col = v_col;
@@ -109,7 +110,7 @@ int core_attention(Builder& b, int q, int k, int v, const AttentionLayout& layou
     // layout (math attention's) addresses the mask, so both draw the same one.
     const int atty = b.op(OpKind::FlashAttention, "atty", {q, k, v},
                           {{"atty", btc, c.dtype, 0, "attention output, heads merged"},
-                           {"lse", {c.batch, c.rank_heads(), c.seq}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
+                           {"lse", {c.batch, c.rank_heads(), c.local_seq()}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
     b.last().attn = layout;
     b.last().p = c.dropout;
     return atty;

@@ -26,8 +26,8 @@ class Builder {
 
   const ModelConfig& cfg() const { return cfg_; }
   const TensorSpec& tensor(int id) const { return spec_.tensors[id]; }
-  // (B, T, c): the activation shape at width c.
-  std::vector<int64_t> btc(int64_t c) const { return {cfg_.batch, cfg_.seq, c}; }
+  // (B, T, c): the activation shape at width c (T the tokens this rank holds: seq / cp).
+  std::vector<int64_t> btc(int64_t c) const { return {cfg_.batch, cfg_.local_seq(), c}; }
   // (B, T', c) of the residual stream, norms and dropouts: T' = T / tp under sequence parallelism.
   std::vector<int64_t> res(int64_t c) const { return {cfg_.batch, cfg_.rank_seq(), c}; }
 

@@ -48,6 +48,8 @@ void check_engine(const ModelConfig& cfg) {
          to_string(cfg.dtype));
   if (cfg.tp > 1)
     fail("ModelConfig.tp {}: tensor parallelism is planned (remat plan --tp), not run; the engine runs tp 1", cfg.tp);
+  if (cfg.cp > 1)
+    fail("ModelConfig.cp {}: context parallelism is planned (remat plan --cp), not run; the engine runs cp 1", cfg.cp);
 }
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options)

@@ -237,16 +237,32 @@ OpFlops flops(const BlockSpec&, const OpNode& n) {
     const int64_t rows = std::min(kTile, l.seq - qt * kTile);
     for (int64_t kt = 0; kt < key_tiles(l, qt); ++kt) area += rows * std::min(kTile, l.seq - kt * kTile);
   }
-  const int64_t gemm = 2 * l.batch * l.heads * area * l.head_dim;
+  // In a ring of context-parallel ranks each one's queries meet `ring` times the keys (its share of
+  // the whole causal square, when the sequence is split in balanced chunks).
+  const int64_t gemm = 2 * l.batch * l.heads * area * l.head_dim * l.ring;
   return {2 * gemm, 5 * gemm};
 }
 
-int64_t forward_scratch(const BlockSpec&, const OpNode& n, const ThreadConfig& ctx) {
-  return ctx.blas * (forward_floats() * 4 + (n.p > 0 ? kTile * kTile : 0));
+// Ring attention (context parallelism): one key chunk and one value chunk (a rank's share) in use
+// and the next pair arriving; the backward also sends the dK and dV of the chunk it is done with.
+int64_t ring_chunk(const BlockSpec& b, const OpNode& n) {
+  const AttentionLayout& l = n.attn;
+  return n.attn.ring > 1 ? l.batch * l.seq * l.kv() * l.head_dim * dtype_size(b.dtype) : 0;
 }
 
-int64_t backward_scratch(const BlockSpec&, const OpNode& n, const ThreadConfig& ctx) {
-  return ctx.blas * (backward_floats() * 4 + (n.p > 0 ? kTile * kTile : 0));
+int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig& ctx) {
+  return ctx.blas * (forward_floats() * 4 + (n.p > 0 ? kTile * kTile : 0)) + 4 * ring_chunk(b, n);
+}
+
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig& ctx) {
+  return ctx.blas * (backward_floats() * 4 + (n.p > 0 ? kTile * kTile : 0)) + 6 * ring_chunk(b, n);
+}
+
+// The ring: each rank sends its key and value chunks around (cp - 1 hops), and in the backward also
+// their gradients.
+OpComm comm(const BlockSpec& b, const OpNode& n) {
+  const double hops = static_cast<double>(n.attn.ring - 1), kv = static_cast<double>(2 * ring_chunk(b, n));
+  return {hops * kv, 2 * hops * kv};
 }
 
 // Grouped-query heads (4 query heads, 2 key/value heads of 8), causal, over three tiles of keys
@@ -311,6 +327,7 @@ extern const OpDef kFlashAttention = [] {
   d.flops = flops;
   d.forward_scratch = forward_scratch;
   d.backward_scratch = backward_scratch;
+  d.comm = comm;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

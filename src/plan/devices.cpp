@@ -29,16 +29,20 @@ constexpr int64_t kMaxDeviceFile = MiB;  // a device's JSON is a few hundred byt
 const Device kPresets[] = {
     {"h100-80gb", 81559 * MiB, 989, 67, 3350, 450, 50, 8, 0.7, 0.8, 0.7,
      "NVIDIA H100 SXM5 data sheet: 989 TFLOPS bf16 dense, 67 fp32, 3.35 TB/s HBM3, NVLink 900 GB/s (450 each way); "
-     "NDR 400 Gb/s per GPU (DGX H100); 81559 MiB as nvidia-smi reports"},
+     "NDR 400 Gb/s per GPU (DGX H100); 81559 MiB as nvidia-smi reports",
+     false, 90},
     {"h200-141gb", 143771 * MiB, 989, 67, 4800, 450, 50, 8, 0.7, 0.8, 0.7,
      "NVIDIA H200 SXM data sheet: 989 TFLOPS bf16 dense, 67 fp32, 4.8 TB/s HBM3e, NVLink 900 GB/s (450 each way); "
-     "NDR 400 Gb/s per GPU; 143771 MiB as nvidia-smi reports"},
+     "NDR 400 Gb/s per GPU; 143771 MiB as nvidia-smi reports",
+     false, 90},
     {"a100-80gb", 81920 * MiB, 312, 19.5, 2039, 300, 25, 8, 0.7, 0.8, 0.7,
      "NVIDIA A100 SXM4 80GB data sheet: 312 TFLOPS bf16 dense, 19.5 fp32, 2.04 TB/s HBM2e, NVLink 600 GB/s (300 each "
-     "way); HDR 200 Gb/s per GPU (DGX A100); 81920 MiB as nvidia-smi reports"},
+     "way); HDR 200 Gb/s per GPU (DGX A100); 81920 MiB as nvidia-smi reports",
+     false, 80},
     {"a100-40gb", 40960 * MiB, 312, 19.5, 1555, 300, 25, 8, 0.7, 0.8, 0.7,
      "NVIDIA A100 SXM4 40GB data sheet: 312 TFLOPS bf16 dense, 19.5 fp32, 1.56 TB/s HBM2, NVLink 600 GB/s (300 each "
-     "way); HDR 200 Gb/s per GPU (DGX A100); 40960 MiB as nvidia-smi reports"},
+     "way); HDR 200 Gb/s per GPU (DGX A100); 40960 MiB as nvidia-smi reports",
+     false, 80},
 };
 
 Device this_cpu() {
@@ -53,6 +57,7 @@ Device this_cpu() {
   d.gpus_per_node = 1;
   d.matmul_efficiency = d.memory_efficiency = d.link_efficiency = 1.0;  // measured rates, not peaks
   d.engine = true;
+  d.sm = 0;
   d.source = fmt::format("this machine, measured once and saved (calibrated_rates): fp32 GEMM {:.0f} GFLOP/s, memory "
                          "{:.1f} GB/s, threads {}; memory from /proc/meminfo",
                          r.matmul_gflops, r.memory_gbps, to_string(threads));
@@ -120,8 +125,9 @@ Device from_file(std::string_view path) {
   Device d;
   d.name = std::string(path);
   d.source = fmt::format("from {}", path);
-  static const char* known[] = {"name", "memory", "bf16_tflops", "fp32_tflops", "hbm_gbps", "intra_gbps", "inter_gbps",
-                                "gpus_per_node", "matmul_efficiency", "memory_efficiency", "link_efficiency", "source"};
+  static const char* known[] = {"name",          "memory",           "bf16_tflops",       "fp32_tflops",
+                                "hbm_gbps",      "intra_gbps",       "inter_gbps",        "gpus_per_node",
+                                "matmul_efficiency", "memory_efficiency", "link_efficiency", "source", "sm"};
   try {
     for (const auto& [key, value] : j.items()) {
       bool ok = false;
@@ -129,7 +135,7 @@ Device from_file(std::string_view path) {
       if (!ok)
         fail("--device file '{}': unknown field '{}'; allowed: name, memory (bytes or \"80GiB\"), bf16_tflops, "
              "fp32_tflops, hbm_gbps, intra_gbps, inter_gbps, gpus_per_node, matmul_efficiency, memory_efficiency, "
-             "link_efficiency, source",
+             "link_efficiency, source, sm",
              path, key);
     }
     if (j.contains("name")) d.name = j.at("name").get<std::string>();
@@ -148,6 +154,7 @@ Device from_file(std::string_view path) {
     num("memory_efficiency", d.memory_efficiency);
     num("link_efficiency", d.link_efficiency);
     if (j.contains("gpus_per_node")) d.gpus_per_node = j.at("gpus_per_node").get<int64_t>();
+    if (j.contains("sm")) d.sm = j.at("sm").get<int>();
     if (j.contains("source")) d.source = j.at("source").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     fail("--device file '{}': a field has the wrong type ({})", path, e.what());

@@ -19,7 +19,9 @@
 namespace remat {
 
 std::string to_string(const Layout& l) {
-  std::string s = fmt::format("tp {}{}, pp {}", l.tp, l.sp ? " + sp" : "", l.pp);
+  std::string s = fmt::format("tp {}{}", l.tp, l.sp ? " + sp" : "");
+  if (l.cp > 1) s += fmt::format(", cp {}", l.cp);
+  s += fmt::format(", pp {}", l.pp);
   if (l.vpp > 1) s += fmt::format(" x {} chunks", l.vpp);
   s += fmt::format(", dp {}", l.dp);
   if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
@@ -32,6 +34,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
     if (v < 1) fail("Layout.{} must be a positive integer, got {}", name, v);
   };
   positive("tp", l.tp);
+  positive("cp", l.cp);
   positive("pp", l.pp);
   positive("vpp", l.vpp);
   positive("dp", l.dp);
@@ -50,7 +53,11 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
     fail("Layout.tp {} must divide the attention heads ({}) and key/value heads ({})", l.tp, cfg.heads, cfg.kv());
   if (cfg.hidden() % l.tp != 0) fail("Layout.tp {} must divide the MLP width ({})", l.tp, cfg.hidden());
   if (l.sp && l.tp == 1) fail("Layout.sp (sequence parallelism) needs tp > 1");
-  if (l.sp && cfg.seq % l.tp != 0) fail("Layout.sp: the sequence ({}) must divide by tp {}", cfg.seq, l.tp);
+  if (l.sp && cfg.seq % (l.tp * l.cp) != 0)
+    fail("Layout.sp: the sequence ({}) must divide by tp {} x cp {}", cfg.seq, l.tp, l.cp);
+  if (l.cp > 1 && cfg.seq % l.cp != 0) fail("Layout.cp {} must divide the sequence ({})", l.cp, cfg.seq);
+  if (l.cp > 1 && cfg.attention != AttentionImpl::Flash)
+    fail("Layout.cp {} runs attention in a ring, which needs flash attention (--attention flash)", l.cp);
   if (cfg.layers % (l.pp * l.vpp) != 0)
     fail("Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many", l.pp, l.vpp, cfg.layers);
   if (l.vpp > 1 && l.pp == 1) fail("Layout.vpp {} interleaves pipeline stages; it needs pp > 1", l.vpp);
@@ -65,10 +72,10 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
          "zero 0 or 1 with pipelines",
          l.zero, l.pp);
   if (device.engine) {
-    if (l.tp > 1 || l.pp > 1)
-      fail("device cpu is remat's own engine, which trains tp 1, pp 1 (data parallel on c10d); plan tp {} pp {} "
-           "for a GPU --device",
-           l.tp, l.pp);
+    if (l.tp > 1 || l.pp > 1 || l.cp > 1)
+      fail("device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
+           "pp {} for a GPU --device",
+           l.tp, l.cp, l.pp);
     if (l.zero > 1) fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
     if (cfg.dtype != DType::F32) fail("device cpu: the engine trains fp32, got {}", to_string(cfg.dtype));
   }
@@ -103,6 +110,7 @@ std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, con
   s->cfg = cfg;
   s->cfg.tp = l.tp;
   s->cfg.sp = l.sp;
+  s->cfg.cp = l.cp;
   s->cfg.batch = l.micro_batch;
   s->spec = std::make_shared<const ModelSpec>(make_model(s->cfg));
   s->rates = rates_of(device, cfg.dtype);
@@ -173,7 +181,7 @@ class Evaluator {
       : cfg_(cfg), device_(device), options_(options) {}
 
   Shapes& shapes(const Layout& l) {
-    const auto key = std::make_tuple(l.tp, l.sp, l.micro_batch);
+    const auto key = std::make_tuple(l.tp * 4096 + l.cp, l.sp, l.micro_batch);
     auto it = shapes_.find(key);
     if (it == shapes_.end()) it = shapes_.emplace(key, make_shapes(cfg_, l, device_)).first;
     return *it->second;
@@ -204,8 +212,8 @@ class Evaluator {
   // Memoized by everything the replay reads: the layout, the stage and its layers' choices (the
   // search and each stage's policy search ask for the same replay many times).
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.micro_batch, l.pp, l.vpp, l.dp,
-                                  l.zero, l.global_batch, l.grad_bytes, stage);
+    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp,
+                                  l.dp, l.zero, l.global_batch, l.grad_bytes, stage);
     for (const LayerRange& c : stage_chunks(cfg_.layers, l.pp, l.vpp, stage))
       for (int64_t x = c.first; x < c.end; ++x)
         for (const TensorPolicy& t : layers.layers[x].tensors) key += t.choice == Choice::Save ? '1' : '0';
@@ -225,9 +233,10 @@ class Evaluator {
       shape = trainer_step_shape(m, static_cast<int>(l.dp), largest_shard(numel, l.dp), l.zero);
     } else {
       shape.micro = m;
-      shape.scaled_loss = m * l.dp > 1;
-      shape.world = static_cast<int>(l.dp);
-      shape.rank = largest_shard(numel, l.dp);
+      shape.scaled_loss = m * l.shards() > 1;
+      shape.world = static_cast<int>(l.shards());
+      shape.rank = largest_shard(numel, l.shards());
+      shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad;
       shape.zero = l.zero;
       shape.grad_buffers = true;
       shape.grad_bytes = l.grad_bytes;
@@ -236,7 +245,9 @@ class Evaluator {
       shape.chunks = static_cast<int>(l.vpp);
     }
     ++evaluated_;
-    return simulate_memory(plan, threads(l), nullptr, shape);
+    StepMemory mem = simulate_memory(plan, threads(l), nullptr, shape);
+    for (const Allocation& a : fixed_allocations(options_, device_, cfg_, l, stage)) mem.fixed += a.bytes;
+    return mem;
   }
 
   // Threads whose scratch the memory model counts: the trainer's split of this machine's cores
@@ -287,10 +298,12 @@ class Evaluator {
 
   double p2p_gbps(const Layout& l) const {
     // Pipeline neighbours are tp * dp ranks apart: in another node once that fills one.
-    return (l.tp * l.dp >= device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) * device_.link_efficiency;
+    return (l.tp * l.cp * l.dp >= device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) *
+           device_.link_efficiency;
   }
   double dp_gbps(const Layout& l) const {
-    return (l.tp * l.dp > device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) * device_.link_efficiency;
+    return (l.tp * l.cp * l.dp > device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) *
+           device_.link_efficiency;
   }
 
   // The fastest per-layer choice of the block's frontier that fits the budget on stage `stage`:
@@ -388,6 +401,7 @@ class Evaluator {
       }
       r.policy = automatic ? rank_policy_text(r.chunks, text) : policy;
       r.memory = memory(sh, l, r.stage, layers);
+      r.fixed = fixed_allocations(options_, device_, cfg_, l, r.stage);
       time(sh, l, layers, r, recompute[i], comm[i]);
       if (r.micro_ms + r.p2p_ms > worst_time) worst_time = r.micro_ms + r.p2p_ms, slowest = static_cast<int>(i);
       if (p.ranks.empty() || r.memory.total_peak() > p.peak()) p.worst = static_cast<int>(p.ranks.size());
@@ -415,11 +429,11 @@ class Evaluator {
     const StepMemory& worst = p.rank().memory;
     const int64_t wbytes = dtype_size(spec.block.dtype);
     const double numel = static_cast<double>(worst.params) / wbytes * (l.zero >= 3 ? static_cast<double>(l.dp) : 1.0);
-    const double d = static_cast<double>(l.dp), share = (d - 1) / d;
+    const double d = static_cast<double>(l.shards()), share = (d - 1) / d;
     double bytes = 0;
     if (l.zero == 0) bytes = 2 * share * numel * l.grad_bytes;
     else bytes = share * numel * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
-    if (l.dp > 1 && !device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
+    if (l.shards() > 1 && !device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
     t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
     // A word embedding tied across the first and last stage: its gradient all-reduced between them.
     for (const ParamSpec& ps : spec.head.params)
@@ -501,22 +515,27 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
     if (tp > device.gpus_per_node || space.gpus % tp != 0 || cfg.kv() % tp != 0 || cfg.hidden() % tp != 0) continue;
     for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
       if (space.sp_fixed >= 0 && sp != space.sp_fixed) continue;
-      if (sp && cfg.seq % tp != 0) continue;
+      if (sp && cfg.seq % (tp * space.cp) != 0) continue;
       for (int64_t pp : divisors(cfg.layers)) {
         if (space.pp > 0 && pp != space.pp) continue;
-        if ((space.gpus / tp) % pp != 0) continue;
-        const int64_t dp = space.gpus / (tp * pp);
+        if ((space.gpus / tp) % (pp * space.cp) != 0) continue;
+        const int64_t dp = space.gpus / (tp * space.cp * pp);
         if (space.dp > 0 && dp != space.dp) continue;
-        for (int64_t vpp = 1; vpp <= (pp > 1 ? space.max_vpp : 1); ++vpp) {
-          if (space.vpp > 0 && vpp != space.vpp) continue;
+        // An explicit vpp or micro-batch is evaluated whatever the searched grid holds.
+        std::vector<int64_t> vpps;
+        if (space.vpp > 0) vpps = {space.vpp};
+        else
+          for (int64_t v = 1; v <= (pp > 1 ? space.max_vpp : 1); ++v) vpps.push_back(v);
+        const std::vector<int64_t> micro_batches =
+            space.micro_batch > 0 ? std::vector<int64_t>{space.micro_batch} : space.micro_batches;
+        for (int64_t vpp : vpps) {
           if (cfg.layers % (pp * vpp) != 0) continue;
-          for (int64_t mb : space.micro_batches) {
-            if (space.micro_batch > 0 && mb != space.micro_batch) continue;
+          for (int64_t mb : micro_batches) {
             for (int zero : space.zero) {
               if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
               if (zero > 0 && dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
               Layout l;
-              l.tp = tp, l.sp = sp != 0, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero;
+              l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero;
               l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
               try {
                 validate(l, cfg, device);

@@ -130,7 +130,7 @@ struct ParamGrads {
 };
 
 // One stage's backward, with its incoming gradient owned by the caller.
-void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx) {
+void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad = false) {
   const BlockSpec& b = *st.spec;
   const Schedule& s = *st.schedule;
   Buffers bufs(sim);
@@ -195,6 +195,7 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
           }
         }
         for (size_t p = 0; p < op.params.size(); ++p) {
+          if (fused_wgrad && op.kind == OpKind::Linear && p == 0) continue;  // into the buffer by its GEMM
           const int64_t n = b.param_bytes(op.params[p]);
           sim.alloc(n);
           const int id = st.params[op.params[p]];
@@ -395,7 +396,7 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
           sim.alloc(root);
           sim.alloc(dy);
         }
-        backward_stage(sim, st, pg, ctx);
+        backward_stage(sim, st, pg, ctx, shape.fused_wgrad);
         const bool keeps_dy = !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] &&
                               !st.external[0];
         if (!keeps_dy) sim.free(dy);

@@ -1,0 +1,59 @@
+// What a GPU training framework allocates beyond the model's tensors (layout.h, Framework). Each
+// term is one named allocation with the code that makes it; docs/planner.md lists the sources.
+#include <fmt/format.h>
+
+#include "remat/error.h"
+#include "remat/layout.h"
+
+namespace remat {
+
+std::string_view to_string(Framework f) { return f == Framework::Megatron ? "megatron" : "torchtitan"; }
+
+Framework parse_framework(std::string_view text) {
+  if (text == "megatron") return Framework::Megatron;
+  if (text == "torchtitan") return Framework::Torchtitan;
+  fail("unknown PlanOptions.framework '{}'; allowed: megatron (Megatron-LM with Transformer Engine), torchtitan", text);
+}
+
+namespace {
+
+constexpr int64_t MiB = int64_t{1} << 20;
+
+// PyTorch's cuBLAS workspace, allocated through the caching allocator at a stream's first GEMM
+// and kept (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG
+// when set, else 4096 KiB x 8 on Hopper (sm 9.0) and 4096 KiB x 2 + 16 KiB x 8 elsewhere.
+Allocation torch_cublas(const PlanOptions& o, const Device& d) {
+  const int64_t bytes = o.cublas_workspace > 0 ? o.cublas_workspace : d.sm == 90 ? 8 * 4 * MiB : 2 * 4 * MiB + 8 * 16 * 1024;
+  return {"cuBLAS workspace (PyTorch)", bytes, "PyTorch's workspace for its cuBLAS GEMMs, one per stream, kept from the first GEMM on"};
+}
+
+}  // namespace
+
+std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d, const ModelConfig& c, const Layout& l,
+                                          int stage) {
+  if (d.engine) return {};  // remat's own trainer: the memory model replays all of it
+  const bool first = stage == 0, last = stage == l.pp - 1;
+  const int64_t tokens = l.micro_batch * c.seq / l.cp;  // a rank's tokens of one micro-batch
+  std::vector<Allocation> out;
+  out.push_back(torch_cublas(o, d));
+  if (o.framework == Framework::Megatron) {
+    out.push_back({"cuBLAS workspace (Transformer Engine)", d.sm >= 90 ? 32 * MiB : 4 * MiB,
+                   "Transformer Engine's own workspace for its GEMMs (module/base.py get_workspace)"});
+    // megatron/core/utils.py get_batch_on_this_tp_rank: the first stage gets tokens and position
+    // ids (int64), the last labels (int64) and the loss mask (fp32), both the attention mask.
+    int64_t batch = 0;
+    if (first) batch += 2 * 8 * tokens;
+    if (last) batch += (8 + 4) * tokens;
+    if (o.batch_mask && (first || last)) batch += l.micro_batch * c.seq * c.seq;
+    out.push_back({"micro-batch", batch,
+                   fmt::format("tokens and positions (first stage), labels and loss mask (last stage){} of the "
+                               "micro-batch in flight, on every tensor-parallel rank",
+                               o.batch_mask ? ", the bool attention mask (both)" : "")});
+  } else {
+    out.push_back({"micro-batch", (first ? 8 * tokens : 0) + (last ? 8 * tokens : 0),
+                   "input ids (first stage) and labels (last stage) of the micro-batch in flight, int64"});
+  }
+  return out;
+}
+
+}  // namespace remat

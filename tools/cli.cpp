@@ -76,8 +76,9 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_flag("--qkv-bias", cfg.qkv_bias, "biases on q, k and v only (Qwen2)");
   a->add_flag("--tied,!--untied", tied_flag, "the LM head is the token embedding (default: the kind's: gpt2 tied)");
   a->add_option("--qkv", qkv, "fused (one qkv linear: GPT-2, Megatron-LM) or separate (q, k, v: HF Llama, torchtitan)");
-  a->add_option("--loss", loss, "cross-entropy: fp32 (logits up-cast; default under bf16/fp16), model, or chunked:N "
-                                "(fused with the LM head, N chunks of the tokens)");
+  a->add_option("--loss", loss, "cross-entropy: fp32 (Megatron's, in place on an fp32 copy; default under bf16/fp16), "
+                                "upcast (PyTorch's cross_entropy(logits.float())), model, or chunked:N (fused with the "
+                                "LM head, N chunks of the tokens)");
 }
 
 void ShapeFlags::add_planning(CLI::App* a) {

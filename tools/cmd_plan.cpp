@@ -28,7 +28,7 @@ struct PlanFlags {
   std::string tokens;
   int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1;
   std::string framework = "megatron", cublas_workspace;
-  bool no_batch_mask = false, no_fused_wgrad = false;
+  bool no_batch_mask = false, no_fused_wgrad = false, expandable_segments = false, fsdp = false, pure_bf16 = false;
   int zero = -1, top = 5;
   bool sp = false;
   CLI::App* app = nullptr;
@@ -36,7 +36,8 @@ struct PlanFlags {
   bool layouts() const {
     for (const char* f : {"--device", "--gpus", "--tp", "--pp", "--vpp", "--dp", "--zero", "--sp", "--micro-batch",
                           "--global-batch", "--policies", "--grad-dtype", "--reserve", "--top", "--tokens", "--cp",
-                          "--framework", "--no-batch-mask", "--no-fused-wgrad", "--cublas-workspace"})
+                          "--framework", "--no-batch-mask", "--no-fused-wgrad", "--cublas-workspace",
+                          "--expandable-segments", "--fsdp", "--pure-bf16"})
       if (app->count(f) > 0) return true;
     return false;
   }
@@ -45,7 +46,8 @@ struct PlanFlags {
 nlohmann::json memory_json(const StepMemory& s) {
   return {{"params", s.params}, {"grads", s.grads},     {"optimizer", s.optimizer},     {"data", s.data},
           {"buffers", s.buffers}, {"fixed", s.fixed}, {"saved", s.saved}, {"peak", s.peak},
-          {"total_peak", s.total_peak()}, {"peak_at", s.peak_at}};
+          {"total_peak", s.total_peak()}, {"allocated_peak", s.allocated_peak}, {"reserved_peak", s.reserved_peak},
+          {"peak_at", s.peak_at}};
 }
 
 nlohmann::json config_json(const ModelConfig& cfg) {
@@ -167,7 +169,7 @@ nlohmann::json plan_json(const LayoutPlan& p) {
                       {"fixed", fixed}, {"headroom", p.budget - r.memory.total_peak()}, {"micro_batch_s", r.micro_ms / 1e3}});
   }
   const LayoutTime& t = p.time;
-  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"cp", l.cp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
+  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"cp", l.cp}, {"fsdp", l.fsdp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
                       {"micro_batch", l.micro_batch}, {"global_batch", l.batch()}, {"micro_batches", l.micro_batches()},
                       {"grad_bytes", l.grad_bytes}, {"gpus", l.gpus()}, {"text", to_string(l)}}},
           {"policy", p.policy},
@@ -199,7 +201,7 @@ void print_breakdown(const LayoutPlan& p, double tokens) {
     std::string name = pipeline ? fmt::format("stage {}", r.stage) : "every GPU";
     if (static_cast<int>(shown[k]) == p.worst && pipeline) name += " (most)";
     m.rows.push_back({name, bytes_str(s.params), bytes_str(s.grads), bytes_str(s.optimizer), bytes_str(s.peak),
-                      bytes_str(s.buffers - s.grads + s.data + s.fixed), bytes_str(s.total_peak()),
+                      bytes_str(std::max<int64_t>(0, s.buffers - s.grads) + s.data + s.fixed), bytes_str(s.total_peak()),
                       bytes_str(p.budget - s.total_peak())});
     if (k + 1 < shown.size() && shown[k + 1] > shown[k] + 1)
       m.rows.push_back({fmt::format("stages {}-{}", p.ranks[shown[k] + 1].stage, p.ranks[shown[k + 1] - 1].stage),
@@ -229,6 +231,8 @@ void print_breakdown(const LayoutPlan& p, double tokens) {
 
 int run_layouts(PlanFlags& f) {
   ModelConfig cfg = f.shape.resolve();
+  // torchtitan computes its loss as PyTorch's cross_entropy(logits.float()) (components/loss.py).
+  if (f.framework == "torchtitan" && f.shape.loss.empty() && cfg.dtype != DType::F32) cfg.loss = Loss::Upcast;
   if (f.device.empty()) fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file", [] {
     std::string s;
     for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
@@ -244,6 +248,8 @@ int run_layouts(PlanFlags& f) {
   opt.framework = parse_framework(f.framework);
   opt.batch_mask = !f.no_batch_mask;
   opt.fused_wgrad = !f.no_fused_wgrad;
+  opt.expandable_segments = f.expandable_segments;
+  opt.pure_dtype = f.pure_bf16;
   if (!f.cublas_workspace.empty()) {
     const Budget w = parse_budget(f.cublas_workspace);
     if (w.bytes <= 0) fail("--cublas-workspace takes a size such as 32MiB, got '{}'", f.cublas_workspace);
@@ -266,6 +272,12 @@ int run_layouts(PlanFlags& f) {
   space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.cp = f.cp;
+  space.fsdp = f.fsdp || opt.framework == Framework::Torchtitan;
+  if (space.fsdp && f.zero > 0)
+    fail("--zero {} with FSDP (--fsdp, --framework torchtitan): FSDP2 shards weights, gradients and optimizer state "
+         "itself; leave --zero out",
+         f.zero);
+  if (space.fsdp) space.zero = {0};
   space.zero_fixed = f.zero;
   // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
   for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp"})
@@ -443,6 +455,10 @@ Command add_plan(CLI::App& parent) {
   a->add_flag("--no-fused-wgrad", f->no_fused_wgrad,
               "megatron: weight gradients are made in bf16, then added to the fp32 buffers "
               "(--no-gradient-accumulation-fusion)");
+  a->add_flag("--fsdp", f->fsdp, "shard with FSDP2 (fully_shard per block; torchtitan's, and --framework torchtitan's)");
+  a->add_flag("--pure-bf16", f->pure_bf16, "no fp32 copies: weights, gradients and Adam state in bf16 (torchtune)");
+  a->add_flag("--expandable-segments", f->expandable_segments,
+              "PyTorch's allocator runs with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)");
   a->add_option("--cublas-workspace", f->cublas_workspace,
                 "PyTorch's cuBLAS workspace per stream, as CUBLAS_WORKSPACE_CONFIG sets it (default: PyTorch's for the "
                 "device)");

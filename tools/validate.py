@@ -23,7 +23,7 @@ GIB = float(1 << 30)
 def predicted(plan, measured):
     """The plan's bytes for what was measured: its kind (allocated or reserved) on its rank."""
     stages = plan["layouts"][0]["stages"]
-    key = "total_peak" if measured["kind"] == "allocated" else "reserved_peak"
+    key = "allocated_peak" if measured["kind"] == "allocated" else "reserved_peak"
     values = [s["memory"][key] for s in stages]
     if measured["rank"] == "last":
         return values[-1]

@@ -145,6 +145,7 @@ struct OpNode {
   int64_t in_col = 0;           // rope: the columns of its input it turns, [in_col, in_col + in_width)
   int64_t in_width = 0;         //   (q and k of a fused qkv projection); 0: all of them
   int64_t chunks = 0;           // chunked_cross_entropy: chunks of the tokens it runs one at a time
+  bool upcast = false;          // cross_entropy on bf16/fp16 logits: PyTorch's autograd of logits.float()
   TensorParallel tp;            // how the op is split over tensor-parallel ranks
 };
 

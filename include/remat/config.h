@@ -32,8 +32,11 @@ enum class Switch : uint8_t { Default, Off, On };
 // How the head computes its cross-entropy (planning bf16/fp16 models: frameworks up-cast first).
 enum class Loss : uint8_t {
   Default,  // Fp32 (the model's dtype when that is fp32)
-  Fp32,     // logits up-cast: the log-probabilities kept for the backward are fp32 (Megatron-LM,
-            // torchtitan, Hugging Face)
+  Fp32,     // Megatron-LM's vocab-parallel cross-entropy: an fp32 copy of the logits turned into the
+            // softmax in place and kept for the backward, which writes the gradient over it
+  Upcast,   // PyTorch's cross_entropy(logits.float()) under autograd (torchtitan, Hugging Face): the
+            // fp32 copy beside the fp32 log-probabilities in the forward, and nll_loss's and
+            // log_softmax's fp32 gradients together in the backward
   Model,    // log-probabilities in the model's dtype
   Chunked,  // fused linear + cross-entropy over `loss_chunks` chunks of the tokens: only a chunk's
             // fp32 logits ever exist, each recomputed in the backward (torchtune, Liger)

@@ -92,6 +92,9 @@ struct Layout {
   int64_t vpp = 1;           // model chunks per pipeline stage (interleaved 1F1B when > 1)
   int64_t dp = 1;            // data-parallel replicas
   int zero = 0;              // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
+  bool fsdp = false;         // FSDP2 over dp x cp instead (torchtitan): sharded fp32 weights as the master
+                             // copy, each stage's weights all-gathered for its passes and its gradients
+                             // reduce-scattered after its backward, overlapped with compute
   int64_t micro_batch = 1;   // sequences per micro-batch
   int64_t global_batch = 0;  // sequences per optimizer step, all replicas; 0 = micro_batch * dp
   int grad_bytes = 4;        // bytes per gradient element in the buffers: 4 (Megatron's fp32
@@ -122,6 +125,9 @@ struct RankPlan {
   std::string policy;               // the recompute policy of its layers, as a policy string
   StepMemory memory;                // exact, for its data-parallel rank with the largest shard
   std::vector<Allocation> fixed;    // the framework's fixed allocations, summed in memory.fixed
+  // memory.allocated_peak and memory.reserved_peak: PyTorch's caching allocator replayed over the
+  // stage's step (memory_model.h, StepShape::cuda) for the plans a search reports, and for
+  // plan_layout with PlanOptions::all_stages.
   double micro_ms = 0;              // forward + backward (+ recompute) of one micro-batch, all chunks
   double backward_ms = 0;           // the backward part of micro_ms
   double p2p_ms = 0;                // sending and receiving activations and gradients per micro-batch
@@ -164,6 +170,9 @@ struct PlanOptions {
                            // (off: --no-gradient-accumulation-fusion, a bf16 weight gradient first)
   int64_t cublas_workspace = 0;  // bytes of PyTorch's cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG); 0: its
                                  // default for the device (32 MiB on Hopper, 8.125 MiB before)
+  bool expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  bool pure_dtype = false;           // no fp32 copies: weights, gradients and Adam state in the model's dtype
+                                     // (torchtune's and others' pure bf16 training)
   int64_t reserve = int64_t{2} << 30;  // bytes per device kept free (CUDA context, NCCL, allocator)
   int64_t budget = 0;                  // bytes per device to fit; 0 = device memory - reserve
   bool all_stages = true;              // replay every pipeline stage (false: the first two and the last,
@@ -189,6 +198,7 @@ struct SearchSpace {
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
   int64_t cp = 1;                   // context-parallel ranks (not searched)
+  bool fsdp = false;                // every layout shards with FSDP2 (zero 0)
   int zero_fixed = -1, sp_fixed = -1;
 };
 

@@ -37,6 +37,11 @@ struct StepMemory {
   int64_t saved = 0;       // live after the forward, above base()
   int64_t peak = 0;        // highest live during the step, above base()
   std::string peak_at;     // where the peak falls: "backward of layer 5, op 'fc'"
+  // With StepShape::cuda: PyTorch's caching allocator over two steps (caching_allocator.h): the
+  // peak of the blocks it hands out (each request rounded, unsplit tails included) and of the
+  // segments it reserves. 0 otherwise.
+  int64_t allocated_peak = 0;
+  int64_t reserved_peak = 0;
 
   // Live before a step: weights, optimizer state, data, buffers, fixed allocations (gradients were freed).
   int64_t base() const { return params + optimizer + data + buffers + fixed; }
@@ -69,6 +74,23 @@ struct StepShape {
   // Linear weight gradients are accumulated by their GEMM straight into the gradient buffers
   // (Megatron-LM's gradient_accumulation_fusion): no weight-gradient tensor is made for them.
   bool fused_wgrad = false;
+  // FSDP2 (fully_shard on every stage: the embedding, each block, the head): each rank keeps 1 /
+  // world of every parameter in fp32 (the master copy) with its Adam state; a stage's bf16 weights
+  // are all-gathered for its forward (a flat buffer on the all-gather stream, copied out into the
+  // parameters) and again for its backward (the next stage's gathered ahead), and its gradients are
+  // reduce-scattered after its backward through an fp32 copy kept until the next stage's. Sharded
+  // gradients exist from a stage's first backward of the step on. NOTE [FSDP2] in docs/design.md.
+  bool fsdp = false;
+  bool fsdp_reshard = true;  // weights freed after each stage's forward (torchtitan: not with pipelines);
+                             // the head's never are
+  bool pure_dtype = false;   // no fp32 copies: weights, gradients and Adam states in the model's dtype
+  // Replay the step through a model of PyTorch's CUDA caching allocator (StepMemory::allocated_peak,
+  // reserved_peak): `fixed_blocks` first (a framework's workspaces and batch), the weights and
+  // gradient buffers, then two steps in pipeline order with the optimizer state allocated at the
+  // first optimizer step, as PyTorch's optimizers do. Slower: every op of every micro-batch.
+  bool cuda = false;
+  bool expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  std::vector<int64_t> fixed_blocks;
   bool op_by_op = false;     // with gradient buffers: replay every op of every micro-batch instead
                              // of folding the pipeline order over each chunk's passes (the same
                              // bytes, for the tests that say so)

@@ -20,6 +20,8 @@
 //            | mlp-act               drop the MLP activation output (llm.c's GELU recompute)
 //            | norm                  drop normalisation outputs; their statistics stay saved
 //            | mlp                   drop the MLP's inner tensors; recompute it from its input
+//            | torchtitan-op         torchtitan's selective op mode: keep every other matmul's output
+//                                    (the 1st, 3rd, ...) and attention's, recompute the rest
 //            | save:NAME[,NAME...]   must save these, recompute every other tensor
 //            | keep:NAME[,NAME...]   must save these (a pin: no planner moves it)
 //            | drop:NAME[,NAME...]   must recompute these (a pin)
@@ -48,15 +50,24 @@ enum class Strength : uint8_t {
 struct TensorPolicy {
   Choice choice = Choice::Save;
   Strength strength = Strength::Default;
+  // Saved although no backward reads it (with Choice::Save): activation checkpointing's save lists
+  // keep an op's output whatever reads it (torchtitan's op mode keeps every other matmul's output).
+  bool hold = false;
 };
 
 // Choices for one layer, indexed by the BlockSpec's tensor id. Only choosable tensors (read by some
 // backward, not an input) are ever Recompute.
 struct LayerPolicy {
   std::vector<TensorPolicy> tensors;
+  // Recompute every dropped tensor the backward needs when the layer's backward starts, in forward
+  // order, as torch.utils.checkpoint and Megatron-LM rerun a checkpointed layer's forward; false:
+  // each just before the backward op that reads it (remat's executor). GPU plans replay the former.
+  bool eager = false;
 
   bool saves(int tensor) const { return tensors[tensor].choice == Choice::Save; }
-  // True when both make the same choice for every tensor (the schedule they compile to is equal).
+  bool holds(int tensor) const { return tensors[tensor].hold && saves(tensor); }
+  // True when both make the same choice for every tensor and recompute alike (the schedule they
+  // compile to is equal).
   bool same_choices(const LayerPolicy& other) const;
   // True when no choosable tensor is recomputed.
   bool keeps_all(const BlockSpec& spec) const;

@@ -39,6 +39,7 @@ std::string to_string(Loss l, int64_t chunks) {
   switch (l) {
     case Loss::Default: return "default";
     case Loss::Fp32: return "fp32";
+    case Loss::Upcast: return "upcast";
     case Loss::Model: return "model";
     case Loss::Chunked: return fmt::format("chunked:{}", chunks);
   }
@@ -67,6 +68,8 @@ Mlp parse_mlp(std::string_view s) {
 void parse_loss(std::string_view s, ModelConfig& cfg) {
   if (s == "fp32") {
     cfg.loss = Loss::Fp32;
+  } else if (s == "upcast") {
+    cfg.loss = Loss::Upcast;
   } else if (s == "model") {
     cfg.loss = Loss::Model;
   } else if (s.rfind("chunked:", 0) == 0) {
@@ -77,7 +80,7 @@ void parse_loss(std::string_view s, ModelConfig& cfg) {
     cfg.loss = Loss::Chunked;
     cfg.loss_chunks = v;
   } else {
-    fail("unknown ModelConfig.loss '{}'; allowed: fp32, model, chunked:N", s);
+    fail("unknown ModelConfig.loss '{}'; allowed: fp32, upcast, model, chunked:N", s);
   }
 }
 

@@ -19,6 +19,7 @@ struct PresetDef {
   uint32_t tags;
   bool all = false;
   const char* missing = "";  // what a block without such tensors lacks, for the error
+  bool matmul_save_list = false;  // torchtitan-op: by op, not by tag (save_list_of)
 };
 
 const std::vector<PresetDef>& presets() {
@@ -30,12 +31,16 @@ const std::vector<PresetDef>& presets() {
       {"mlp-act", "drop the MLP activation output (llm.c recomputes GELU)", tag::kMlpAct, false, "no MLP activation"},
       {"norm", "drop normalisation outputs, keep their statistics", tag::kNormOut, false, "no normalisation"},
       {"mlp", "drop the MLP's inner tensors, recompute it from its input", tag::kMlpInner, false, "no MLP tensor"},
+      {"torchtitan-op",
+       "torchtitan's selective op mode: keep the outputs of the 1st, 3rd, ... matmul of the block and of attention, "
+       "recompute the rest",
+       0, false, "", /*matmul_save_list=*/true},
   };
   return table;
 }
 
 constexpr const char* kAllowed =
-    "none, full, attn, mlp-act, norm, mlp, save:NAMES, keep:NAMES, drop:NAMES, every:K[=PRESET], "
+    "none, full, attn, mlp-act, norm, mlp, torchtitan-op, save:NAMES, keep:NAMES, drop:NAMES, every:K[=PRESET], "
     "block:N[=PRESET], uniform:N, layers:I-J=PRESET[,...], budget:SIZE";
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -83,13 +88,28 @@ void merge(TensorPolicy& cur, Choice choice, Strength strength, std::string_view
   }
 }
 
+// torchtitan's selective op checkpointing (activation_checkpoint.py, _op_sac_save_list): a block
+// keeps the output of each matmul whose count in the forward is odd (the 1st, 3rd, ...; the count
+// restarts with every block) and the outputs of its attention; everything else is recomputed. The
+// kept outputs stay whether a backward reads them or not (the checkpoint's storage holds them).
+std::vector<int> save_list_of(const BlockSpec& spec) {
+  std::vector<int> kept;
+  int matmuls = 0;
+  for (const OpNode& op : spec.ops) {
+    if (op.kind == OpKind::Linear && ++matmuls % 2 == 1) kept.push_back(op.out[0]);
+    if (op.kind == OpKind::FlashAttention || op.kind == OpKind::AttnValues)
+      kept.insert(kept.end(), op.out.begin(), op.out.end());
+  }
+  return kept;
+}
+
 }  // namespace
 
 bool LayerPolicy::same_choices(const LayerPolicy& other) const {
   if (this == &other) return true;
-  if (tensors.size() != other.tensors.size()) return false;
+  if (tensors.size() != other.tensors.size() || eager != other.eager) return false;
   for (size_t t = 0; t < tensors.size(); ++t)
-    if (tensors[t].choice != other.tensors[t].choice) return false;
+    if (tensors[t].choice != other.tensors[t].choice || tensors[t].hold != other.tensors[t].hold) return false;
   return true;
 }
 
@@ -265,6 +285,16 @@ LayerPolicy Policy::apply(const BlockSpec& spec, const std::vector<Term>& terms,
     switch (term.kind) {
       case TermKind::Preset: {
         const PresetDef& def = presets()[term.preset];
+        if (def.matmul_save_list) {
+          const std::vector<int> kept = save_list_of(spec);
+          for (int t : choosable) {
+            const bool keep = std::find(kept.begin(), kept.end(), t) != kept.end();
+            merge(lp.tensors[t], keep ? Choice::Save : Choice::Recompute, Strength::Prefer, spec.tensors[t].name, token);
+          }
+          for (int t : kept)
+            if (!spec.is_input(t) && !spec.tensors[t].read_by_backward) lp.tensors[t] = {Choice::Save, Strength::Prefer, true};
+          break;
+        }
         int named = 0;
         for (int t : choosable) {
           if (!def.all && !(spec.tensors[t].tags & def.tags)) continue;

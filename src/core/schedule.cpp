@@ -65,7 +65,7 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
   s.need_input_grad = need;
   s.saved.assign(n_tensors, false);
   for (int t = 0; t < n_tensors; ++t)
-    s.saved[t] = spec.is_input(t) || (spec.tensors[t].read_by_backward && policy.saves(t));
+    s.saved[t] = spec.is_input(t) || ((spec.tensors[t].read_by_backward || policy.holds(t)) && policy.saves(t));
 
   // Forward: run each op; drop what neither a later op nor the backward needs.
   std::vector<int> last_forward_use(n_tensors, -1);
@@ -96,13 +96,26 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
     steps.push_back(st);
     s.recomputed.push_back(p);
   };
-  for (int o = n_ops - 1; o >= 0; --o) {
-    for (int t : spec.bwd_reads(o)) ensure(t);
-    steps.push_back({Step::Kind::Backward, o});
+  if (policy.eager) {
+    // Everything the backward needs, recomputed at its start in forward order (a producer's op id
+    // is below its consumers'), then the backward.
+    for (int o = n_ops - 1; o >= 0; --o)
+      for (int t : spec.bwd_reads(o)) ensure(t);
+    std::stable_sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) { return a.index < b.index; });
+    for (int o = n_ops - 1; o >= 0; --o) steps.push_back({Step::Kind::Backward, o});
+  } else {
+    for (int o = n_ops - 1; o >= 0; --o) {
+      for (int t : spec.bwd_reads(o)) ensure(t);
+      steps.push_back({Step::Kind::Backward, o});
+    }
   }
 
   // Pass 2: each tensor's last use, and where each gradient dies (after its producer's backward).
+  // A held tensor nothing reads in the backward goes at its first step (a checkpoint's recompute
+  // takes it from storage and lets it go).
   std::vector<int> last_use(n_tensors, -1), grad_last_use(n_tensors, -1);
+  for (int t = 0; t < n_tensors; ++t)
+    if (s.saved[t] && !spec.is_input(t) && policy.holds(t)) last_use[t] = 0;
   for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
     const Step& step = steps[i];
     const OpNode& op = spec.ops[step.index];
@@ -214,8 +227,11 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
 
 std::shared_ptr<const Schedule> ScheduleCache::get(const BlockSpec& spec, const LayerPolicy& policy,
                                                    const std::vector<bool>& need) {
-  key_.assign(reinterpret_cast<const char*>(&spec), sizeof(&spec));
-  for (size_t t = 0; t < spec.tensors.size(); ++t) key_ += policy.saves(static_cast<int>(t)) ? '1' : '0';
+  const BlockSpec* address = &spec;  // the block's identity
+  key_.assign(reinterpret_cast<const char*>(&address), sizeof(address));
+  key_ += policy.eager ? 'e' : 'l';
+  for (size_t t = 0; t < spec.tensors.size(); ++t)
+    key_ += policy.holds(static_cast<int>(t)) ? 'h' : policy.saves(static_cast<int>(t)) ? '1' : '0';
   key_ += '|';
   for (bool b : need) key_ += b ? '1' : '0';
   auto it = entries_.find(key_);

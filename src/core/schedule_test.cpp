@@ -154,5 +154,35 @@ TEST(Schedule, SavedBytesFollowTheTable) {
   EXPECT_EQ(full.saved_bytes(b), 0);  // only the input, which is not counted
 }
 
+// Eager recompute (torch.utils.checkpoint's order): every recompute before the first backward, in
+// forward order; lazy (remat's executor): the first backward op runs before the last recompute.
+TEST(Schedule, EagerRecomputesEverythingFirstInForwardOrder) {
+  ModelConfig c;
+  c.arch = "llama", c.layers = 2, c.dim = 16, c.heads = 4, c.batch = 2, c.seq = 8, c.vocab = 11;
+  const BlockSpec b = make_block(c);
+  LayerPolicy p = Policy::parse("full").resolve(b, 1).layers[0];
+  auto first_backward_and_last_recompute = [&](bool eager) {
+    p.eager = eager;
+    const Schedule s = compile_schedule(b, p);
+    int first_bwd = -1, last_rec = -1, prev_op = -1;
+    bool ordered = true;
+    for (int i = 0; i < static_cast<int>(s.backward.size()); ++i) {
+      const Step& st = s.backward[i];
+      if (st.kind == Step::Kind::Backward && first_bwd < 0) first_bwd = i;
+      if (st.kind == Step::Kind::Recompute) {
+        last_rec = i;
+        ordered = ordered && st.index > prev_op;
+        prev_op = st.index;
+      }
+    }
+    return std::make_tuple(first_bwd, last_rec, ordered);
+  };
+  const auto [eager_bwd, eager_rec, eager_ordered] = first_backward_and_last_recompute(true);
+  EXPECT_LT(eager_rec, eager_bwd);
+  EXPECT_TRUE(eager_ordered);
+  const auto [lazy_bwd, lazy_rec, lazy_ordered] = first_backward_and_last_recompute(false);
+  EXPECT_GT(lazy_rec, lazy_bwd);
+}
+
 }  // namespace
 }  // namespace remat

@@ -89,6 +89,20 @@ TEST_P(EngineKinds, EveryPresetAndFormGivesBitwiseEqualGradients) {
     if (has(p)) expect_bitwise(none, run(c, p), p);
 }
 
+// Recomputing a layer's dropped tensors at the start of its backward (as torch.utils.checkpoint
+// does, LayerPolicy::eager) changes when, never what: the same bits. torchtitan's op mode, which
+// holds tensors no backward reads, too.
+TEST_P(EngineKinds, EagerRecomputeAndTorchtitanOpGiveBitwiseEqualGradients) {
+  const ModelConfig c = cfg();
+  const Outcome none = run(c, "none");
+  for (const char* p : {"full", "mlp", "torchtitan-op"}) {
+    ResolvedPolicy policy = Policy::parse(p).resolve(make_block(c), c.layers);
+    expect_bitwise(none, run(c, policy), p);
+    for (LayerPolicy& l : policy.layers) l.eager = true;
+    expect_bitwise(none, run(c, policy), std::string(p) + ", eager");
+  }
+}
+
 TEST_P(EngineKinds, RandomPerTensorPoliciesGiveBitwiseEqualGradients) {
   const ModelConfig c = cfg();
   const BlockSpec b = make_block(c);

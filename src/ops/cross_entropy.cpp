@@ -35,13 +35,23 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 0, std::move(dlogits));
 }
 
+// Planning bf16/fp16 logits under PyTorch's autograd (OpNode::upcast, Loss::Upcast): the fp32 copy
+// log_softmax reads (4 bytes a logit) exists beside its fp32 output in the forward; in the
+// backward, nll_loss's fp32 gradient and log_softmax's (8 bytes a logit) exist together with the
+// saved log-probabilities, before the cast back that this op counts as its gradient (2 bytes): 6
+// more bytes a logit reach the same peak of 12.
+int64_t upcast_bytes(const BlockSpec& b, const OpNode& n, int64_t per_logit) {
+  if (!n.upcast || b.dtype == DType::F32) return 0;
+  return b.tensors[n.out[1]].numel() * per_logit;
+}
+
 // nll_loss's total_weight scalar.
-int64_t forward_scratch(const BlockSpec&, const OpNode&, const ThreadConfig&) { return 4; }
+int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) { return 4 + upcast_bytes(b, n, 4); }
 
 // A (tokens, 1) column of -1; the scaled loss gradient (4 bytes) comes after the column is freed.
 int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const TensorSpec& logp = b.tensors[n.out[1]];
-  return std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4);
+  return std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4) + upcast_bytes(b, n, 6);
 }
 
 OpComm comm(const BlockSpec& b, const OpNode& n) {

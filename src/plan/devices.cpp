@@ -31,6 +31,10 @@ const Device kPresets[] = {
      "NVIDIA H100 SXM5 data sheet: 989 TFLOPS bf16 dense, 67 fp32, 3.35 TB/s HBM3, NVLink 900 GB/s (450 each way); "
      "NDR 400 Gb/s per GPU (DGX H100); 81559 MiB as nvidia-smi reports",
      false, 90},
+    {"h100-96gb", 97320 * MiB, 989, 67, 3350, 450, 50, 8, 0.7, 0.8, 0.7,
+     "NVIDIA H100 96GB (Grand Teton): H100 SXM5 rates, 989 TFLOPS bf16 dense, 67 fp32, 3.35 TB/s, NVLink 900 GB/s "
+     "(450 each way); 400 Gb/s RDMA per GPU; 97320 MiB as PyTorch reports (torchtitan's logs: 95.04 GiB)",
+     false, 90},
     {"h200-141gb", 143771 * MiB, 989, 67, 4800, 450, 50, 8, 0.7, 0.8, 0.7,
      "NVIDIA H200 SXM data sheet: 989 TFLOPS bf16 dense, 67 fp32, 4.8 TB/s HBM3e, NVLink 900 GB/s (450 each way); "
      "NDR 400 Gb/s per GPU; 143771 MiB as nvidia-smi reports",

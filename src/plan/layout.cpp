@@ -25,6 +25,7 @@ std::string to_string(const Layout& l) {
   if (l.vpp > 1) s += fmt::format(" x {} chunks", l.vpp);
   s += fmt::format(", dp {}", l.dp);
   if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
+  if (l.fsdp) s += ", fsdp";
   s += fmt::format(", micro-batch {} x {}", l.micro_batch, l.micro_batches());
   return s;
 }
@@ -67,6 +68,8 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   if (l.vpp > 1 && l.micro_batches() % l.pp != 0)
     fail("Layout.vpp {}: interleaved 1F1B needs the micro-batches per step ({}) to be a multiple of pp {}", l.vpp,
          l.micro_batches(), l.pp);
+  if (l.fsdp && l.zero != 0)
+    fail("Layout.fsdp shards the weights, gradients and optimizer state itself; Layout.zero must be 0, got {}", l.zero);
   if (l.zero >= 2 && l.pp > 1)
     fail("Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
          "zero 0 or 1 with pipelines",
@@ -205,15 +208,20 @@ class Evaluator {
   }
 
   // Stage `stage`'s part of the step under per-layer policies `layers` (all of the model's layers).
+  // On a GPU a checkpointed layer reruns its forward when its backward starts (torch.utils.checkpoint,
+  // Megatron-LM): the eager order (LayerPolicy::eager).
   StepPlan compile(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    return compile_step(sh.spec, layers, stage_chunks(cfg_.layers, l.pp, l.vpp, stage), &sh.cache);
+    if (device_.engine) return compile_step(sh.spec, layers, stage_chunks(cfg_.layers, l.pp, l.vpp, stage), &sh.cache);
+    ResolvedPolicy eager = layers;
+    for (LayerPolicy& lp : eager.layers) lp.eager = true;
+    return compile_step(sh.spec, eager, stage_chunks(cfg_.layers, l.pp, l.vpp, stage), &sh.cache);
   }
 
   // Memoized by everything the replay reads: the layout, the stage and its layers' choices (the
   // search and each stage's policy search ask for the same replay many times).
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp,
-                                  l.dp, l.zero, l.global_batch, l.grad_bytes, stage);
+    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp,
+                                  l.dp, l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage);
     for (const LayerRange& c : stage_chunks(cfg_.layers, l.pp, l.vpp, stage))
       for (int64_t x = c.first; x < c.end; ++x)
         for (const TensorPolicy& t : layers.layers[x].tensors) key += t.choice == Choice::Save ? '1' : '0';
@@ -224,7 +232,7 @@ class Evaluator {
     return m;
   }
 
-  StepMemory memory(const Layout& l, int stage, const StepPlan& plan) {
+  StepMemory memory(const Layout& l, int stage, const StepPlan& plan, bool cuda = false) {
     int64_t numel = 0;
     for (const ModelParam& p : plan.params) numel += p.spec->numel();
     const int m = static_cast<int>(l.micro_batches());
@@ -237,6 +245,9 @@ class Evaluator {
       shape.world = static_cast<int>(l.shards());
       shape.rank = largest_shard(numel, l.shards());
       shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad;
+      shape.fsdp = l.fsdp;
+      shape.fsdp_reshard = l.pp == 1;  // torchtitan keeps a pipeline stage's weights gathered
+      shape.pure_dtype = options_.pure_dtype;
       shape.zero = l.zero;
       shape.grad_buffers = true;
       shape.grad_bytes = l.grad_bytes;
@@ -244,9 +255,15 @@ class Evaluator {
       shape.stage = stage;
       shape.chunks = static_cast<int>(l.vpp);
     }
+    const std::vector<Allocation> fixed = fixed_allocations(options_, device_, cfg_, l, stage);
+    if (cuda && !device_.engine) {
+      shape.cuda = true;
+      shape.expandable_segments = options_.expandable_segments;
+      for (const Allocation& a : fixed) shape.fixed_blocks.push_back(a.bytes);
+    }
     ++evaluated_;
     StepMemory mem = simulate_memory(plan, threads(l), nullptr, shape);
-    for (const Allocation& a : fixed_allocations(options_, device_, cfg_, l, stage)) mem.fixed += a.bytes;
+    for (const Allocation& a : fixed) mem.fixed += a.bytes;
     return mem;
   }
 
@@ -402,6 +419,11 @@ class Evaluator {
       r.policy = automatic ? rank_policy_text(r.chunks, text) : policy;
       r.memory = memory(sh, l, r.stage, layers);
       r.fixed = fixed_allocations(options_, device_, cfg_, l, r.stage);
+      if (all_stages && !device_.engine) {  // a reported plan: the caching allocator's blocks and segments too
+        const StepMemory cuda = memory(l, r.stage, compile(sh, l, r.stage, layers), /*cuda=*/true);
+        r.memory.allocated_peak = cuda.allocated_peak;
+        r.memory.reserved_peak = cuda.reserved_peak;
+      }
       time(sh, l, layers, r, recompute[i], comm[i]);
       if (r.micro_ms + r.p2p_ms > worst_time) worst_time = r.micro_ms + r.p2p_ms, slowest = static_cast<int>(i);
       if (p.ranks.empty() || r.memory.total_peak() > p.peak()) p.worst = static_cast<int>(p.ranks.size());
@@ -431,16 +453,27 @@ class Evaluator {
     const double numel = static_cast<double>(worst.params) / wbytes * (l.zero >= 3 ? static_cast<double>(l.dp) : 1.0);
     const double d = static_cast<double>(l.shards()), share = (d - 1) / d;
     double bytes = 0;
-    if (l.zero == 0) bytes = 2 * share * numel * l.grad_bytes;
-    else bytes = share * numel * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
-    if (l.shards() > 1 && !device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
-    t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
+    if (l.fsdp) {
+      // FSDP2: every micro-batch gathers each stage's bf16 weights for its forward and again for its
+      // backward, and reduce-scatters its fp32 gradients; per stage, overlapped with the compute of
+      // the stages around it: what shows is what the compute cannot cover, and the first gather.
+      const double full = static_cast<double>(worst.params) / 4 * d;  // elements (fp32 shards)
+      bytes = m * share * full * (2 * wbytes + 4);
+      if (l.shards() > 1) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
+      const double first = t.dp_comm_s / (m * 2 * static_cast<double>(spec.layers + 2));
+      t.dp_exposed_s = std::max(0.0, t.dp_comm_s - t.compute_s) + first;
+    } else {
+      if (l.zero == 0) bytes = 2 * share * numel * l.grad_bytes;
+      else bytes = share * numel * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
+      if (l.shards() > 1 && !device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
+      t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
+    }
     // A word embedding tied across the first and last stage: its gradient all-reduced between them.
     for (const ParamSpec& ps : spec.head.params)
       if (!ps.tied_to.empty() && l.pp > 1)
         t.p2p_s += static_cast<double>(ps.numel() * l.grad_bytes) / (device_.inter_gbps * device_.link_efficiency * 1e9);
     // Adam over this rank's share: read weights, gradients, master and moments; write them back.
-    const double owned = static_cast<double>(worst.optimizer) / (spec.block.dtype == DType::F32 ? 8 : 12);
+    const double owned = static_cast<double>(worst.optimizer) / (spec.block.dtype == DType::F32 || l.fsdp ? 8 : 12);
     t.optimizer_s = owned * (spec.block.dtype == DType::F32 ? 28.0 : 30.0) / (sh.rates.memory_gbps * 1e9);
     t.step_s = t.compute_s + t.bubble_s + t.p2p_s + t.dp_exposed_s + t.optimizer_s;
     // Model FLOPs (no recompute) over the devices' peak.
@@ -534,8 +567,10 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
             for (int zero : space.zero) {
               if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
               if (zero > 0 && dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
+              if (space.fsdp && zero != 0) continue;
               Layout l;
               l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero;
+              l.fsdp = space.fsdp;
               l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
               try {
                 validate(l, cfg, device);

@@ -17,9 +17,11 @@
 #include "remat/memory_model.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
+#include "plan/caching_allocator.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -34,15 +36,29 @@ struct Where {
 
 class Sim {
  public:
-  void alloc(int64_t n) {
+  // With `cuda`, every allocation and free also goes to the caching allocator's model; a free of n
+  // bytes releases the latest live block of n bytes on that stream (tensors of one size are alike
+  // to it).
+  explicit Sim(detail::CachingAllocatorModel* cuda = nullptr) : cuda_(cuda) {}
+  // `stream`: the CUDA stream that allocates it (FSDP2's all-gather and reduce-scatter have their own).
+  void alloc(int64_t n, int stream = 0) {
     live_ += n;
     peak_ = std::max(peak_, live_);
     if (live_ > top_) {
       top_ = live_;
       peak_at_ = where_;
     }
+    if (cuda_ && n > 0) by_size_[{n, stream}].push_back(cuda_->alloc(n, stream));
   }
-  void free(int64_t n) { live_ -= n; }
+  void free(int64_t n, int stream = 0) {
+    live_ -= n;
+    if (cuda_ && n > 0) {
+      std::vector<int>& live = by_size_[{n, stream}];
+      if (live.empty()) fail_runtime("internal: the memory model frees {} bytes it never allocated", n);
+      cuda_->free(live.back());
+      live.pop_back();
+    }
+  }
   void at(const char* pass, const StagePlan* stage, int op) { where_ = {pass, stage, op}; }
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
@@ -55,6 +71,8 @@ class Sim {
  private:
   int64_t live_ = 0, peak_ = 0, top_ = 0;
   Where where_, peak_at_;
+  detail::CachingAllocatorModel* cuda_ = nullptr;
+  std::map<std::pair<int64_t, int>, std::vector<int>> by_size_;  // live handles by (size, stream), latest last
 };
 
 std::string describe(const Where& w) {
@@ -122,11 +140,11 @@ enum class Grads : uint8_t {
 
 // The parameter gradients of the running stage and micro-batch (rules 3 and 4).
 struct ParamGrads {
-  std::vector<bool> has;     // by model parameter: already has one gradient in this micro-batch
-  std::vector<int> uses;     // by model parameter: stages that read it
-  int64_t single = 0;        // gradients of parameters one stage reads
-  int64_t held = 0;          // first gradients of a tied parameter: autograd holds them for the second
-  int64_t second = 0;        // second gradients of a tied parameter
+  std::vector<bool> has;          // by model parameter: already has one gradient in this micro-batch
+  std::vector<int> uses;          // by model parameter: stages that read it
+  std::vector<int64_t> single;    // gradients of parameters one stage reads
+  std::vector<int64_t> held;      // first gradients of a tied parameter: autograd holds them for the second
+  std::vector<int64_t> second;    // second gradients of a tied parameter
 };
 
 // One stage's backward, with its incoming gradient owned by the caller.
@@ -199,7 +217,7 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
           const int64_t n = b.param_bytes(op.params[p]);
           sim.alloc(n);
           const int id = st.params[op.params[p]];
-          (pg.uses[id] == 1 ? pg.single : pg.has[id] ? pg.second : pg.held) += n;
+          (pg.uses[id] == 1 ? pg.single : pg.has[id] ? pg.second : pg.held).push_back(n);
           pg.has[id] = true;
         }
         const int64_t scratch = b.backward_scratch(step.index, ctx);
@@ -236,14 +254,24 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
 // After a stage has returned (and its dy is gone): its parameter gradients, by rules 3 and 4.
 void settle(Sim& sim, ParamGrads& pg, Grads mode) {
   if (mode == Grads::Handed) {
-    sim.free(pg.single + pg.held + pg.second);  // each copied into its bucket as it arrives
+    for (auto* v : {&pg.single, &pg.held, &pg.second})  // each copied into its bucket as it arrives
+      for (int64_t n : *v) sim.free(n);
   } else {
-    sim.alloc(pg.second);  // the tied sum, out of place
-    sim.free(2 * pg.second);
-    if (mode == Grads::Later) sim.free(pg.single + pg.second);  // added into .grad
+    // The tied sums, out of place: each pair of a held first gradient and its second.
+    const size_t pairs = pg.second.size();
+    for (size_t i = 0; i < pairs; ++i) {
+      sim.alloc(pg.second[i]);
+      sim.free(pg.held[i]);
+      sim.free(pg.second[i]);
+    }
+    pg.held.erase(pg.held.begin(), pg.held.begin() + static_cast<std::ptrdiff_t>(pairs));
+    if (mode == Grads::Later)  // added into .grad
+      for (auto* v : {&pg.single, &pg.second})
+        for (int64_t n : *v) sim.free(n);
   }
-  pg.single = pg.second = 0;
-  if (mode == Grads::Handed) pg.held = 0;
+  pg.single.clear();
+  pg.second.clear();
+  if (mode == Grads::Handed) pg.held.clear();
 }
 
 }  // namespace
@@ -317,10 +345,20 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
   const bool mixed = dtype != DType::F32;
   // ZeRO: this rank's share of the parameters, laid end to end.
   const int64_t owned = shard_first(numel, shape.rank + 1, shape.world) - shard_first(numel, shape.rank, shape.world);
-  m.params = (shape.zero >= 3 ? owned : numel) * wbytes;
-  m.grads = (bucketed ? (shape.zero >= 2 ? owned : numel) * gbytes : numel * wbytes);
-  m.optimizer = (shape.zero >= 1 ? owned : numel) * (mixed ? 12 : 8);  // (fp32 master weights,) m and v
-  if (bucketed) m.buffers = m.grads + shape.extra_buffers;
+  // Bytes per element of the master weights and the Adam state (m and v): fp32, or the model's
+  // dtype when nothing is kept in fp32.
+  const int64_t master = mixed && !shape.pure_dtype ? 4 : 0, state = shape.pure_dtype ? 2 * wbytes : 8;
+  if (shape.fsdp) {  // the sharded weights are the master copy; gradients are made in the backward
+    m.params = owned * (master > 0 ? master : wbytes);
+    m.grads = owned * (master > 0 ? master : wbytes);
+    m.optimizer = owned * state;
+    m.buffers = shape.extra_buffers;
+  } else {
+    m.params = (shape.zero >= 3 ? owned : numel) * wbytes;
+    m.grads = (bucketed ? (shape.zero >= 2 ? owned : numel) * gbytes : numel * wbytes);
+    m.optimizer = (shape.zero >= 1 ? owned : numel) * (master + state);
+    if (bucketed) m.buffers = m.grads + shape.extra_buffers;
+  }
   for (const StagePlan& st : plan.stages) {
     if (st.role == StagePlan::Role::Stem || (st.external.size() > 0 && st.external[0]))
       m.data += st.spec->tensors[st.spec->inputs[0]].bytes();
@@ -373,13 +411,73 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
     *peak = std::max(*peak, sim.peak());
     top = std::max(top, sim.peak());
   };
+  // FSDP2 (StepShape::fsdp), in the order its hooks run; NOTE [FSDP2].
+  enum Stream { kCompute = 0, kAllGather = 1, kReduceScatter = 2 };
+  std::vector<char> unsharded(plan.stages.size(), 0), reduced(plan.stages.size(), 0);
+  int64_t flat = 0, rs_input = 0;
+  std::vector<int64_t> sharded_grads;  // the reduce-scatter outputs of this step: the stages' gradients
+  auto weights = [&](size_t i) {       // a stage's bf16 weights
+    int64_t b = 0;
+    for (size_t k = 0; k < plan.stages[i].params.size(); ++k) b += plan.stages[i].spec->param_bytes(static_cast<int>(k));
+    return b;
+  };
+  // All-gather into a flat buffer, copy out into the parameters. In the forward the flat buffer is
+  // kept until the next copy-out (to overlap it with the next all-gather), which may come in the
+  // backward; in the backward it goes at once.
+  auto gather = [&](size_t i, bool keep_flat) {
+    const int64_t w = weights(i);
+    if (w == 0 || unsharded[i]) return;
+    sim.alloc(w, kAllGather);
+    sim.alloc(w, kCompute);
+    unsharded[i] = 1;
+    sim.free(flat, kAllGather);
+    flat = 0;
+    if (keep_flat) flat = w;
+    else sim.free(w, kAllGather);
+  };
+  auto fsdp_forward = [&](size_t i) {
+    if (shape.fsdp) gather(i, /*keep_flat=*/true);
+  };
+  auto fsdp_after_forward = [&](size_t i) {
+    if (!shape.fsdp || !unsharded[i] || !shape.fsdp_reshard || plan.stages[i].role == StagePlan::Role::Head) return;
+    sim.free(weights(i));
+    unsharded[i] = 0;
+  };
+  auto fsdp_backward = [&](const Chunk& c, size_t i) {
+    if (!shape.fsdp) return;
+    gather(i, false);
+    for (size_t j = i; j-- > c.first;)  // the next stage the backward reaches with weights: gathered ahead
+      if (weights(j) > 0) {
+        gather(j, false);
+        break;
+      }
+  };
+  auto fsdp_reduce = [&](size_t i) {  // the gradients copied (up-cast) into the reduce-scatter input
+    if (shape.fsdp && weights(i) > 0) sim.alloc(weights(i) * 4 / wbytes);
+  };
+  auto fsdp_after_backward = [&](size_t i) {
+    if (!shape.fsdp || weights(i) == 0) return;
+    if (!reduced[i]) {  // the sharded gradient, accumulated into by later micro-batches
+      const int64_t g = std::max<int64_t>(1, weights(i) / wbytes / shape.world) * (master > 0 ? master : wbytes);
+      sim.alloc(g, kReduceScatter);
+      sharded_grads.push_back(g);
+      reduced[i] = 1;
+    }
+    sim.free(rs_input);  // the previous stage's input, its reduce-scatter done
+    rs_input = weights(i) * 4 / wbytes;
+    sim.free(weights(i));  // resharded after the backward
+    unsharded[i] = 0;
+  };
   // One chunk's forward of one micro-batch. Its input comes from the data or the previous pipeline
   // stage (received: counted here, freed by the first block's backward); its output goes to the
   // next stage (sent, then freed) or is the loss.
   auto forward = [&](const Chunk& c, MemoryTrace& tr) {
     if (!c.begins) sim.alloc(plan.stages[c.first].spec->tensors[plan.stages[c.first].spec->inputs[0]].bytes());
-    for (size_t i = c.first; i <= c.last; ++i)
+    for (size_t i = c.first; i <= c.last; ++i) {
+      fsdp_forward(i);
       phase(plan.stages[i], false, tr, [&] { forward_stage(sim, plan.stages[i], ctx); });
+      fsdp_after_forward(i);
+    }
     if (!c.ends) sim.free(plan.stages[c.last].spec->tensors[plan.stages[c.last].spec->output].bytes());
   };
   // Its backward: the root gradient first (rule 1), or the gradient received for its output; each
@@ -391,20 +489,31 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
     if (!c.ends) sim.alloc(dy);
     for (size_t i = c.last + 1; i-- > c.first;) {
       const StagePlan& st = plan.stages[i];
+      // A unit's pre-backward hook fires when the gradient reaches its output: for the head, after
+      // the loss's backward (the loss is computed outside the model).
+      const bool head = st.role == StagePlan::Role::Head;
+      if (!head) fsdp_backward(c, i);
       phase(st, true, tr, [&] {
-        if (st.role == StagePlan::Role::Head) {
+        if (head) {
           sim.alloc(root);
           sim.alloc(dy);
         }
         backward_stage(sim, st, pg, ctx, shape.fused_wgrad);
+        if (head) fsdp_backward(c, i);
         const bool keeps_dy = !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] &&
                               !st.external[0];
         if (!keeps_dy) sim.free(dy);
         sim.at("summing a tied parameter's gradients", &st, -1);
+        fsdp_reduce(i);
         settle(sim, pg, mode);
+        fsdp_after_backward(i);
       });
       dy = st.spec->tensors[st.spec->inputs[0]].bytes();
     }
+    sim.free(rs_input);
+    rs_input = 0;
+    sim.free(flat, kAllGather);  // (a forward's last all-gather, when no copy-out came after it)
+    flat = 0;
     if (!c.begins) sim.free(dy);  // the input's gradient, sent back
     if (c.ends) {
       sim.free(root);
@@ -430,10 +539,45 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
     m.peak = top;
     m.peak_at = describe(sim.peak_at());
   };
-  if (!bucketed) {
+  if (shape.cuda) {
+    // The caching allocator sees every block: the persistent tensors, then two steps op by op with
+    // the optimizer's state made at the first optimizer step (what the first step's activations
+    // freed may hold it).
+    detail::CachingAllocatorModel cuda(shape.expandable_segments);
+    Sim persistent(&cuda);
+    sim = Sim(&cuda);
+    auto share = [&](const ModelParam& p, bool sharded) {
+      return sharded ? std::max<int64_t>(1, p.spec->numel() / shape.world) : p.spec->numel();
+    };
+    for (int64_t b : shape.fixed_blocks) persistent.alloc(b);
+    if (shape.fsdp)  // each parameter's shard (fp32: the master copy)
+      for (const ModelParam& p : plan.params) persistent.alloc(share(p, true) * (master > 0 ? master : wbytes));
+    else if (shape.zero >= 3)
+      persistent.alloc(m.params);  // this rank's shard, one flat tensor
+    else
+      for (const ModelParam& p : plan.params) persistent.alloc(p.spec->numel() * wbytes);
+    if (bucketed && !shape.fsdp) persistent.alloc(m.grads);
+    persistent.alloc(m.data);
+    const int micro = periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro);
+    replay(micro);
+    // The optimizer's state, per parameter's share: (an fp32 master copy,) m and v.
+    for (const ModelParam& p : plan.params) {
+      const int64_t n = share(p, shape.fsdp || shape.zero >= 1);
+      if (master > 0 && !shape.fsdp) persistent.alloc(n * master);
+      for (int k = 0; k < 2; ++k) persistent.alloc(n * state / 2);
+    }
+    for (int64_t g : sharded_grads) sim.free(g, kReduceScatter);  // zero_grad before the next step
+    sharded_grads.clear();
+    std::fill(reduced.begin(), reduced.end(), 0);
+    replay(micro);
+    m.allocated_peak = cuda.peak_allocated();
+    m.reserved_peak = cuda.peak_reserved();
+  } else if (!bucketed) {
     replay(std::min(shape.micro, 2));
   } else if (shape.op_by_op) {
     replay(shape.micro);
+  } else if (shape.fsdp) {  // FSDP2's gradients appear in the first backward only: no fold
+    replay(periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro));
   } else {
     // With buffers every micro-batch is alike: a chunk's forward (or backward) changes the level by
     // the same amount and rises the same height above where it starts, whatever else is alive (the

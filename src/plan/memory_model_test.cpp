@@ -52,6 +52,23 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerToTheByte) {
     if (has(p)) expect_equal(cfg(), p);
 }
 
+// The same with every recompute at the start of a layer's backward (GPU frameworks' order) and
+// with torchtitan's op mode, which holds outputs no backward reads until the backward begins.
+TEST_P(MemoryModelKinds, EqualsTheTrackerWithEagerRecomputeAndHeldTensors) {
+  const ModelConfig c = cfg();
+  for (const char* p : {"full", "mlp", "torchtitan-op"}) {
+    ResolvedPolicy policy = Policy::parse(p).resolve(make_block(c), c.layers);
+    for (bool eager : {false, true}) {
+      for (LayerPolicy& l : policy.layers) l.eager = eager;
+      const StepMemory predicted = simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(c)), policy),
+                                                   current_threads());
+      const Measured m = measure(c, policy);
+      EXPECT_EQ(predicted.saved, m.saved) << GetParam().name << " " << p << (eager ? " eager" : "");
+      EXPECT_EQ(predicted.peak, m.peak) << GetParam().name << " " << p << (eager ? " eager" : "");
+    }
+  }
+}
+
 TEST_P(MemoryModelKinds, EqualsTheTrackerForRandomPerTensorPolicies) {
   const ModelConfig c = cfg();
   const BlockSpec b = make_block(c);

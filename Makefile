@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp eager
+.PHONY: run test sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp eager validate
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes (2-core Xeon).
@@ -39,11 +39,17 @@ train: build
 # Multi-GPU plans: the fastest layouts for GPT-3 175B on 64 A100s, LLaMA-70B on 16 H100s and a 1T
 # model on 512 A100s, and Korthikanti et al.'s Table 3 models under their four settings. Seconds.
 layouts: build
-	@for m in "gpt3-175b --gpus 64 --device a100-80gb" "llama-70b --gpus 16 --device h100-80gb" \
+	@for m in "gpt3-175b --gpus 64 --device a100-80gb" "llama2-70b --gpus 16 --device h100-80gb" \
 	          "megatron-1t --gpus 512 --device a100-80gb"; do \
 	  echo "\$$ remat plan --model $$m --top 3"; $(BUILD)/remat plan --model $$m --top 3 || exit 1; echo; \
 	done | tee results/layouts.txt
 	tools/table3.sh $(BUILD)/remat | tee results/table3.md
+
+# The planner against per-GPU memory others measured on real training runs (validation/cases.json,
+# each with its source): docs/validation.md with every case's ratio and the runs remat cannot
+# express. Seconds.
+validate: build
+	tools/validate.py --remat $(BUILD)/remat --cases validation/cases.json --markdown docs/validation.md
 
 # Fused (flash) attention against math attention on GPT-2 blocks (width 512, 8 heads, dropout 0.1):
 # batch 8 at T = 1024 and 2048, in one round-robin run each; batch 2 at T = 4096 (both) and 8192

@@ -14,6 +14,7 @@ packages=(
   libcli11-dev libfmt-dev nlohmann-json3-dev
   gnuplot-nox                        # charts (PNG and SVG)
   fortunes                           # default training corpus for `remat train`
+  python3                            # tools/validate.py (make validate, the validation test)
 )
 if [ "${1:-}" = fuzz ]; then
   packages+=(clang libclang-rt-dev)  # libFuzzer and clang's ASan/UBSan runtimes

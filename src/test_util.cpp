@@ -83,6 +83,9 @@ std::vector<EngineCase> engine_cases() {
   ModelConfig l = tiny("llama", 0.1);
   l.fused_qkv = Switch::On, l.qkv_bias = true, l.norm = Norm::Layer, l.loss = Loss::Chunked, l.loss_chunks = 3;
   out.push_back({"llama_fused_qkvbias_chunked", l});
+  ModelConfig q = tiny("llama", 0.1);  // Qwen3's q/k norms; GPT-NeoX's partial rotary and parallel residual
+  q.qk_norm = true, q.rotary_fraction = 0.5, q.parallel_residual = true, q.kv_heads = 2;
+  out.push_back({"llama_qknorm_partial_rotary_parallel", q});
   ModelConfig t = tiny("gpt2", 0.1);
   t.loss = Loss::Chunked, t.loss_chunks = 4;
   out.push_back({"gpt2_chunked_tied", t});

@@ -127,7 +127,7 @@ bad "cannot be met: the smallest peak any policy reaches is" plan --model gpt3-1
 bad "unknown tensor 'ln9'" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 1GB --pins keep:ln9
 bad "unknown cost source 'magic'; allowed: auto, measured, estimated" plan --budget 1GB --costs magic
 bad "unknown --dtype 'fp8'; allowed: fp32, bf16, fp16" plan --budget 1GB --dtype fp8
-bad "unknown --model 'gpt5'" plan --model gpt5 --budget 1GB
+bad "unknown model 'gpt5'; the presets are: gpt2-small" plan --model gpt5 --budget 1GB
 # ---- multi-GPU layouts --------------------------------------------------------------------------
 bad "--device 'tpu9' is neither a preset (h100-80gb" plan --model gpt3-175b --gpus 64 --device tpu9
 bad "--device file 'device-type.json': a field has the wrong type" plan --model gpt3-175b --gpus 64 --device device-type.json
@@ -213,6 +213,8 @@ bad "--tp is a GPU layout; --device cpu plans remat's own trainer" plan --device
 bad "--pp is a GPU layout" plan --device cpu --gpus 2 --pp 2 --layers 2 --dim 16 --heads 4 --seq 8
 bad "--global-batch must be in 1..1048576" plan "${gpt3[@]}" --global-batch 1099511627776
 bad "--policies lists 'attn' twice" plan "${gpt3[@]}" --policies attn,attn
+bad "--first-stage-layers and --last-stage-layers split a pipeline together" plan "${gpt3[@]}" --first-stage-layers 2
+bad "--first-stage-layers 2 + --last-stage-layers 3 leave 91 of the 96 layers" plan "${gpt3[@]}" --pp 4 --first-stage-layers 2 --last-stage-layers 3
 bad "--policies lists 'full' twice" bench "${tiny[@]}" --policies full,none,full
 bad "--warmup must be in 0..10000, got 2000000000" bench "${tiny[@]}" --warmup 2000000000
 bad "--eval-batches must be in 1..65536, got 2000000000" train --eval-batches 2000000000 --data "$box/text.txt"

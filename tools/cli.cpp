@@ -8,46 +8,11 @@
 
 #include "remat/block.h"
 #include "remat/error.h"
+#include "remat/models.h"
 
 namespace remat::cli {
 
 namespace {
-
-// Named shapes for `remat plan --model`.
-// global_batch: sequences per optimizer step in the published run (0: none published).
-struct NamedShape {
-  const char* name;
-  const char* arch;
-  int64_t layers, dim, heads, kv_heads, ffn, seq, vocab;
-  const char* dtype;
-  double dropout;
-  int64_t global_batch;
-};
-// GPT-2 and GPT-3 (Brown et al. 2020: 1536 sequences of 2048); LLaMA-2 (Touvron et al. 2023: 4M
-// tokens per step); the four models of Korthikanti et al. 2022, Table 3 (vocabulary 51200,
-// their global batch).
-constexpr NamedShape kShapes[] = {
-    {"gpt2-small", "gpt2", 12, 768, 12, 0, 0, 1024, 50257, "fp32", 0.1, 512},
-    {"gpt3-175b", "gpt2", 96, 12288, 96, 0, 0, 2048, 50257, "bf16", 0.1, 1536},
-    {"llama-7b", "llama", 32, 4096, 32, 0, 11008, 4096, 32000, "bf16", 0.0, 1024},
-    {"llama-70b", "llama", 80, 8192, 64, 8, 28672, 4096, 32000, "bf16", 0.0, 1024},
-    {"megatron-22b", "gpt2", 48, 6144, 64, 0, 0, 2048, 51200, "bf16", 0.1, 4},
-    {"megatron-175b", "gpt2", 96, 12288, 96, 0, 0, 2048, 51200, "bf16", 0.1, 64},
-    {"megatron-530b", "gpt2", 105, 20480, 128, 0, 0, 2048, 51200, "bf16", 0.1, 280},
-    {"megatron-1t", "gpt2", 128, 25600, 160, 0, 0, 2048, 51200, "bf16", 0.1, 512},
-};
-
-const NamedShape* find_shape(const std::string& name) {
-  for (const NamedShape& s : kShapes)
-    if (name == s.name) return &s;
-  return nullptr;
-}
-
-std::string shape_names() {
-  std::string s;
-  for (const NamedShape& n : kShapes) s += (s.empty() ? "" : ", ") + std::string(n.name);
-  return s;
-}
 
 }  // namespace
 
@@ -82,27 +47,36 @@ void ShapeFlags::add(CLI::App* a) {
 }
 
 void ShapeFlags::add_planning(CLI::App* a) {
-  a->add_option("--model", model, "a named shape: " + shape_names() + " (flags override it)");
+  std::string names;
+  for (const NamedModel& m : named_models()) names += (names.empty() ? "" : ", ") + m.name;
+  a->add_option("--model", model, "a preset: " + names + " (flags override it)");
+  a->add_option("--model-config", model_config,
+                "a Hugging Face config.json (Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX); flags override it");
   a->add_option("--vocab", cfg.vocab, "token models: vocabulary size")->capture_default_str();
   a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
 }
 
 ModelConfig ShapeFlags::resolve() {
-  if (!model.empty()) {
-    const NamedShape* shape = find_shape(model);
-    if (shape == nullptr) fail("unknown --model '{}'; allowed: {}", model, shape_names());
+  if (!model.empty() && !model_config.empty()) fail("--model and --model-config both name a model; give one");
+  if (!model.empty() || !model_config.empty()) {
+    // The preset or the file, with every flag given on the command line over it.
+    const ModelConfig base = model.empty() ? read_model_config(model_config) : named_model(model).config;
     auto unset = [&](const char* flag) { return app->count(flag) == 0; };
-    if (unset("--arch")) cfg.arch = shape->arch;
-    if (unset("--layers")) cfg.layers = shape->layers;
-    if (unset("--dim")) cfg.dim = shape->dim;
-    if (unset("--heads")) cfg.heads = shape->heads;
-    if (unset("--kv-heads")) cfg.kv_heads = shape->kv_heads;
-    if (unset("--ffn")) cfg.ffn = shape->ffn;
-    if (unset("--seq")) cfg.seq = shape->seq;
-    if (unset("--vocab")) cfg.vocab = shape->vocab;
-    if (unset("--dtype")) dtype = shape->dtype;
-    if (unset("--dropout")) cfg.dropout = shape->dropout;
-    if (unset("--batch")) cfg.batch = 1;
+    const ModelConfig flags = cfg;
+    cfg = base;
+    if (!unset("--arch")) cfg.arch = flags.arch;
+    if (!unset("--layers")) cfg.layers = flags.layers;
+    if (!unset("--dim")) cfg.dim = flags.dim;
+    if (!unset("--heads")) cfg.heads = flags.heads;
+    if (!unset("--kv-heads")) cfg.kv_heads = flags.kv_heads;
+    if (!unset("--ffn")) cfg.ffn = flags.ffn;
+    if (!unset("--seq")) cfg.seq = flags.seq;
+    if (!unset("--vocab")) cfg.vocab = flags.vocab;
+    if (!unset("--dropout")) cfg.dropout = flags.dropout;
+    if (!unset("--batch")) cfg.batch = flags.batch;
+    if (!unset("--attn-block")) cfg.attn_block = flags.attn_block;
+    if (!unset("--qkv-bias")) cfg.qkv_bias = flags.qkv_bias;
+    if (unset("--dtype")) dtype = std::string(to_string(base.dtype));
   }
   cfg.dtype = parse_dtype(dtype);
   cfg.attention = parse_attention(attention.substr(0, attention.find(',')));
@@ -122,10 +96,7 @@ ModelConfig ShapeFlags::resolve() {
   return cfg;
 }
 
-int64_t ShapeFlags::global_batch() const {
-  const NamedShape* s = model.empty() ? nullptr : find_shape(model);
-  return s ? s->global_batch : 0;
-}
+int64_t ShapeFlags::global_batch() const { return model.empty() ? 0 : named_model(model).global_batch; }
 
 void progress(const std::string& line) {
   static const bool tty = isatty(fileno(stderr));

@@ -34,7 +34,8 @@ struct ShapeFlags {
   std::string attention = "math";
   std::string norm, positions, mlp, qkv, loss;  // "" = the kind's
   bool bias_flag = false, tied_flag = false;
-  std::string model;  // plan: a named shape
+  std::string model;         // plan: a preset (remat/models.h)
+  std::string model_config;  // plan: a Hugging Face config.json
   ModelConfig cfg;
   CLI::App* app = nullptr;
   bool lists_attention = false;  // bench: --attention math,flash runs both
@@ -43,9 +44,9 @@ struct ShapeFlags {
   // and the decoder's choices: --norm --positions --mlp --bias/--no-bias --qkv-bias --tied/--untied
   // --qkv --loss
   void add(CLI::App* a);
-  // plan: --model --vocab --dtype
+  // plan: --model --model-config --vocab --dtype
   void add_planning(CLI::App* a);
-  // The config the flags describe (a named shape first, flags over it), validated.
+  // The config the flags describe (a preset or a config.json first, flags over it), validated.
   ModelConfig resolve();
   // The named shape's published sequences per optimizer step; 0 for none.
   int64_t global_batch() const;

@@ -101,7 +101,7 @@ fi
 expect_error 2 "GPUs fit" plan --model gpt3-175b --gpus 8 --device a100-80gb --json "$tmp/refused.json"
 grep -q '"fits": false' "$tmp/refused.json" && grep -q '"min_gpus": [1-9]' "$tmp/refused.json" && grep -q '"least"' "$tmp/refused.json" ||
   { echo "FAIL: refusal JSON"; head -c 600 "$tmp/refused.json"; failures=$((failures + 1)); }
-"$remat" plan --model llama-70b --gpus 16 --device h100-80gb --json "$tmp/layouts.json" >"$tmp/layouts.out" 2>"$tmp/layouts.err" ||
+"$remat" plan --model llama2-70b --gpus 16 --device h100-80gb --json "$tmp/layouts.json" >"$tmp/layouts.out" 2>"$tmp/layouts.err" ||
   { echo "FAIL: plan --gpus 16 exit $?"; cat "$tmp/layouts.err"; failures=$((failures + 1)); }
 grep -q "fastest layouts that fit" "$tmp/layouts.out" && grep -q "| every GPU\|| stage 0" "$tmp/layouts.out" &&
   grep -q "MFU" "$tmp/layouts.out" && grep -q '"fits": true' "$tmp/layouts.json" ||

@@ -24,9 +24,10 @@ struct PlanFlags {
   ShapeFlags shape;
   std::string budget, pins, costs = "auto", threads, json;
   // Layouts of a multi-GPU run.
-  std::string device, policies = "none,attn,attn+mlp-act,full,auto", grad_dtype = "fp32", reserve = "2GiB";
+  std::string device, policies = "none,attn,attn+mlp-act,full,auto", grad_dtype = "fp32", reserve;
   std::string tokens;
   int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1;
+  int64_t first_stage_layers = 0, last_stage_layers = 0;
   std::string framework = "megatron", cublas_workspace;
   bool no_batch_mask = false, no_fused_wgrad = false, expandable_segments = false, fsdp = false, pure_bf16 = false;
   int zero = -1, top = 5;
@@ -37,7 +38,8 @@ struct PlanFlags {
     for (const char* f : {"--device", "--gpus", "--tp", "--pp", "--vpp", "--dp", "--zero", "--sp", "--micro-batch",
                           "--global-batch", "--policies", "--grad-dtype", "--reserve", "--top", "--tokens", "--cp",
                           "--framework", "--no-batch-mask", "--no-fused-wgrad", "--cublas-workspace",
-                          "--expandable-segments", "--fsdp", "--pure-bf16"})
+                          "--expandable-segments", "--fsdp", "--pure-bf16", "--first-stage-layers",
+                          "--last-stage-layers"})
       if (app->count(f) > 0) return true;
     return false;
   }
@@ -166,14 +168,20 @@ nlohmann::json plan_json(const LayoutPlan& p) {
     nlohmann::json fixed = nlohmann::json::array();
     for (const Allocation& a : r.fixed) fixed.push_back({{"name", a.name}, {"bytes", a.bytes}, {"why", a.why}});
     stages.push_back({{"stage", r.stage}, {"layers", chunks}, {"policy", r.policy}, {"memory", memory_json(r.memory)},
-                      {"fixed", fixed}, {"headroom", p.budget - r.memory.total_peak()}, {"micro_batch_s", r.micro_ms / 1e3}});
+                      {"fixed", fixed}, {"parameters", r.params}, {"headroom", p.budget - r.memory.total_peak()},
+                      {"micro_batch_s", r.micro_ms / 1e3}});
   }
   const LayoutTime& t = p.time;
-  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"cp", l.cp}, {"fsdp", l.fsdp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
+  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"cp", l.cp}, {"fsdp", l.fsdp}, {"pp", l.pp}, {"vpp", l.vpp},
+                      {"first_stage_layers", l.first_layers}, {"last_stage_layers", l.last_layers}, {"dp", l.dp}, {"zero", l.zero},
                       {"micro_batch", l.micro_batch}, {"global_batch", l.batch()}, {"micro_batches", l.micro_batches()},
                       {"grad_bytes", l.grad_bytes}, {"gpus", l.gpus()}, {"text", to_string(l)}}},
           {"policy", p.policy},
           {"fits", p.fits},
+          {"parameters", p.params},
+          {"margin", p.margin},
+          {"reserved_uncertainty", kReservedUncertainty},
+          {"reserved_tight", p.reserved_tight},
           {"budget", p.budget},
           {"peak", p.peak()},
           {"worst_stage", p.rank().stage},
@@ -184,7 +192,7 @@ nlohmann::json plan_json(const LayoutPlan& p) {
                     {"mfu", t.mfu}, {"tokens_per_s", t.tokens_per_s}}}};
 }
 
-void print_breakdown(const LayoutPlan& p, double tokens) {
+void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, bool opt_reserve_given) {
   const LayoutTime& t = p.time;
   const bool pipeline = p.layout.pp > 1;
   fmt::print("\n{} with {}:\n\n", to_string(p.layout), p.policy == "auto" ? "auto (each stage planned)" : p.policy);
@@ -212,6 +220,16 @@ void print_breakdown(const LayoutPlan& p, double tokens) {
   for (const Allocation& a : p.rank().fixed)
     if (a.bytes > 0) fixed += fmt::format("{}{} {}", fixed.empty() ? "" : ", ", a.name, bytes_str(a.bytes));
   if (!fixed.empty()) fmt::print("  fixed{}: {}\n", pipeline ? fmt::format(" (stage {})", p.rank().stage) : "", fixed);
+  std::string outside;
+  for (const Allocation& a : outside_allocator(device, p.layout))
+    outside += fmt::format("{}{} {}", outside.empty() ? "" : ", ", a.name, bytes_str(a.bytes));
+  if (!outside.empty() && !opt_reserve_given)
+    fmt::print("  outside PyTorch's allocator: {}; budget {}\n", outside, bytes_str(p.budget));
+  const Layout& l = p.layout;
+  const bool sharded = l.fsdp || l.zero >= 3;
+  fmt::print("  parameters: {:.4g}B in all; stage {}'s {:.4g}B{} on each GPU\n", static_cast<double>(p.params) / 1e9,
+             p.rank().stage, static_cast<double>(p.rank().params) / 1e9,
+             sharded ? fmt::format(", a 1/{} shard of them", l.shards()) : std::string(l.tp > 1 ? " (its tensor-parallel share)" : ""));
   fmt::print("  peak{}: {} = {} B, at the {}\n", pipeline ? fmt::format(" (stage {})", p.rank().stage) : "",
              bytes_str(p.peak()), p.peak(), p.rank().memory.peak_at);
   if (p.policy == "auto") {
@@ -255,9 +273,11 @@ int run_layouts(PlanFlags& f) {
     if (w.bytes <= 0) fail("--cublas-workspace takes a size such as 32MiB, got '{}'", f.cublas_workspace);
     opt.cublas_workspace = w.bytes;
   }
-  const Budget reserve = parse_budget(f.reserve);
-  if (reserve.bytes <= 0) fail("--reserve takes a size such as 2GiB, got '{}'", f.reserve);
-  opt.reserve = reserve.bytes;
+  if (!f.reserve.empty()) {
+    const Budget reserve = parse_budget(f.reserve);
+    if (reserve.bytes <= 0) fail("--reserve takes a size such as 2GiB, got '{}'", f.reserve);
+    opt.reserve = reserve.bytes;
+  }
   if (!f.budget.empty()) {
     const Budget b = parse_budget(f.budget);
     if (b.bytes <= 0) fail("--budget with --device takes a size per GPU such as 70GiB, got '{}'", f.budget);
@@ -272,6 +292,10 @@ int run_layouts(PlanFlags& f) {
   space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.cp = f.cp;
+  space.first_layers = f.first_stage_layers, space.last_layers = f.last_stage_layers;
+  if ((f.app->count("--first-stage-layers") > 0) != (f.app->count("--last-stage-layers") > 0))
+    fail("--first-stage-layers and --last-stage-layers split a pipeline together: give both (the middle stages "
+         "share the other layers evenly)");
   space.fsdp = f.fsdp || opt.framework == Framework::Torchtitan;
   if (space.fsdp && f.zero > 0)
     fail("--zero {} with FSDP (--fsdp, --framework torchtitan): FSDP2 shards weights, gradients and optimizer state "
@@ -280,7 +304,8 @@ int run_layouts(PlanFlags& f) {
   if (space.fsdp) space.zero = {0};
   space.zero_fixed = f.zero;
   // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
-  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp"})
+  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp", "--first-stage-layers",
+                           "--last-stage-layers"})
     if (f.app->count(flag) > 0) {
       const int64_t v = f.app->get_option(flag)->as<int64_t>();
       if (v < 1 || v > (1 << 20)) fail("{} must be in 1..1048576, got {}; leave it out to search", flag, v);
@@ -305,8 +330,8 @@ int run_layouts(PlanFlags& f) {
   // The GPU count: given, or what explicit --tp --pp --dp make.
   space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * f.cp * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);
   if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && f.tp * f.cp * f.pp * f.dp != f.gpus)
-    fail("--tp {} x --cp {} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp, f.cp, f.pp, f.dp,
-         f.tp * f.cp * f.pp * f.dp, f.gpus);
+    fail("--tp {}{} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp, f.cp > 1 ? fmt::format(" x --cp {}", f.cp) : "",
+         f.pp, f.dp, f.tp * f.cp * f.pp * f.dp, f.gpus);
   space.global_batch = f.global_batch > 0 ? f.global_batch : f.shape.global_batch();
   if (device.engine && space.global_batch <= 0) space.global_batch = cfg.batch * (f.dp > 0 ? f.dp : space.gpus);
   if (space.global_batch <= 0)
@@ -330,8 +355,6 @@ int run_layouts(PlanFlags& f) {
         if (!search_layouts(cfg, space, parse_device(name), 1, opt).best.empty()) other_devices.push_back(name);
       }
   }
-  const int64_t budget = opt.budget > 0 ? opt.budget : device.memory - opt.reserve;
-
   cfg.batch = space.global_batch;
   fmt::print("remat plan: {} | {} x {} | {} tokens per step\n", describe(cfg), space.gpus, device.name,
              space.global_batch * cfg.seq);
@@ -344,10 +367,25 @@ int run_layouts(PlanFlags& f) {
                space.grad_bytes == 4 ? "fp32" : "16-bit");
   else
     fmt::print("  remat's own engine and trainer (remat train --nproc): exact to the byte against its tracker\n");
-  fmt::print("  per {}: {} usable ({} {})\n", device.engine ? "rank" : "GPU", bytes_str(budget), bytes_str(device.memory),
-             opt.budget > 0 ? "(given --budget)"
-             : device.engine ? fmt::format("- {} kept free for the system (--reserve)", bytes_str(opt.reserve))
-                             : fmt::format("- {} reserved for the CUDA context, NCCL and the allocator", bytes_str(opt.reserve)));
+  if (opt.budget > 0)
+    fmt::print("  per {}: {} usable (given --budget)\n", device.engine ? "rank" : "GPU", bytes_str(opt.budget));
+  else if (opt.reserve >= 0 || device.engine)
+    fmt::print("  per {}: {} - {} {}\n", device.engine ? "rank" : "GPU", bytes_str(device.memory),
+               bytes_str(opt.reserve >= 0 ? opt.reserve : int64_t{2} << 30),
+               device.engine ? "kept free for the system (--reserve)" : "given with --reserve");
+  else {
+    Layout every;  // a layout with every communicator, for the terms' sizes
+    every.tp = every.cp = every.pp = every.dp = 2;
+    const std::vector<Allocation> outside = outside_allocator(device, every);
+    fmt::print("  per GPU: {} less what lies outside PyTorch's allocator: the CUDA context {}, NCCL's buffers {} per "
+               "communicator (tensor-, context-, data-parallel) and {} for pipeline neighbours\n",
+               bytes_str(device.memory), bytes_str(outside.front().bytes), bytes_str(outside[1].bytes),
+               bytes_str(outside.back().bytes));
+  }
+  if (!device.engine)
+    fmt::print("  margin: a stage's peak stays {:.0f}% under that (the validated uncertainty, docs/validation.md); "
+               "reserved peaks within {:.0f}% of it are marked tight\n",
+               100 * (opt.margin >= 0 ? opt.margin : kAllocatedUncertainty), 100 * kReservedUncertainty);
   fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", res.candidates, res.evaluated, searched_s);
 
   auto write_json = [&] {
@@ -362,7 +400,7 @@ int run_layouts(PlanFlags& f) {
                                 {"memory_efficiency", device.memory_efficiency},
                                 {"link_efficiency", device.link_efficiency}}}};
     j["gpus"] = space.gpus;
-    j["budget_per_gpu"] = budget;
+    if (!res.best.empty()) j["budget_per_gpu"] = res.best.front().budget;
     j["fits"] = !res.best.empty();
     j["searched_s"] = searched_s;
     j["layouts"] = nlohmann::json::array();
@@ -379,6 +417,7 @@ int run_layouts(PlanFlags& f) {
   if (res.best.empty()) {
     write_json();
     std::string least = "no layout of these flags validates";
+    if (!res.refused.empty()) least += fmt::format(" ({})", res.refused);
     if (!res.least.ranks.empty())
       least = fmt::format("the smallest per-GPU peak is {} ({}, policy {})", bytes_str(res.least.peak()),
                           to_string(res.least.layout), res.least.policy);
@@ -388,17 +427,32 @@ int run_layouts(PlanFlags& f) {
   }
 
   Table t;
-  t.header = {"#", "layout", "policy", "peak per GPU", "headroom", "step", "MFU", "tokens/s"};
-  t.numeric = {true, false, false, true, true, true, true, true};
+  t.header = {"#", "layout", "policy", "peak per GPU", "reserved", "headroom", "step", "MFU", "tokens/s"};
+  t.numeric = {true, false, false, true, true, true, true, true, true};
+  bool tight = false;
+  int roomy = 0;  // the first (1-based) whose modelled reserved peak is under the budget
   for (size_t i = 0; i < res.best.size(); ++i) {
     const LayoutPlan& p = res.best[i];
     std::string policy = p.policy == "auto" ? "auto (per stage)" : p.policy;
+    int64_t reserved = 0;
+    for (const RankPlan& r : p.ranks) reserved = std::max(reserved, r.memory.reserved_peak);
+    tight = tight || p.reserved_tight;
+    if (roomy == 0 && reserved <= p.budget) roomy = static_cast<int>(i) + 1;
     t.rows.push_back({std::to_string(i + 1), to_string(p.layout), policy, bytes_str(p.peak()),
-                      bytes_str(p.budget - p.peak()), seconds_str(p.time.step_s),
+                      device.engine ? "-" : bytes_str(reserved) + (p.reserved_tight ? " (tight)" : ""),
+                      bytes_str(p.budget - (device.engine ? p.peak() : reserved)), seconds_str(p.time.step_s),
                       fmt::format("{:.1f}%", 100 * p.time.mfu), fmt::format("{:.0f}", p.time.tokens_per_s)});
   }
+  fmt::print("\n{}: {:.3g}B parameters\n", describe(cfg), static_cast<double>(res.best.front().params) / 1e9);
   fmt::print("\nfastest layouts that fit:\n\n{}", t.markdown());
-  print_breakdown(res.best.front(), tokens);
+  if (tight) {
+    fmt::print("(tight: the caching allocator's modelled reserved peak is within {:.0f}% of the budget, its validated "
+               "uncertainty; over the budget, PyTorch frees its cache and retries, which is slow, and fragmentation "
+               "can still run out of memory; --expandable-segments fragments less)\n",
+               100 * kReservedUncertainty);
+    if (roomy > 1) fmt::print("(the fastest with its reserved peak under the budget is #{})\n", roomy);
+  }
+  print_breakdown(res.best.front(), tokens, device, opt.reserve >= 0 || opt.budget > 0);
   write_json();
   return 0;
 }
@@ -435,6 +489,10 @@ Command add_plan(CLI::App& parent) {
       ->capture_default_str();
   a->add_option("--pp", f->pp, "pipeline stages, 1F1B (default: searched)");
   a->add_option("--vpp", f->vpp, "model chunks per pipeline stage, interleaved 1F1B (default: searched)");
+  a->add_option("--first-stage-layers", f->first_stage_layers,
+                "layers of the first pipeline stage, an uneven pipeline (with --last-stage-layers; default: even, or "
+                "the first and last share what the middle stages' ceil(layers / pp) leave)");
+  a->add_option("--last-stage-layers", f->last_stage_layers, "layers of the last pipeline stage (see --first-stage-layers)");
   a->add_option("--dp", f->dp, "data-parallel replicas (default: gpus / (tp pp))");
   a->add_option("--zero", f->zero, "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: searched)");
   a->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch (default: searched over 1, 2, 4, 8)");
@@ -443,8 +501,9 @@ Command add_plan(CLI::App& parent) {
       ->capture_default_str();
   a->add_option("--grad-dtype", f->grad_dtype, "gradient buffers: fp32 (Megatron) or bf16/fp16 (the ZeRO paper)")
       ->capture_default_str();
-  a->add_option("--reserve", f->reserve, "memory per GPU kept free for the CUDA context, NCCL and the allocator")
-      ->capture_default_str();
+  a->add_option("--reserve", f->reserve,
+                "memory per GPU outside PyTorch's allocator (default: the CUDA context and NCCL's buffers, named in "
+                "the plan; on the CPU 2GiB for the system)");
   a->add_option("--top", f->top, "layouts to list")->capture_default_str();
   a->add_option("--tokens", f->tokens, "tokens to train on (300B, 1.4T): prints the run's time");
   a->add_option("--framework", f->framework,

@@ -146,6 +146,7 @@ struct OpNode {
   int64_t in_width = 0;         //   (q and k of a fused qkv projection); 0: all of them
   int64_t chunks = 0;           // chunked_cross_entropy: chunks of the tokens it runs one at a time
   bool upcast = false;          // cross_entropy on bf16/fp16 logits: PyTorch's autograd of logits.float()
+  int64_t rotary_dims = 0;      // rope: the leading dimensions of each head it turns; 0: all (attn.head_dim)
   TensorParallel tp;            // how the op is split over tensor-parallel ranks
 };
 

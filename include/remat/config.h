@@ -77,6 +77,9 @@ struct ModelConfig {
   Switch fused_qkv = Switch::Default;  // q, k, v from one linear (GPT-2, Megatron-LM) or three (HF Llama, torchtitan)
   Loss loss = Loss::Default;
   int64_t loss_chunks = 8;             // Loss::Chunked: chunks of the micro-batch's tokens
+  double rotary_fraction = 1.0;        // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
+  bool parallel_residual = false;      // the MLP reads the block input, not the stream after attention (GPT-NeoX)
+  bool qk_norm = false;                // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
 
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
   int64_t head_dim() const { return dim / heads; }

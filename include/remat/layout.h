@@ -90,6 +90,9 @@ struct Layout {
   int64_t cp = 1;            // context-parallel ranks: the sequence split, attention in a ring
   int64_t pp = 1;            // pipeline stages (1F1B schedule)
   int64_t vpp = 1;           // model chunks per pipeline stage (interleaved 1F1B when > 1)
+  // An uneven pipeline (vpp 1): the layers of the first and the last stage (Megatron-LM's
+  // --decoder-first/last-pipeline-num-layers), the others sharing the rest evenly; 0: all even.
+  int64_t first_layers = 0, last_layers = 0;
   int64_t dp = 1;            // data-parallel replicas
   int zero = 0;              // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
   bool fsdp = false;         // FSDP2 over dp x cp instead (torchtitan): sharded fp32 weights as the master
@@ -101,6 +104,7 @@ struct Layout {
                              // main_grad) or 2 (the ZeRO paper's fp16 gradients)
 
   int64_t gpus() const { return tp * cp * pp * dp; }
+  bool uneven() const { return first_layers > 0 || last_layers > 0; }
   // Ranks the gradients are reduced over and the optimizer state is sharded over: the data- and
   // context-parallel ranks (Megatron-LM's DP x CP group).
   int64_t shards() const { return dp * cp; }
@@ -112,6 +116,9 @@ struct Layout {
 
 // "tp 8 + sp, pp 8, dp 4, zero 1, micro-batch 1 x 16".
 std::string to_string(const Layout& l);
+
+// The layers of pipeline stage `stage` of `l` over a model of `layers`: its chunks, in order.
+std::vector<LayerRange> stage_layers(int64_t layers, const Layout& l, int64_t stage);
 
 // Throws remat::Error naming the first field of `l` that does not fit `cfg` on `device` (tp must
 // divide the heads and fit in a node, pp * vpp must divide the layers, the global batch must split
@@ -125,6 +132,7 @@ struct RankPlan {
   std::string policy;               // the recompute policy of its layers, as a policy string
   StepMemory memory;                // exact, for its data-parallel rank with the largest shard
   std::vector<Allocation> fixed;    // the framework's fixed allocations, summed in memory.fixed
+  int64_t params = 0;               // parameters this stage's GPUs hold (their tensor-parallel share)
   // memory.allocated_peak and memory.reserved_peak: PyTorch's caching allocator replayed over the
   // stage's step (memory_model.h, StepShape::cuda) for the plans a search reports, and for
   // plan_layout with PlanOptions::all_stages.
@@ -152,6 +160,11 @@ struct LayoutPlan {
   Layout layout;
   std::string policy;             // as asked: a policy string, or "auto"
   int64_t budget = 0;             // bytes per device it must fit
+  double margin = 0;              // share of the peak kept free: fits means peak (1 + margin) <= budget
+  int64_t params = 0;             // parameters of the model, each counted once
+  // The largest reserved peak of the stages (with the allocator replayed) over the budget, or within
+  // kReservedUncertainty of it: the caching allocator may not find room.
+  bool reserved_tight = false;
   std::vector<RankPlan> ranks;    // per pipeline stage (the ones replayed)
   int worst = 0;                  // index into ranks of the most-loaded stage
   bool fits = false;
@@ -162,6 +175,12 @@ struct LayoutPlan {
 };
 
 // Options of plan_layout and search_layouts.
+// What a plan's fit allows for beyond its predicted peak: the model's uncertainty, as validated
+// against measured runs (docs/validation.md: the worst error of the allocated-peak predictions is
+// 4.8%, the reserved ones run up to 11% low).
+inline constexpr double kAllocatedUncertainty = 0.05;
+inline constexpr double kReservedUncertainty = 0.12;
+
 struct PlanOptions {
   Framework framework = Framework::Megatron;
   bool batch_mask = true;  // Megatron: the dataloader puts a bool (micro-batch, 1, s, s) attention mask on
@@ -173,8 +192,11 @@ struct PlanOptions {
   bool expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   bool pure_dtype = false;           // no fp32 copies: weights, gradients and Adam state in the model's dtype
                                      // (torchtune's and others' pure bf16 training)
-  int64_t reserve = int64_t{2} << 30;  // bytes per device kept free (CUDA context, NCCL, allocator)
-  int64_t budget = 0;                  // bytes per device to fit; 0 = device memory - reserve
+  int64_t reserve = -1;  // bytes per device outside PyTorch's allocator; -1: outside_allocator()'s named terms
+                         // on a GPU (the CUDA context, NCCL's buffers), 2 GiB kept for the system on the CPU
+  int64_t budget = 0;    // bytes per device a stage's peak may reach; 0 = device memory - reserve
+  double margin = -1;    // share of a stage's peak kept free for what the model misses; -1:
+                         // kAllocatedUncertainty on a GPU, 0 on this machine's engine (exact)
   bool all_stages = true;              // replay every pipeline stage (false: the first two and the last,
                                        // which hold the most; the search's shortcut, NOTE [Parallel layouts])
 };
@@ -198,6 +220,7 @@ struct SearchSpace {
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
   int64_t cp = 1;                   // context-parallel ranks (not searched)
+  int64_t first_layers = 0, last_layers = 0;  // an uneven pipeline's first and last stages (Layout)
   bool fsdp = false;                // every layout shards with FSDP2 (zero 0)
   int zero_fixed = -1, sp_fixed = -1;
 };
@@ -206,12 +229,14 @@ struct SearchResult {
   std::vector<LayoutPlan> best;     // the fastest that fit, fastest first, each replayed in full
   int64_t evaluated = 0;            // stage memory replays run (memoized ones not counted)
   int64_t candidates = 0;           // layouts that pass validate()
+  std::string refused;              // the first refusal of validate() in the space searched, if any
   LayoutPlan least;                 // when none fits: the one with the smallest per-device peak
 };
 
-// Every layout of `space` on `device` (tp dividing the heads and within a node, pp dividing the
-// layers, dp = gpus / (tp pp), micro-batch, ZeRO stage, sp, vpp, recompute), fastest first; at
-// most `top`.
+// Every layout of `space` on `device` (tp dividing the heads and within a node; pp any count up to the
+// layers, split evenly when it divides them, else with the middle stages at ceil(layers / pp) and
+// the first and last sharing the rest, as torchtitan splits; dp = gpus / (tp cp pp), micro-batch,
+// ZeRO stage, sp, vpp, recompute), fastest first; at most `top`.
 SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
                             const PlanOptions& options = {});
 
@@ -220,6 +245,10 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
 // `cfg` is the model (whole, not a rank's share).
 std::vector<Allocation> fixed_allocations(const PlanOptions& options, const Device& device, const ModelConfig& cfg,
                                           const Layout& l, int stage);
+
+// What a GPU of layout `l` holds outside PyTorch's caching allocator, each named with its reason:
+// the CUDA context and NCCL's buffers, one set per communicator the layout uses. Empty for the CPU.
+std::vector<Allocation> outside_allocator(const Device& device, const Layout& l);
 
 // The smallest power-of-two multiple of space.gpus (up to 65536) at which some layout fits, or 0.
 int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options = {});

@@ -9,6 +9,11 @@ namespace {
 
 bool on(Switch s, bool kind) { return s == Switch::Default ? kind : s == Switch::On; }
 
+// The dimensions of a head rope turns: its first rotary_fraction, an even count.
+int64_t rotary_dims(const ModelConfig& c) {
+  return static_cast<int64_t>(static_cast<double>(c.head_dim()) * c.rotary_fraction) / 2 * 2;
+}
+
 int norm(Builder& b, const DecoderStyle& s, const std::string& which, int x, const std::string& doc) {
   return s.rms_norm ? rms_norm(b, "rms" + which, x, "RMSNorm " + doc) : layer_norm(b, "ln" + which, x, "LayerNorm " + doc);
 }
@@ -20,6 +25,7 @@ int rope(Builder& b, const std::string& name, int x, int64_t col, int64_t width,
   const int y = b.op(OpKind::Rope, name, {x}, {{name, b.btc(w), c.dtype, 0, doc}})[0];
   b.last().theta = c.rope_theta;
   b.last().attn.head_dim = c.head_dim();
+  b.last().rotary_dims = rotary_dims(c);
   b.last().in_col = width > 0 ? col : 0;
   b.last().in_width = width;
   return y;
@@ -43,6 +49,10 @@ int attention(Builder& b, const DecoderStyle& s, int n1) {
   int q = linear(b, "q", n1, q_all, 0, "q projection", bias, Init::Normal, Split::Column);
   int k = linear(b, "k", n1, kv_all, 0, "k projection", bias, Init::Normal, Split::Column);
   const int v = linear(b, "v", n1, kv_all, 0, "v projection", bias, Init::Normal, Split::Column);
+  if (c.qk_norm) {  // Qwen3: each head of q and k normalised, one weight per head dimension
+    q = rms_norm(b, "q_norm", q, "RMSNorm of q's heads", d);
+    k = rms_norm(b, "k_norm", k, "RMSNorm of k's heads", d);
+  }
   if (rope_on) {
     q = rope(b, "q_rot", q, 0, 0, "q, rotated");
     k = rope(b, "k_rot", k, 0, 0, "k, rotated");
@@ -83,6 +93,15 @@ void check_decoder(const ModelConfig& c, const DecoderStyle& s) {
   if (s.positions == Positions::Rope && c.head_dim() % 2 != 0)
     fail("ModelConfig.dim {} / ModelConfig.heads {} = {} is odd; rotary embeddings turn pairs of head dimensions",
          c.dim, c.heads, c.head_dim());
+  if (!(c.rotary_fraction > 0 && c.rotary_fraction <= 1))
+    fail("ModelConfig.rotary_fraction must be in (0, 1], got {}", c.rotary_fraction);
+  if (s.positions == Positions::Rope && rotary_dims(c) == 0)
+    fail("ModelConfig.rotary_fraction {} turns no pair of the head's {} dimensions", c.rotary_fraction, c.head_dim());
+  if (c.qk_norm && s.fused_qkv)
+    fail("ModelConfig.qk_norm normalises q's and k's heads as separate projections; give fused_qkv off (--qkv separate)");
+  if (c.rotary_fraction != 1.0 && s.positions != Positions::Rope)
+    fail("ModelConfig.rotary_fraction {} is for rotary positions; this block has positions {}", c.rotary_fraction,
+         to_string(s.positions));
 }
 
 BlockSpec decoder_stem(const ModelConfig& c, const DecoderStyle& s, const std::string& name) {
@@ -106,7 +125,8 @@ BlockSpec decoder_block(const ModelConfig& c, const DecoderStyle& s, const std::
   int proj = linear(b, "proj", atty, c.dim, 0, "attention output projection", s.bias, Init::ResidualNormal, Split::Row);
   proj = dropout(b, "proj", proj, 0, "attention projection");
   const int x2 = add(b, "x2", x, proj, "residual stream after attention");
-  const int n2 = norm(b, s, "2", x2, "2 output");
+  // GPT-NeoX's parallel residual: the MLP reads the block input; the stream adds both branches.
+  const int n2 = norm(b, s, "2", c.parallel_residual ? x : x2, "2 output");
   const int act = mlp_activation(b, s, n2);
   int mlp = linear(b, "mlp", act, c.dim, 0, s.swiglu ? "MLP down projection" : "MLP second linear", s.bias,
                    Init::ResidualNormal, Split::Row);

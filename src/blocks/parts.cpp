@@ -53,13 +53,14 @@ int layer_norm(Builder& b, const std::string& name, int x, const std::string& do
   return y;
 }
 
-int rms_norm(Builder& b, const std::string& name, int x, const std::string& doc) {
+int rms_norm(Builder& b, const std::string& name, int x, const std::string& doc, int64_t group) {
   std::vector<int64_t> stat = b.tensor(x).shape;
-  stat.back() = 1;
-  const int64_t width = b.tensor(x).shape.back();
+  const int64_t width = group > 0 ? group : b.tensor(x).shape.back();
+  stat.back() /= width;
   const int y = b.op(OpKind::RmsNorm, name, {x},
                      {{name, b.tensor(x).shape, b.cfg().dtype, tag::kNormOut, doc},
-                      {name + "_rstd", stat, DType::F32, tag::kNormStat, "RMSNorm 1/rms per token"}},
+                      {name + "_rstd", stat, DType::F32, tag::kNormStat,
+                       group > 0 ? "RMSNorm 1/rms per token and head" : "RMSNorm 1/rms per token"}},
                      {{name + ".weight", {width}, Init::Ones, 0.0, /*decay=*/false}})[0];
   b.last().eps = b.cfg().norm_eps;
   return y;

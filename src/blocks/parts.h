@@ -24,8 +24,9 @@ int tied_linear(Builder& b, const std::string& name, int x, int64_t out, const s
                 const std::string& doc);
 // LayerNorm over the last dimension: output tagged norm, mean and rstd tagged as statistics.
 int layer_norm(Builder& b, const std::string& name, int x, const std::string& doc);
-// RMSNorm over the last dimension: output tagged norm, its 1/rms per token as a statistic.
-int rms_norm(Builder& b, const std::string& name, int x, const std::string& doc);
+// RMSNorm over the last dimension, or over each group of `group` values of it (one head: Qwen3's q
+// and k norms): output tagged norm, its 1/rms per token (per group) as a statistic.
+int rms_norm(Builder& b, const std::string& name, int x, const std::string& doc, int64_t group = 0);
 // A one-input, one-output op whose output has x's shape.
 int unary(Builder& b, OpKind kind, const std::string& name, int x, uint32_t tags, const std::string& doc);
 // x unchanged when cfg.dropout is 0, else "<name>_drop" = dropout(x) with its mask "<name>_mask".

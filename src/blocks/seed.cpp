@@ -40,7 +40,7 @@ void check(const ModelConfig& c) {
   if (c.tp > 1) fail("ModelConfig.tp {}: seed blocks have no tensor-parallel split; use arch gpt2 or llama", c.tp);
   if (c.norm != Norm::Default || c.positions != Positions::Default || c.mlp != Mlp::Default ||
       c.bias != Switch::Default || c.qkv_bias || c.tied != Switch::Default || c.fused_qkv != Switch::Default ||
-      c.loss != Loss::Default)
+      c.loss != Loss::Default || c.rotary_fraction != 1.0 || c.parallel_residual || c.qk_norm)
     fail("ModelConfig.norm, positions, mlp, bias, tied, fused_qkv and loss shape the token kinds (gpt2, llama); the "
          "seed block has none of them");
 }

@@ -101,6 +101,9 @@ std::string describe(const ModelConfig& c) {
   if (c.tied != Switch::Default) s += c.tied == Switch::On ? " tied" : " untied";
   if (c.fused_qkv != Switch::Default) s += c.fused_qkv == Switch::On ? " qkv=fused" : " qkv=separate";
   if (c.loss != Loss::Default) s += " loss=" + to_string(c.loss, c.loss_chunks);
+  if (c.rotary_fraction != 1.0) s += fmt::format(" rotary={}", c.rotary_fraction);
+  if (c.parallel_residual) s += " parallel-residual";
+  if (c.qk_norm) s += " qk-norm";
   if (c.tp > 1) s += fmt::format(" tp={}{}", c.tp, c.sp ? "+sp" : "");
   return s;
 }

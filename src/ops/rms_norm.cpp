@@ -1,5 +1,7 @@
-// rms_norm over the last dimension: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) (LLaMA).
-//   in: x (..., C)   out: y (..., C), rstd (..., 1) float32   params: weight (C)
+// rms_norm over groups of the last dimension: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)
+// (LLaMA), each group of G values (G = the weight's size: the whole C, or one head for Qwen3's q
+// and k norms).
+//   in: x (..., C)   out: y (..., C), rstd (..., C / G) float32   params: weight (G)
 //   backward reads x and rstd; dx is a fresh tensor.
 // CPU float32 runs one loop per row on remat's kernel threads. The weight's gradient is summed in
 // fixed chunks of rows, then the chunks in order: the same bits on any thread count. Elsewhere
@@ -25,13 +27,13 @@ int64_t chunks(int64_t rows) { return (rows + kRows - 1) / kRows; }
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& x = e.in(op, 0);
   const at::Tensor& w = e.param(op, 0);
-  const int64_t c = x.size(-1), rows = x.numel() / c;
-  std::vector<int64_t> stat = x.sizes().vec();
-  stat.back() = 1;
+  const int64_t c = w.size(0), rows = x.numel() / c;
+  const std::vector<int64_t>& stat = e.out_shape(op, 1);
   if (!kernels::fits(x) || !kernels::fits(w)) {
-    at::Tensor rstd = x.pow(2).mean(-1, true).add(op.eps).rsqrt();  // in x's type (float64 in the tests)
-    e.set_out(op, 0, x * rstd * w);
-    e.set_out(op, 1, std::move(rstd));
+    const at::Tensor g = x.reshape({-1, c});
+    at::Tensor rstd = g.pow(2).mean(-1, true).add(op.eps).rsqrt();  // in x's type (float64 in the tests)
+    e.set_out(op, 0, (g * rstd * w).view(x.sizes()));
+    e.set_out(op, 1, rstd.view(stat));
     return;
   }
   at::Tensor y = at::empty_like(x), rstd = at::empty(stat, x.options().dtype(at::kFloat));
@@ -58,15 +60,15 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& rstd = e.saved_out(op, 1);
   const at::Tensor& dy = e.grad_out(op, 0);
   const at::Tensor& w = e.param(op, 0);
-  const int64_t c = x.size(-1), rows = x.numel() / c;
+  const int64_t c = w.size(0), rows = x.numel() / c;
   const bool need_dx = e.needs_grad(op, 0);
   if (!kernels::fits(x) || !kernels::fits(dy) || !kernels::fits(w)) {
-    const at::Tensor s = rstd.to(x.scalar_type());
-    const at::Tensor xhat = x * s;
-    at::Tensor dw = (dy * xhat).reshape({-1, c}).sum(0);
+    const at::Tensor s = rstd.to(x.scalar_type()).reshape({-1, 1});
+    const at::Tensor xhat = x.reshape({-1, c}) * s, dy2 = dy.reshape({-1, c});
+    at::Tensor dw = (dy2 * xhat).sum(0);
     if (need_dx) {
-      const at::Tensor g = dy * w;
-      e.set_grad(op, 0, s * (g - xhat * (g * xhat).mean(-1, true)));
+      const at::Tensor g = dy2 * w;
+      e.set_grad(op, 0, (s * (g - xhat * (g * xhat).mean(-1, true))).view(x.sizes()));
     }
     e.add_param_grad(op, 0, std::move(dw));
     return;
@@ -103,7 +105,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 // The weight gradient's partial sums, one row of C per chunk of rows.
 int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const TensorSpec& x = b.tensors[n.in[0]];
-  const int64_t c = x.shape.back();
+  const int64_t c = b.params[n.params[0]].numel();
   return chunks(x.numel() / c) * c * dtype_size(x.dtype);
 }
 
@@ -117,12 +119,30 @@ BlockSpec example() {
   return b.finish(y[0]);
 }
 
-std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
-  const at::Tensor rstd = in[0].pow(2).mean(-1, true).add(n.eps).rsqrt();
-  return {in[0] * rstd * p[0], rstd};
+// Per head (Qwen3's q and k norms): 3 heads of 4, 72 rows of a head.
+BlockSpec heads_example() {
+  ModelConfig cfg;
+  detail::Builder b(cfg, "test.rms_norm_heads");
+  const int x = b.input("q", {2, 12, 3 * 4}, DType::F32, "input");
+  const std::vector<int> y = b.op(OpKind::RmsNorm, "q_norm", {x}, {{"q_norm", {2, 12, 12}}, {"q_norm_rstd", {2, 12, 3}}},
+                                  {{"q_norm.weight", {4}, Init::Ones, 0.0, false}});
+  b.last().eps = 1e-6;
+  return b.finish(y[0]);
 }
 
-const detail::OpTestCase kTest{example, reference};
+std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
+  const int64_t g = p[0].size(0);
+  std::vector<int64_t> groups = in[0].sizes().vec();
+  groups.back() /= g;
+  groups.push_back(g);
+  const at::Tensor x = in[0].reshape(groups);
+  const at::Tensor rstd = x.pow(2).mean(-1, true).add(n.eps).rsqrt();
+  std::vector<int64_t> stat = in[0].sizes().vec();
+  stat.back() /= g;
+  return {(x * rstd * p[0]).reshape(in[0].sizes()), rstd.reshape(stat)};
+}
+
+const detail::OpTestCase kTest{example, reference, 0, true, heads_example};
 
 }  // namespace
 

@@ -56,4 +56,25 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
   return out;
 }
 
+std::vector<Allocation> outside_allocator(const Device& d, const Layout& l) {
+  if (d.engine) return {};
+  std::vector<Allocation> out;
+  // The CUDA context with lazy module loading (the default since CUDA 11.7): 287-430 MB measured
+  // (pytorch/pytorch#86509, #109888), more as cuBLAS, NCCL and attention kernels load.
+  out.push_back({"CUDA context", 512 * MiB, "the driver's context and the kernels loaded as they run"});
+  // NCCL's buffers per communicator (src/init.cc defaults): SIMPLE 4 MiB, LL128 4.69 MiB and LL
+  // 0.5 MiB per channel and peer; a ring has two peers; 16 channels.
+  const int64_t ring = 2 * 16 * (4 * MiB + 4915200 + 512 * 1024);
+  auto nccl = [&](const char* group, int64_t ranks, int64_t bytes) {
+    if (ranks > 1) out.push_back({fmt::format("NCCL buffers ({})", group), bytes, "cudaMalloc'd by NCCL for its rings"});
+  };
+  nccl("tensor-parallel group", l.tp, ring);
+  nccl("context-parallel group", l.cp, ring);
+  nccl("data-parallel group", l.shards(), ring);
+  // Pipeline sends: point-to-point to the two neighbouring stages, NCCL's 4 MiB per channel and
+  // peer over its 8 point-to-point channels.
+  nccl("pipeline neighbours", l.pp, 2 * 8 * 4 * MiB);
+  return out;
+}
+
 }  // namespace remat

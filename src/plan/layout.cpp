@@ -18,11 +18,26 @@
 
 namespace remat {
 
+std::vector<LayerRange> stage_layers(int64_t layers, const Layout& l, int64_t stage) {
+  std::vector<LayerRange> c;
+  if (l.uneven()) {  // vpp 1: the first and last stages as given, the middle ones even
+    const int64_t middle = l.pp > 2 ? (layers - l.first_layers - l.last_layers) / (l.pp - 2) : 0;
+    const int64_t first = stage == 0 ? 0 : l.first_layers + (stage - 1) * middle;
+    const int64_t n = stage == 0 ? l.first_layers : stage == l.pp - 1 ? l.last_layers : middle;
+    c.push_back({first, first + n});
+    return c;
+  }
+  const int64_t per = layers / (l.pp * l.vpp);
+  for (int64_t k = 0; k < l.vpp; ++k) c.push_back({(k * l.pp + stage) * per, (k * l.pp + stage + 1) * per});
+  return c;
+}
+
 std::string to_string(const Layout& l) {
   std::string s = fmt::format("tp {}{}", l.tp, l.sp ? " + sp" : "");
   if (l.cp > 1) s += fmt::format(", cp {}", l.cp);
   s += fmt::format(", pp {}", l.pp);
   if (l.vpp > 1) s += fmt::format(" x {} chunks", l.vpp);
+  if (l.uneven()) s += fmt::format(" ({} | ... | {} layers)", l.first_layers, l.last_layers);
   s += fmt::format(", dp {}", l.dp);
   if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
   if (l.fsdp) s += ", fsdp";
@@ -59,8 +74,23 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   if (l.cp > 1 && cfg.seq % l.cp != 0) fail("Layout.cp {} must divide the sequence ({})", l.cp, cfg.seq);
   if (l.cp > 1 && cfg.attention != AttentionImpl::Flash)
     fail("Layout.cp {} runs attention in a ring, which needs flash attention (--attention flash)", l.cp);
-  if (cfg.layers % (l.pp * l.vpp) != 0)
-    fail("Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many", l.pp, l.vpp, cfg.layers);
+  if (l.uneven()) {
+    if (l.first_layers < 1 || l.last_layers < 1 || l.pp < 2)
+      fail("Layout.first_layers {} and Layout.last_layers {} split a pipeline (Layout.pp {} >= 2): give both, each at "
+           "least 1",
+           l.first_layers, l.last_layers, l.pp);
+    if (l.vpp > 1)
+      fail("Layout.first_layers and Layout.last_layers split a pipeline without interleaving; Layout.vpp is {}", l.vpp);
+    const int64_t rest = cfg.layers - l.first_layers - l.last_layers;
+    if (rest < (l.pp - 2) || (l.pp == 2 ? rest != 0 : rest % (l.pp - 2) != 0))
+      fail("Layout.first_layers {} + Layout.last_layers {} leave {} of the {} layers for the {} middle stages, which must "
+           "share them evenly",
+           l.first_layers, l.last_layers, rest, cfg.layers, l.pp - 2);
+  } else if (cfg.layers % (l.pp * l.vpp) != 0) {
+    fail("Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many, or give the first and last "
+         "stages' layers (an uneven pipeline)",
+         l.pp, l.vpp, cfg.layers);
+  }
   if (l.vpp > 1 && l.pp == 1) fail("Layout.vpp {} interleaves pipeline stages; it needs pp > 1", l.vpp);
   if (l.batch() % (l.micro_batch * l.dp) != 0)
     fail("Layout.global_batch {} does not split into micro-batches of {} over dp {}: make it a multiple of {}",
@@ -138,13 +168,6 @@ std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, con
   return s;
 }
 
-std::vector<LayerRange> stage_chunks(int64_t layers, int64_t pp, int64_t vpp, int64_t stage) {
-  const int64_t per = layers / (pp * vpp);
-  std::vector<LayerRange> c;
-  for (int64_t k = 0; k < vpp; ++k) c.push_back({(k * pp + stage) * per, (k * pp + stage + 1) * per});
-  return c;
-}
-
 // The data-parallel rank whose ZeRO share of `numel` elements is the largest.
 int largest_shard(int64_t numel, int64_t world) {
   int best = 0;
@@ -181,7 +204,7 @@ std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::v
 class Evaluator {
  public:
   Evaluator(const ModelConfig& cfg, const Device& device, const PlanOptions& options)
-      : cfg_(cfg), device_(device), options_(options) {}
+      : cfg_(cfg), device_(device), options_(options), params_(make_model(cfg).param_numel()) {}
 
   Shapes& shapes(const Layout& l) {
     const auto key = std::make_tuple(l.tp * 4096 + l.cp, l.sp, l.micro_batch);
@@ -203,18 +226,29 @@ class Evaluator {
     return sh.resolved.emplace(policy, std::move(r)).first->second;
   }
 
-  int64_t budget() const {
-    return options_.budget > 0 ? options_.budget : std::max<int64_t>(0, device_.memory - options_.reserve);
+  // Bytes a stage of `l` may peak at, and the share of its peak kept free.
+  int64_t budget(const Layout& l) const {
+    if (options_.budget > 0) return options_.budget;
+    int64_t reserve = options_.reserve;
+    if (reserve < 0) {
+      reserve = device_.engine ? int64_t{2} << 30 : 0;  // the CPU: kept for the system and other processes
+      for (const Allocation& a : outside_allocator(device_, l)) reserve += a.bytes;
+    }
+    return std::max<int64_t>(0, device_.memory - reserve);
+  }
+  double margin() const { return options_.margin >= 0 ? options_.margin : device_.engine ? 0.0 : kAllocatedUncertainty; }
+  bool within(int64_t peak, int64_t budget) const {
+    return static_cast<double>(peak) * (1 + margin()) <= static_cast<double>(budget);
   }
 
   // Stage `stage`'s part of the step under per-layer policies `layers` (all of the model's layers).
   // On a GPU a checkpointed layer reruns its forward when its backward starts (torch.utils.checkpoint,
   // Megatron-LM): the eager order (LayerPolicy::eager).
   StepPlan compile(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    if (device_.engine) return compile_step(sh.spec, layers, stage_chunks(cfg_.layers, l.pp, l.vpp, stage), &sh.cache);
+    if (device_.engine) return compile_step(sh.spec, layers, stage_layers(cfg_.layers, l, stage), &sh.cache);
     ResolvedPolicy eager = layers;
     for (LayerPolicy& lp : eager.layers) lp.eager = true;
-    return compile_step(sh.spec, eager, stage_chunks(cfg_.layers, l.pp, l.vpp, stage), &sh.cache);
+    return compile_step(sh.spec, eager, stage_layers(cfg_.layers, l, stage), &sh.cache);
   }
 
   // Memoized by everything the replay reads: the layout, the stage and its layers' choices (the
@@ -222,7 +256,7 @@ class Evaluator {
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
     std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp,
                                   l.dp, l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage);
-    for (const LayerRange& c : stage_chunks(cfg_.layers, l.pp, l.vpp, stage))
+    for (const LayerRange& c : stage_layers(cfg_.layers, l, stage))
       for (int64_t x = c.first; x < c.end; ++x)
         for (const TensorPolicy& t : layers.layers[x].tensors) key += t.choice == Choice::Save ? '1' : '0';
     auto it = memo_.find(key);
@@ -341,7 +375,7 @@ class Evaluator {
     for (const BlockOption& o : sh.frontier) options.push_back(&o);
     std::stable_sort(options.begin(), options.end(),
                      [](const BlockOption* a, const BlockOption* b) { return a->recompute_ms < b->recompute_ms; });
-    const std::vector<LayerRange> chunks = stage_chunks(cfg_.layers, l.pp, l.vpp, stage);
+    const std::vector<LayerRange> chunks = stage_layers(cfg_.layers, l, stage);
     std::vector<int64_t> mine;
     for (const LayerRange& c : chunks)
       for (int64_t x = c.first; x < c.end; ++x) mine.push_back(x);
@@ -352,10 +386,10 @@ class Evaluator {
         text[mine[i]] = o->text;
       }
     };
-    const int64_t budget = this->budget();
+    const int64_t budget = this->budget(l);
     auto fits = [&](size_t k) {
       assign(options[k], options[k], mine.size());
-      return memory(sh, l, stage, layers).total_peak() <= budget;
+      return within(memory(sh, l, stage, layers).total_peak(), budget);
     };
     // The frontier saves fewer bytes the more it recomputes, so the stage's peak falls along it:
     // bisect for the cheapest option that fits (the planner's exact search is for one process;
@@ -381,7 +415,7 @@ class Evaluator {
     while (few < many) {
       const size_t mid = (few + many + 1) / 2;
       assign(options[k - 1], options[k], mid);
-      if (memory(sh, l, stage, layers).total_peak() <= budget) few = mid;
+      if (within(memory(sh, l, stage, layers).total_peak(), budget)) few = mid;
       else many = mid - 1;
     }
     assign(options[k - 1], options[k], few);
@@ -396,7 +430,9 @@ class Evaluator {
     LayoutPlan p;
     p.layout = l;
     p.policy = policy;
-    p.budget = budget();
+    p.budget = budget(l);
+    p.margin = margin();
+    p.params = params_;
     const bool automatic = policy == "auto";
     ResolvedPolicy fixed;
     std::vector<std::string> text(cfg_.layers, policy);
@@ -406,11 +442,12 @@ class Evaluator {
       if (all_stages || s <= 1 || s == l.pp - 1) stages.push_back(s);
     double worst_time = -1;
     int slowest = 0;
+    std::vector<ResolvedPolicy> choices;  // (all_stages) each stage's choices, for the allocator replay
     std::vector<double> recompute(stages.size()), comm(stages.size());
     for (size_t i = 0; i < stages.size(); ++i) {
       RankPlan r;
       r.stage = stages[i];
-      r.chunks = stage_chunks(cfg_.layers, l.pp, l.vpp, r.stage);
+      r.chunks = stage_layers(cfg_.layers, l, r.stage);
       ResolvedPolicy layers = fixed;
       if (automatic) {
         layers.layers.assign(cfg_.layers, keep_everything(sh.spec->block));
@@ -419,18 +456,28 @@ class Evaluator {
       r.policy = automatic ? rank_policy_text(r.chunks, text) : policy;
       r.memory = memory(sh, l, r.stage, layers);
       r.fixed = fixed_allocations(options_, device_, cfg_, l, r.stage);
-      if (all_stages && !device_.engine) {  // a reported plan: the caching allocator's blocks and segments too
-        const StepMemory cuda = memory(l, r.stage, compile(sh, l, r.stage, layers), /*cuda=*/true);
-        r.memory.allocated_peak = cuda.allocated_peak;
-        r.memory.reserved_peak = cuda.reserved_peak;
-      }
+      for (const ModelParam& mp : compile(sh, l, r.stage, layers).params) r.params += mp.spec->numel();
+      if (all_stages) choices.push_back(layers);
       time(sh, l, layers, r, recompute[i], comm[i]);
       if (r.micro_ms + r.p2p_ms > worst_time) worst_time = r.micro_ms + r.p2p_ms, slowest = static_cast<int>(i);
       if (p.ranks.empty() || r.memory.total_peak() > p.peak()) p.worst = static_cast<int>(p.ranks.size());
       p.ranks.push_back(std::move(r));
-      if (stop_over_budget && p.peak() > p.budget) return p;
+      if (stop_over_budget && !within(p.peak(), p.budget)) return p;
     }
-    p.fits = p.peak() <= p.budget;
+    p.fits = within(p.peak(), p.budget);
+    // A reported plan: the caching allocator's blocks and segments too, on the stages that can hold
+    // the largest: the first (the most micro-batches in flight), the last (the loss) and the one
+    // with the most bytes.
+    if (all_stages && !device_.engine)
+      for (size_t i = 0; i < p.ranks.size(); ++i) {
+        if (i != 0 && i + 1 != p.ranks.size() && static_cast<int>(i) != p.worst) continue;
+        RankPlan& r = p.ranks[i];
+        const StepMemory cuda = memory(l, r.stage, compile(sh, l, r.stage, choices[i]), /*cuda=*/true);
+        r.memory.allocated_peak = cuda.allocated_peak;
+        r.memory.reserved_peak = cuda.reserved_peak;
+        if (static_cast<double>(cuda.reserved_peak) * (1 + kReservedUncertainty) > static_cast<double>(p.budget))
+          p.reserved_tight = true;
+      }
     step_time(sh, l, p, p.ranks[slowest], recompute[slowest], comm[slowest]);
     return p;
   }
@@ -494,6 +541,7 @@ class Evaluator {
   ModelConfig cfg_;
   Device device_;
   PlanOptions options_;
+  int64_t params_ = 0;  // the whole model's
   std::map<std::tuple<int64_t, bool, int64_t>, std::unique_ptr<Shapes>> shapes_;
   std::unordered_map<std::string, StepMemory> memo_;
   std::map<std::pair<int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by (tp, sp)
@@ -549,8 +597,9 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
     for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
       if (space.sp_fixed >= 0 && sp != space.sp_fixed) continue;
       if (sp && cfg.seq % (tp * space.cp) != 0) continue;
-      for (int64_t pp : divisors(cfg.layers)) {
+      for (int64_t pp = 1; pp <= cfg.layers; ++pp) {
         if (space.pp > 0 && pp != space.pp) continue;
+        if (space.pp == 0 && space.gpus % pp != 0) continue;
         if ((space.gpus / tp) % (pp * space.cp) != 0) continue;
         const int64_t dp = space.gpus / (tp * space.cp * pp);
         if (space.dp > 0 && dp != space.dp) continue;
@@ -561,8 +610,16 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
           for (int64_t v = 1; v <= (pp > 1 ? space.max_vpp : 1); ++v) vpps.push_back(v);
         const std::vector<int64_t> micro_batches =
             space.micro_batch > 0 ? std::vector<int64_t>{space.micro_batch} : space.micro_batches;
+        // Stages that do not divide the layers: the middle ones at ceil(layers / pp), the first and
+        // last sharing the rest (torchtitan's split), without interleaving.
+        int64_t first = space.first_layers, last = space.last_layers;
+        if (first == 0 && last == 0 && cfg.layers % pp != 0) {
+          const int64_t middle = (cfg.layers + pp - 1) / pp, rest = cfg.layers - (pp - 2) * middle;
+          first = rest / 2, last = rest - rest / 2;
+          if (first < 1) continue;
+        }
         for (int64_t vpp : vpps) {
-          if (cfg.layers % (pp * vpp) != 0) continue;
+          if (first > 0 ? vpp > 1 : cfg.layers % (pp * vpp) != 0) continue;
           for (int64_t mb : micro_batches) {
             for (int zero : space.zero) {
               if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
@@ -571,10 +628,12 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
               Layout l;
               l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero;
               l.fsdp = space.fsdp;
+              l.first_layers = first, l.last_layers = last;
               l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
               try {
                 validate(l, cfg, device);
-              } catch (const Error&) {
+              } catch (const Error& e) {
+                if (res.refused.empty()) res.refused = e.what();
                 continue;
               }
               layouts.push_back({l, 0});
@@ -604,7 +663,7 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
     Shapes& sh = e.shapes(l);
     auto bound = [&](const ResolvedPolicy& policy) {
       RankPlan r;
-      r.chunks = stage_chunks(cfg.layers, l.pp, l.vpp, 0);
+      r.chunks = stage_layers(cfg.layers, l, 0);
       double rec = 0, comm = 0;
       e.time(sh, l, policy, r, rec, comm);
       return (static_cast<double>(l.micro_batches()) + static_cast<double>(l.pp - 1) / static_cast<double>(l.vpp)) *

@@ -387,6 +387,112 @@ TEST(Layouts, RefusesLayoutsThatDoNotFitTheModel) {
   EXPECT_EQ(message(Layout{}), "");
 }
 
+// An uneven pipeline: the first and last stages as given, the middle ones sharing the rest.
+TEST(Pipeline, UnevenStagesHoldTheLayersGiven) {
+  Layout l;
+  l.pp = 4, l.first_layers = 1, l.last_layers = 3;
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 1}, {1, 4}, {4, 7}, {7, 10}};
+  for (int64_t s = 0; s < 4; ++s) {
+    const std::vector<LayerRange> c = stage_layers(10, l, s);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].first, want[s].first) << s;
+    EXPECT_EQ(c[0].end, want[s].second) << s;
+  }
+  ModelConfig c = mixed_model();
+  c.layers = 10;
+  const Device d = parse_device("h100-80gb");
+  EXPECT_NO_THROW(validate(l, c, d));
+  l.first_layers = 2;  // leaves 5 for 2 middle stages
+  EXPECT_THROW(validate(l, c, d), Error);
+  l.first_layers = 1, l.vpp = 2;
+  EXPECT_THROW(validate(l, c, d), Error);
+}
+
+// Stages that do not divide the layers are searched too: the middle ones at ceil(layers / pp), the
+// first and last sharing the rest (10 layers over 4 stages: 2 | 3 | 3 | 2).
+TEST(Layouts, SearchSplitsLayersThePipelineDoesNotDivide) {
+  ModelConfig c = mixed_model();
+  c.layers = 10;
+  SearchSpace space;
+  space.gpus = 4, space.pp = 4, space.global_batch = 8;
+  space.policies = {"full"};
+  const SearchResult found = search_layouts(c, space, parse_device("h100-80gb"), 1);
+  ASSERT_EQ(found.best.size(), 1u);
+  const LayoutPlan& p = found.best[0];
+  EXPECT_EQ(p.layout.first_layers, 2);
+  EXPECT_EQ(p.layout.last_layers, 2);
+  ASSERT_EQ(p.ranks.size(), 4u);
+  EXPECT_EQ(p.ranks[1].chunks[0].first, 2);
+  EXPECT_EQ(p.ranks[1].chunks[0].end, 5);
+}
+
+// Megatron's fixed allocations, by hand: PyTorch's cuBLAS workspace (8 x 4 MiB on Hopper, 2 x 4 MiB
+// + 8 x 16 KiB before), Transformer Engine's (32 MiB on Hopper, 4 MiB before), and the micro-batch:
+// tokens and positions on the first stage, labels and the loss mask on the last, the bool mask on both.
+TEST(Frameworks, MegatronFixedAllocationsByHand) {
+  ModelConfig c = mixed_model();
+  c.seq = 128;
+  Layout l;
+  l.pp = 2, l.micro_batch = 2, l.global_batch = 4;
+  const int64_t MiB = int64_t{1} << 20, tokens = 2 * 128, mask = 2 * 128 * 128;
+  auto bytes = [&](const char* device, int stage, const PlanOptions& o) {
+    std::vector<int64_t> out;
+    for (const Allocation& a : fixed_allocations(o, parse_device(device), c, l, stage)) out.push_back(a.bytes);
+    return out;
+  };
+  EXPECT_EQ(bytes("h100-80gb", 0, {}), (std::vector<int64_t>{32 * MiB, 32 * MiB, 16 * tokens + mask}));
+  EXPECT_EQ(bytes("h100-80gb", 1, {}), (std::vector<int64_t>{32 * MiB, 32 * MiB, 12 * tokens + mask}));
+  EXPECT_EQ(bytes("a100-80gb", 0, {}), (std::vector<int64_t>{8 * MiB + 128 * 1024, 4 * MiB, 16 * tokens + mask}));
+  PlanOptions o;
+  o.batch_mask = false, o.cublas_workspace = 1 * MiB;
+  EXPECT_EQ(bytes("h100-80gb", 0, o), (std::vector<int64_t>{1 * MiB, 32 * MiB, 16 * tokens}));
+  o.framework = Framework::Torchtitan;
+  EXPECT_EQ(bytes("h100-80gb", 1, o), (std::vector<int64_t>{1 * MiB, 8 * tokens}));
+}
+
+// Outside the allocator: the CUDA context, one NCCL ring per communicator with more than one rank
+// (2 peers x 16 channels x (4 MiB SIMPLE + 4.6875 MiB LL128 + 0.5 MiB LL)), and the pipeline's
+// point-to-point buffers (2 peers x 8 channels x 4 MiB); the data-parallel group spans dp x cp.
+TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
+  const Device d = parse_device("h100-80gb");
+  const int64_t MiB = int64_t{1} << 20, ring = 2 * 16 * (4 * MiB + 4915200 + MiB / 2);
+  auto total = [&](const Layout& l) {
+    int64_t sum = 0;
+    for (const Allocation& a : outside_allocator(d, l)) sum += a.bytes;
+    return sum;
+  };
+  Layout l;
+  EXPECT_EQ(total(l), 512 * MiB);
+  l.tp = 2;
+  EXPECT_EQ(total(l), 512 * MiB + ring);
+  l.dp = 2, l.pp = 2;
+  EXPECT_EQ(total(l), 512 * MiB + 2 * ring + 64 * MiB);
+  l.dp = 1, l.cp = 2;  // its own ring, and the dp x cp group's
+  EXPECT_EQ(total(l), 512 * MiB + 3 * ring + 64 * MiB);
+  EXPECT_TRUE(outside_allocator(parse_device("cpu"), l).empty());
+}
+
+// A plan fits when its peak with the margin is within the budget, and the budget is the device less
+// what lies outside the allocator.
+TEST(Layouts, FitsKeepsTheMarginFree) {
+  ModelConfig c = mixed_model();
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.tp = 2;
+  const LayoutPlan p = plan_layout(c, l, d, "none");
+  int64_t outside = 0;
+  for (const Allocation& a : outside_allocator(d, l)) outside += a.bytes;
+  EXPECT_EQ(p.budget, d.memory - outside);
+  EXPECT_EQ(p.margin, kAllocatedUncertainty);
+  PlanOptions o;
+  o.budget = static_cast<int64_t>(static_cast<double>(p.peak()) * (1 + kAllocatedUncertainty)) + 1;
+  EXPECT_TRUE(plan_layout(c, l, d, "none", o).fits);
+  o.budget = p.peak();  // the peak itself, but not its margin
+  EXPECT_FALSE(plan_layout(c, l, d, "none", o).fits);
+  o.margin = 0;
+  EXPECT_TRUE(plan_layout(c, l, d, "none", o).fits);
+}
+
 TEST(Devices, PresetsCustomAndRefusals) {
   const Device h = parse_device("h100-80gb");
   EXPECT_EQ(h.memory, int64_t{81559} << 20);

@@ -4,16 +4,15 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp eager validate
+.PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp eager validate
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
-# the module path (torch::nn + remat::checkpoint) and on the op-level engine. About 1.5 minutes (2-core Xeon).
+# the module path (torch::nn + remat::checkpoint) and on the op-level engine.
 run: build
 	$(BUILD)/remat bench --json results/seed.json --csv results/seed.csv --markdown results/seed.md \
 	  --chart results/seed.png --chart results/seed.svg
 
 # GPT-2 blocks at seq 1024 with dropout 0.1 (GPT-2's own setting), per-tensor policies on the engine.
-# About 7 minutes on 2 cores (Xeon).
 gpt2: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 \
 	  --policies none,attn,mlp-act,attn+mlp-act,norm,full,every:2 --steps 5 --warmup 1 \
@@ -22,14 +21,14 @@ gpt2: build
 
 # The planner against the presets: plans at 20/40/60/80% of none's activation memory, measured in
 # the same round-robin run as the presets that fit under 80% (and none, the reference); predicted
-# and measured peak side by side. About 9 minutes.
+# and measured peak side by side.
 planner: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --frontier \
 	  --policies "budget:20%,budget:40%,budget:60%,budget:80%,none,attn,attn+mlp-act,full,every:2" \
 	  --steps 5 --warmup 1 --json results/planner.json --csv results/planner.csv --markdown results/planner.md \
 	  --chart results/planner.png --chart results/planner.svg
 
-# A byte-level GPT on Debian's English fortunes with the default settings (about 10 minutes), its
+# A byte-level GPT on Debian's English fortunes with the default settings, its
 # loss chart, and a sample from the trained model.
 train: build
 	$(BUILD)/remat train --save runs/fortunes --csv results/train.csv --chart results/train.png --chart results/train.svg \
@@ -37,7 +36,7 @@ train: build
 	$(BUILD)/remat sample --load runs/fortunes --prompt "The meaning of life is" --tokens 400 --seed 7 | tee results/sample.txt
 
 # Multi-GPU plans: the fastest layouts for GPT-3 175B on 64 A100s, LLaMA-70B on 16 H100s and a 1T
-# model on 512 A100s, and Korthikanti et al.'s Table 3 models under their four settings. Seconds.
+# model on 512 A100s, and Korthikanti et al.'s Table 3 models under their four settings.
 layouts: build
 	@for m in "gpt3-175b --gpus 64 --device a100-80gb" "llama2-70b --gpus 16 --device h100-80gb" \
 	          "megatron-1t --gpus 512 --device a100-80gb"; do \
@@ -47,13 +46,13 @@ layouts: build
 
 # The planner against per-GPU memory others measured on real training runs (validation/cases.json,
 # each with its source): docs/validation.md with every case's ratio and the runs remat cannot
-# express. Seconds.
+# express.
 validate: build
 	tools/validate.py --remat $(BUILD)/remat --cases validation/cases.json --markdown docs/validation.md
 
 # Fused (flash) attention against math attention on GPT-2 blocks (width 512, 8 heads, dropout 0.1):
 # batch 8 at T = 1024 and 2048, in one round-robin run each; batch 2 at T = 4096 (both) and 8192
-# (flash only: math attention's predicted peak does not fit this machine). About 21 minutes.
+# (flash only: math attention's predicted peak does not fit this machine).
 flash: build
 	$(BUILD)/remat bench --arch gpt2 --seq 1024 --dropout 0.1 --attention math,flash \
 	  --policies none,attn,mlp-act,full --steps 3 --warmup 1 --markdown results/flash-1024.md --json results/flash-1024.json
@@ -67,7 +66,7 @@ flash: build
 	  --steps 1 --warmup 0 2>&1 | tail -1 | tee results/flash-8192-math.txt
 
 # The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
-# policies, every recompute verified bitwise (--verify). About 1 minute.
+# policies, every recompute verified bitwise (--verify).
 llama: build
 	$(BUILD)/remat bench --arch llama --heads 8 --kv-heads 2 --verify --engine ops \
 	  --policies none,attn,mlp-act,norm,attn+mlp-act,full,every:2 --steps 3 --warmup 1 \
@@ -83,13 +82,17 @@ dp: build
 	  done ) | tee results/dp.txt
 
 # The seed experiment's four strategies on remat's engine and in PyTorch 1.13 eager (Debian's
-# python3-torch, the same OpenBLAS), in alternating rounds. About 2 minutes.
+# python3-torch, the same OpenBLAS), in alternating rounds.
 eager: build
 	scripts/setup.sh eager
 	tools/eager_compare.py --remat $(BUILD)/remat --rounds 3 --steps 3 --json results/eager.json --markdown results/eager.md
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+# The unit tier only (ctest -L unit): the library's tests, no CLI launches, no second build.
+check: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -L unit
 
 # libFuzzer (clang, with ASan + UBSan) on the policy grammar, the size and budget parsers, config
 # validation, the train-state loader and the data loader: FUZZ_SECONDS each (default 60), starting
@@ -114,7 +117,7 @@ fuzz:
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (any report fails the test),
 # in its own build folder; the tracking allocator's free-block cache is off there. CI runs it after
-# `make test`. The suite takes about 6 minutes here after the build, which is slower than the plain one.
+# `make test`. It is slower than the plain suite.
 SANITIZE_BUILD ?= build-sanitize
 sanitize: setup
 	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DREMAT_SANITIZE=ON >/dev/null

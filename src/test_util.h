@@ -39,7 +39,8 @@ inline void PrintTo(const EngineCase& c, std::ostream* os) { *os << c.name; }
 
 // Same shape, dtype and bytes; otherwise says the largest difference.
 ::testing::AssertionResult bitwise_equal(const at::Tensor& a, const at::Tensor& b);
-// |got - want| <= tol * max(1, max |want|) everywhere; otherwise says the largest difference.
+// |got - want| <= tol * max |want| everywhere (relative to the tensor's largest value, whatever its
+// magnitude); otherwise says the largest difference.
 ::testing::AssertionResult close(const at::Tensor& got, const at::Tensor& want, double tol);
 
 // A fresh folder under the system's temporary directory, removed first if it exists.

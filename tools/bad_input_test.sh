@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bad input, one row per case (issue 13). Every row must: exit with code 2; write exactly one line
+# Bad input, one row per case. Every row must: exit with code 2; write exactly one line
 # on stderr, "remat: error: ...", containing the row's text (the bad value and what is allowed);
 # print no result or progress (the refusal comes before any work); finish within a minute (no
 # hang); and leave the sandbox exactly as it was: no file created, changed or replaced, devices and
@@ -98,6 +98,9 @@ bad "unknown --blas-kernel 'Pentium'; allowed: auto, keep" plan --budget 50% --b
 bad "--gemm 'mkl' is unknown; allowed: auto, onednn, blas" bench "${tiny[@]}" --gemm mkl
 bad "--gemm 'OneDNN' is unknown; allowed: auto, onednn, blas" train --gemm OneDNN
 bad "--gemm was given an empty value" plan --budget 50% --gemm ''
+bad "--gemm 'linear=blas-threads,blas,blas;head=blas-threads,blas,blas': blas-threads runs linears only, not head q k^T" \
+  bench "${tiny[@]}" --gemm 'linear=blas-threads,blas,blas;head=blas-threads,blas,blas'
+bad "--gemm 'linear=blas,blas;head=blas,blas,blas' names 2 GEMMs for the linears; give three" bench "${tiny[@]}" --gemm 'linear=blas,blas;head=blas,blas,blas'
 # ---- sizes: limits that say why, overflow-safe products, out-of-range integers --------------------
 bad "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads 1 --budget 1GB
 bad "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB
@@ -205,7 +208,8 @@ bad "--csv 'run/state.bin' and --save 'run' overlap" train --save run --csv run/
 bad "'run' holds a saved run; continue it with --resume run --save run" train --save run --data "$box/text.txt"
 bad "'hard.csv': it has 2 hard links" bench "${tiny[@]}" --csv hard.csv
 bad "--device 'fifo' is a FIFO; give a regular file" plan --model gpt3-175b --gpus 64 --device fifo
-bad "--gemm \"blas\" differs from the run saved in 'run' (\"onednn\")" train --resume run --gemm blas --data "$box/text.txt"
+bad "--gemm \"linear=blas-threads,blas-threads,blas-threads;head=blas,blas,blas\" differs from the run saved in 'run' (\"linear=onednn,onednn,onednn;head=onednn,onednn,onednn\")" \
+  train --resume run --gemm blas --data "$box/text.txt"
 RANK=0 bad "--nproc 2 starts its own ranks, but RANK=0 is set" train --nproc 2 --data "$box/text.txt"
 # ---- flags a device cannot honour, and work without bound ------------------------------------------
 bad "--budget 200GiB is more than device a100-80gb has" plan "${gpt3[@]}" --budget 200GiB

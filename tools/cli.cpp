@@ -98,6 +98,36 @@ ModelConfig ShapeFlags::resolve() {
 
 int64_t ShapeFlags::global_batch() const { return model.empty() ? 0 : named_model(model).global_batch; }
 
+namespace {
+bool g_gemm_auto = true;
+GemmMeasurement g_gemm_choice;
+bool g_gemm_settled = false;
+}  // namespace
+
+void set_gemm_flag(const std::string& text) {
+  g_gemm_auto = text == "auto";
+  if (g_gemm_auto) set_gemm(GemmChoice::Auto);
+  else restore_gemm(text);
+}
+
+const GemmMeasurement& settle_gemm(const ThreadConfig& threads) {
+  // Silent: a refusal that follows (a policy or size the run cannot take) stays the only line.
+  if (g_gemm_auto && !g_gemm_settled) g_gemm_choice = choose_gemm(threads);
+  g_gemm_settled = true;
+  return g_gemm_choice;
+}
+
+std::string describe(const GemmMeasurement& m) {
+  if (m.classes.empty()) return "";
+  std::string out = fmt::format("  GEMM per class, the fastest {}:\n", m.source);
+  for (const GemmClassRates& c : m.classes) {
+    std::string rates;
+    for (const auto& [name, rate] : c.gflops) rates += fmt::format("{}{} {:.1f}", rates.empty() ? "" : ", ", name, rate);
+    out += fmt::format("    {:<14} {:<13} (GFLOP/s: {})\n", c.product, c.chosen, rates);
+  }
+  return out;
+}
+
 void progress(const std::string& line) {
   static const bool tty = isatty(fileno(stderr));
   if (tty) fmt::print(stderr, "\r\033[K{}", line);

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "remat/config.h"
+#include "remat/runtime.h"
 
 namespace remat::cli {
 
@@ -61,6 +62,19 @@ inline CLI::Validator seed_check() {
       },
       "SEED");
 }
+
+// --gemm, one for every command: "auto" (each class of the engine's products on the GEMM measured
+// fastest here, once a command knows its threads: settle_gemm), "onednn", "blas", or a record
+// gemm_record() gave. Sets it for the process; throws remat::Error listing what is allowed.
+void set_gemm_flag(const std::string& text);
+
+// For --gemm auto: measures each class on `threads` (or reads the cached choice) and sets it, once
+// per process; returns what was chosen and the rates it was chosen at (empty classes when the user
+// chose the GEMM).
+const GemmMeasurement& settle_gemm(const ThreadConfig& threads);
+
+// The lines a command's header prints for that choice ("" when the user chose the GEMM).
+std::string describe(const GemmMeasurement& m);
 
 // Progress on stderr: one rewritten line on a terminal, plain lines otherwise.
 void progress(const std::string& line);

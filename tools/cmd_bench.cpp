@@ -67,7 +67,8 @@ void check(BenchFlags& f) {
 
 int run(BenchFlags& f) {
   if (!f.options) check(f);
-  const BenchOptions& o = *f.options;
+  BenchOptions& o = *f.options;
+  o.gemm_choice = settle_gemm(o.threads);
 
   std::string engine_names;
   for (Engine e : o.engines) engine_names += (engine_names.empty() ? "" : ",") + std::string(to_string(e));
@@ -76,15 +77,21 @@ int run(BenchFlags& f) {
   for (AttentionImpl a : o.attentions) attentions += (attentions.empty() ? "" : ",") + std::string(to_string(a));
   fmt::print("  policies {} | engine {} | attention {} | {} warm-up + {} timed steps | threads ATen/BLAS {} | seed {}\n",
              fmt::join(o.policies, " "), engine_names, attentions, o.warmup, o.steps, to_string(o.threads), o.seed);
+  fmt::print("{}", describe(o.gemm_choice));
   std::fflush(stdout);
 
   const BenchResult r = run_bench(o);
   end_progress();
   const auto [slowest, fastest] = std::minmax_element(r.round_gflops.begin(), r.round_gflops.end());
-  fmt::print("  BLAS: {}\n  GEMM: {}\n  matmul {:.1f} GFLOP/s (1024^3 on the engine's GEMM, sampled before each of the {} "
-             "timed steps; rounds' medians {:.1f}-{:.1f}); model FLOPs per step {:.2f} G; floor {:.1f} ms\n\n",
-             r.blas, r.gemm, r.matmul_gflops, r.sampled_gflops.size(), *slowest, *fastest,
-             static_cast<double>(r.flops_per_step) / 1e9, r.floor_ms);
+  std::string tried;
+  for (const auto& [name, rate] : r.floor_gemm_rates) tried += fmt::format("{}{} {:.1f}", tried.empty() ? "" : ", ", name, rate);
+  fmt::print("  BLAS: {}\n  GEMM: {}\n", r.blas, r.gemm);
+  fmt::print("  floor {:.1f} ms: the model's {:.2f} GFLOP per step at {:.1f} GFLOP/s, the fastest GEMM here on 1024^3 "
+             "({}: {}), sampled before each of the {} timed steps (rounds' medians {:.1f}-{:.1f})\n",
+             r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.floor_gemm, tried,
+             r.sampled_gflops.size(), *slowest, *fastest);
+  fmt::print("  peak {:.1f} GFLOP/s ({}): the 1024^3 GEMM runs at {:.0f}% of it\n\n", r.peak.gflops, r.peak.how,
+             100 * r.matmul_gflops / r.peak.gflops);
   const std::string table = r.markdown();
   fmt::print("{}", table);
   if (o.profile) fmt::print("{}", r.profile_markdown());

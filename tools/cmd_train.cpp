@@ -55,6 +55,13 @@ int launch(TrainFlags& f) {
   }
   fmt::print(stderr, "remat train: {} local ranks, threads ATen/BLAS {} each ({} cores)\n", f.nproc,
              to_string(per_rank), cores.blas);
+  // --gemm auto is measured here, once, on a rank's threads, and handed to every rank: ranks that
+  // measured at once on shared cores could choose differently. A resumed run keeps its saved GEMM.
+  if (f.resume.empty()) {
+    fmt::print(stderr, "{}", describe(settle_gemm(per_rank)));
+    args.push_back("--gemm");
+    args.push_back(gemm_record());
+  }
   return launch_local(f.nproc, args, std::chrono::seconds(5),
                       [](const std::string& line) { fmt::print(stderr, "remat: error: {}\n", line); });
 }
@@ -135,6 +142,11 @@ int run(TrainFlags& f, CLI::App* app) {
   std::vector<std::string> given;
   for (const CLI::Option* opt : app->get_options())
     if (opt->count() > 0 && !opt->get_lnames().empty()) given.push_back(opt->get_lnames()[0]);
+  // --gemm auto is no GEMM of its own: a resumed run keeps the one it was trained on, a new run
+  // measures.
+  const std::string gemm_flag = app->get_option("--gemm")->as<std::string>();
+  if (gemm_flag == "auto") given.erase(std::remove(given.begin(), given.end(), "gemm"), given.end());
+  const GemmMeasurement gemm_choice = f.resume.empty() ? settle_gemm(f.o.threads) : GemmMeasurement{};
 
   const bool tty = isatty(fileno(stderr));
   int64_t last_line = 0;
@@ -153,13 +165,13 @@ int run(TrainFlags& f, CLI::App* app) {
   };
   const std::string resume = f.resume;
   const double bucket_mb = f.bucket_mb;
-  f.o.started = [resume, bucket_mb](const TrainOptions& o, int64_t first_step) {
+  f.o.started = [resume, bucket_mb, gemm_choice](const TrainOptions& o, int64_t first_step) {
     fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(o.model), o.policy, o.steps,
                o.model.batch * o.model.seq * o.accum * o.dist.world, o.seed);
     if (o.dist.world > 1)
       fmt::print("  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
                  o.dist.world, o.accum, o.model.batch, o.zero, bucket_mb, o.dist.master_addr, o.dist.master_port);
-    fmt::print("  BLAS: {}\n  GEMM: {}\n", blas_name(), gemm_name());
+    fmt::print("  BLAS: {}\n  GEMM: {}\n{}", blas_name(), gemm_name(), describe(gemm_choice));
     if (!resume.empty()) fmt::print("  resuming the run saved in {} at step {}\n", resume, first_step + 1);
     std::fflush(stdout);
   };

@@ -54,6 +54,7 @@ done
 for n in 3 4; do
   run "accum$n" --steps 20 --accum "$n" --threads 1/1
   run "dp$n" --steps 20 --nproc "$n"
+  [ -n "$(val "dp$n")" ] && [ -n "$(val "accum$n")" ] || fail "$n ranks: no validation loss in the output to compare"
   awk -v a="$(val "dp$n")" -v b="$(val "accum$n")" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }' ||
     fail "$n ranks: validation loss $(val "dp$n"), one process with --accum $n: $(val "accum$n")"
 done

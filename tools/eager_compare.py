@@ -12,7 +12,7 @@ each strategy, round-robin) and the same number of PyTorch steps in this process
 of each strategy, then round-robin). Every timed step of all rounds is pooled: the table gives the
 median and the range, and the ratio of medians; `ratio range` is the least and the greatest ratio of
 the per-round medians, so a difference can be told from the machine's drift. Both sides are also given
-as a multiple of the matmul floor (the step's FLOPs at the 1024^3 rate remat measures in each round):
+as a multiple of the matmul floor (the step's FLOPs at the 1024^3 rate of the fastest GEMM here, measured in each round):
 remat / PyTorch cannot fall much below the floor over PyTorch's step.
 
 Both sides run one ATen thread (what torch.get_num_threads() reads here unset; with two, PyTorch's
@@ -21,8 +21,8 @@ matmuls run on OpenBLAS's own threads (the same libblas.so.3), with the kernel r
 with: OpenBLAS picks its kernel from the CPU model when it loads, and on a CPU it does not know it
 falls back to SSE3 (a third of the speed), which remat corrects and a plain `import torch` would
 not. So the first remat round runs before torch is imported, and OPENBLAS_CORETYPE is set to the
-kernel it reports (unless the user set it). remat's engine runs its GEMMs on oneDNN's sgemm (NOTE
-[The engine's GEMMs]): both are printed. Saved bytes on the PyTorch side are the distinct storages
+kernel it reports (unless the user set it). remat's engine runs each class of GEMM on the one it
+measured fastest here (NOTE [The engine's GEMMs]): both sides' GEMMs are printed. Saved bytes on the PyTorch side are the distinct storages
 autograd keeps for backward after the forward pass (saved_tensors_hooks, in an untimed step),
 parameters excluded.
 
@@ -223,7 +223,7 @@ def main():
             f"{s} {medians[s]:.0f} / {statistics.median(this_round[s]):.0f} ms" for s in STRATEGIES), flush=True)
     torch_saved = {s: saved_bytes(model) for s, model, _ in subjects}
 
-    # The matmul floor: the step's FLOPs at the 1024^3 rate of remat's GEMM, measured in every remat
+    # The matmul floor: the step's FLOPs at the 1024^3 rate of the fastest GEMM, measured in every remat
     # round (the median of the rounds). A step cannot run much below it on either side, so it says
     # how far each side is from its GEMMs' speed, and what a ratio of the two can reach.
     floor = statistics.median(floors)
@@ -235,13 +235,20 @@ def main():
                      "ratio_min": min(round_ratios[s]), "ratio_max": max(round_ratios[s]),
                      "remat_saved_bytes": remat_saved[s], "torch_saved_bytes": torch_saved[s]})
     mib = 1 << 20
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
     lines = [
+        f"CPU: {cpu}, {os.cpu_count()} cores",
         f"remat bench (ops engine) against PyTorch {torch.__version__} eager, seed model "
         f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
         f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "
-        f"GFLOP/s (last remat round)",
+        f"GFLOP/s on {config.get('floor_gemm', 'its GEMM')}, the fastest here (last remat round)",
         f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}",
-        f"floor: {floor:.1f} ms ({config['flops_per_step'] / 1e9:.1f} GFLOP per step at the 1024^3 rate of remat's GEMM; "
+        f"floor: {floor:.1f} ms ({config['flops_per_step'] / 1e9:.1f} GFLOP per step at the 1024^3 rate of the fastest GEMM here; "
         f"median of the {len(floors)} rounds, {min(floors):.1f}-{max(floors):.1f})",
         "",
         "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat / floor | PyTorch / floor | remat saved MiB | PyTorch saved MiB |",

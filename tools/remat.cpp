@@ -14,12 +14,14 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <torch/version.h>
 
 #include "cli.h"
 #include "remat/blas_kernel.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 #include "remat/runtime.h"
+#include "remat/version.h"
 
 namespace {
 
@@ -155,6 +157,8 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);    // a closed pipe (gnuplot, `| head`) is an error to report, not a death
 
   CLI::App app{"remat: selective activation recomputation for transformer training on LibTorch"};
+  app.set_version_flag("--version", fmt::format("remat {} (LibTorch {})", remat::version(), TORCH_VERSION),
+                       "print remat's release and the LibTorch it was built with, and exit");
   app.require_subcommand(1);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
@@ -171,8 +175,9 @@ int main(int argc, char** argv) {
                       "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
                       "or a name such as SkylakeX");
     c.app->add_option("--gemm", gemm,
-                      "the engine's GEMM: auto (oneDNN's sgemm when LibTorch has it, else the BLAS; default), onednn, "
-                      "blas (README, This machine)");
+                      "the engine's GEMM: auto (each class of products on the one measured fastest here, cached; "
+                      "default), onednn, blas, or a record such as linear=blas-threads,blas-threads,blas;"
+                      "head=onednn,onednn,onednn");
   }
   try {
     app.parse(argc, argv);
@@ -193,7 +198,7 @@ int main(int argc, char** argv) {
           }
   }
   try {
-    remat::set_gemm(remat::parse_gemm(gemm));
+    remat::cli::set_gemm_flag(gemm);
     // `plan` times ops only on the engine: the BLAS kernel matters to it only when the engine's
     // GEMMs are the BLAS's. bench (the module path), train and sample may run BLAS products.
     const bool plan = std::any_of(commands.begin(), commands.end(), [](const remat::cli::Command& c) {

@@ -1,5 +1,5 @@
-// Data parallelism on PyTorch's own distributed engine, c10d: Gloo between CPU processes (NCCL on
-// CUDA builds of LibTorch that have it). remat adds no transport of its own.
+// Data parallelism on PyTorch's own distributed engine, c10d: Gloo between CPU processes (the only
+// process group remat builds). remat adds no transport of its own.
 //
 //   remat::DistConfig d = remat::dist_config_from_env();      // RANK, WORLD_SIZE, MASTER_ADDR, ...
 //   remat::Communicator comm(d);                               // rendezvous through a c10d TCPStore

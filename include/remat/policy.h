@@ -122,9 +122,6 @@ class Policy {
   // anything but keep: and drop: terms, and for names `spec` does not have.
   static LayerPolicy parse_pins(std::string_view text, const BlockSpec& spec);
 
-  // The preset names with a one-line description each, for --help and errors.
-  static std::string preset_help();
-
  private:
   enum class TermKind : uint8_t { Preset, Save, Keep, Drop };
   struct Term {

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace remat {
 
@@ -47,31 +49,82 @@ ThreadConfig current_threads();
 // in the environment forced it.
 std::string blas_name();
 
-// Which GEMM the op-level engine runs (docs/design.md, NOTE [The engine's GEMMs]). Every piece of
-// a product is one single-threaded call on remat's kernel threads; the choice is per process.
+// Which GEMM the op-level engine runs (docs/design.md, NOTE [The engine's GEMMs]). The engine's
+// products fall in six classes: a linear's forward (x W^T), input gradient (dy W) and weight
+// gradient (dy^T x), and attention's per-head q k^T, p v and p^T dy. Each class runs on one GEMM:
+// oneDNN's sgemm or the BLAS's cblas_sgemm, one call per tile or head on remat's kernel threads, or
+// (linears) at::mm on the BLAS's own threads. The choice is per process, made before any step.
 enum class GemmChoice : uint8_t {
-  Auto,    // OneDnn when the loaded LibTorch exports oneDNN's sgemm (Debian's does), else Blas
-  OneDnn,  // oneDNN's sgemm: linears in tiles of the output, attention one call per (batch, head)
+  Auto,    // each class on the GEMM measured fastest on this machine (choose_gemm); until then,
+           // oneDNN when the loaded LibTorch exports its sgemm (Debian's does), else the BLAS
+  OneDnn,  // oneDNN's sgemm for every class
   Blas,    // the loaded BLAS: cblas_sgemm per attention product, the linears on at::mm (its threads)
 };
 
 // "auto", "onednn", "blas". Throws remat::Error listing them otherwise.
 GemmChoice parse_gemm(std::string_view text);
 
-// Sets the engine's GEMM for this process (default Auto). Throws remat::Error for OneDnn when the
-// loaded LibTorch does not export it. Not to be called while a step runs.
+// Sets the engine's GEMM for this process: OneDnn or Blas for every class, Auto the default before
+// measuring. Throws remat::Error for OneDnn when the loaded LibTorch does not export it. Not to be
+// called while a step runs.
 void set_gemm(GemmChoice choice);
 
-// What the engine's GEMMs run now, e.g. "oneDNN 2.6.3 sgemm, one thread per tile on remat's
-// kernel threads".
+// One class of products timed on every GEMM this build has.
+struct GemmClassRates {
+  std::string product;                                 // "linear dy W"
+  std::vector<std::pair<std::string, double>> gflops;  // ("onednn", 61.2), ("blas", 74.0), ("blas-threads", 97.5)
+  std::string chosen;                                  // the fastest: "blas-threads"
+};
+struct GemmMeasurement {
+  std::vector<GemmClassRates> classes;
+  std::string source;  // "measured now on ...", or "measured earlier, cached in PATH"
+};
+
+// --gemm auto: times each class of the engine's products on every GEMM this build has (shapes of a
+// GPT layer: 1024 tokens at widths 512 and 2048; 64 heads of 128 x 64 and 8 of 1024 x 64), on
+// `threads`, interleaved, and sets each class to the fastest (the median of 5 calls). The result is
+// cached per CPU model, BLAS and its kernel, oneDNN version, threads and remat release (cache_dir,
+// or remat's cache folder, $REMAT_CACHE): a machine chooses once, and the same choice gives the
+// same bits. A few seconds when it measures.
+GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir = "");
+
+// The engine's GEMM per class as text ("linear=blas-threads,blas-threads,blas;head=onednn,onednn,onednn"):
+// what a bench records and a saved run keeps, since the bits depend on it.
+std::string gemm_record();
+// Sets what gemm_record() gave (also "onednn" and "blas"). Throws remat::Error for text it did not
+// give, or a GEMM this build lacks.
+void restore_gemm(std::string_view record);
+
+// What the engine's GEMMs run now, e.g. "oneDNN 2.6.3 sgemm on remat's kernel threads (head q k^T,
+// head p v, head p^T dy); at::mm on the BLAS's threads (linear x W^T, linear dy W, linear dy^T x)".
 std::string gemm_name();
 
-// Whether the engine's GEMMs run on the loaded BLAS (GemmChoice Blas, or Auto without oneDNN):
-// only then does the engine's speed depend on the BLAS kernel.
+// Whether any class runs on the loaded BLAS: only then does the engine's speed depend on the BLAS
+// kernel.
 bool gemm_uses_blas();
 
-// Float32 matmul rate in GFLOP/s of the engine's GEMM (as a linear runs it): the median of `reps`
-// n x n x n products after one warm-up.
-double matmul_gflops(int n = 1024, int reps = 9);
+// The float32 matmul rate in GFLOP/s of the engine's GEMM for the linear dy W class, or of `gemm`
+// when given ("onednn", "blas", "blas-threads"): the median of `reps` n x n x n products after one
+// warm-up. Throws remat::Error for a GEMM this build lacks.
+double matmul_gflops(int n = 1024, int reps = 9, std::string_view gemm = {});
+
+// The same rate on every GEMM this build has, each in turn: what a step's matmul floor is measured
+// at (the fastest of them), since no step's products can run faster than the fastest GEMM here.
+struct FastestMatmul {
+  double gflops = 0;                                   // the fastest's rate
+  std::string gemm;                                    // and its name: "blas-threads"
+  std::vector<std::pair<std::string, double>> rates;  // every GEMM's, in the order tried
+};
+FastestMatmul fastest_matmul_gflops(int n = 1024, int reps = 5);
+
+// The CPU's float32 peak: fused multiply-adds (AVX-512 when the CPU has it, else AVX2) in 12
+// independent chains on `threads` threads at once, the fastest of 3 rounds of about 0.2 s. What no
+// GEMM can beat.
+struct PeakRate {
+  double gflops = 0;
+  std::string how;  // "AVX2 FMA, 8 lanes, 12 chains, on 2 threads at once"
+};
+PeakRate peak_gflops(int threads);
+
 
 }  // namespace remat

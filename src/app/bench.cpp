@@ -28,6 +28,7 @@
 #include "remat/schedule.h"
 #include "remat/memory_model.h"
 #include "remat/units.h"
+#include "util/gemm.h"
 #include "util/timing.h"
 
 namespace remat {
@@ -41,9 +42,6 @@ using detail::ms_since;
 // The matmul floor: a step's FLOPs at a matmul rate, in milliseconds.
 double floor_ms_at(int64_t flops, double gflops) { return static_cast<double>(flops) / (gflops * 1e9) * 1e3; }
 
-// How long OpenBLAS's idle workers may spin before they sleep: 2^28 cycles (0.08-0.13 s at
-// 2-3.5 GHz), with room to spare. Not timed.
-constexpr std::chrono::milliseconds kBlasSpin{200};
 
 // A model, its fixed batch and its loss, behind one interface so that every engine is measured by
 // the same loop.
@@ -307,6 +305,7 @@ BenchResult run_bench(const BenchOptions& o) {
   result.options = o;
   result.blas = blas_name();
   result.gemm = gemm_name();
+  result.gemm_record = gemm_record();
   for (const Variant& v : variants)
     if (v.costs && result.costs.empty()) {
       result.costs = v.costs->source;
@@ -398,12 +397,19 @@ BenchResult run_bench(const BenchOptions& o) {
       probes[vi] = std::make_unique<LayerProbe>(variants[vi].cfg);
       probes[vi]->step();
     }
+  // The floor is the model's FLOPs at the fastest GEMM here, not at the engine's: a step measured
+  // against its own GEMM's rate can read "faster than its floor" when that GEMM is slow.
+  const FastestMatmul fastest = fastest_matmul_gflops(1024, 5);
+  result.floor_gemm = fastest.gemm;
+  result.floor_gemm_rates = fastest.rates;
+  detail::let_blas_threads_sleep();
+  result.peak = peak_gflops(std::max(o.threads.blas, o.threads.aten));
   std::vector<std::vector<double>> round_samples;  // the rate beside each step, by round
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const bool timed = s >= o.warmup;
     if (timed) {
       round_samples.emplace_back();
-      if (entries.empty()) round_samples.back().push_back(matmul_gflops(1024, 5));
+      if (entries.empty()) round_samples.back().push_back(matmul_gflops(1024, 5, result.floor_gemm));
       for (auto& probe : probes)
         if (probe)
           for (int64_t i = 0; i < o.model.layers; ++i) probe->step();
@@ -411,7 +417,8 @@ BenchResult run_bench(const BenchOptions& o) {
     for (Entry& e : entries) {
       if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
       if (timed) {  // five 1024^3 products, ~60 ms, just before the step they are compared with
-        e.row.step_gflops.push_back(matmul_gflops(1024, 5));
+        e.row.step_gflops.push_back(matmul_gflops(1024, 5, result.floor_gemm));
+        if (result.floor_gemm == "blas-threads") detail::let_blas_threads_sleep();  // the step has the cores
         round_samples.back().push_back(e.row.step_gflops.back());
       }
       e.adam->zero_grad();
@@ -449,7 +456,7 @@ BenchResult run_bench(const BenchOptions& o) {
       // (docs/design.md, NOTE [The engine's GEMMs], 1) on the cores the next row's kernel threads
       // need: the engine's first row after the module path's read 4-7% above its prediction, its
       // forward 10-40 ms slower than the engine's other rows'. The next row starts once they sleep.
-      if (e.row.engine == Engine::Module || gemm_uses_blas()) std::this_thread::sleep_for(kBlasSpin);
+      if (e.row.engine == Engine::Module || !detail::gemm_on_kernel_threads()) detail::let_blas_threads_sleep();
     }
   }
 
@@ -643,7 +650,9 @@ std::string BenchResult::json() const {
       {"steps", options.steps},      {"warmup", options.warmup},
       {"seed", options.seed},        {"lr", options.lr},
       {"threads", to_string(options.threads)},
-      {"blas", blas}, {"blas_kernel", blas::loaded_kernel()}, {"gemm", gemm}, {"matmul_gflops", matmul_gflops},
+      {"blas", blas}, {"blas_kernel", blas::loaded_kernel()}, {"gemm", gemm}, {"gemm_record", gemm_record},
+      {"floor_gemm", floor_gemm}, {"matmul_gflops", matmul_gflops},
+      {"peak_gflops", peak.gflops}, {"peak_how", peak.how},
       {"round_gflops", round_gflops}, {"sampled_gflops", sampled_gflops},
       {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
       {"costs", costs}, {"costs_in_run", costs_in_run},              {"costs_matmul_gflops", costs_gflops},
@@ -652,6 +661,18 @@ std::string BenchResult::json() const {
   nlohmann::json engines = nlohmann::json::array();
   for (Engine e : options.engines) engines.push_back(to_string(e));
   config["engines"] = engines;
+  nlohmann::json floor_rates = nlohmann::json::object();
+  for (const auto& [name, rate] : floor_gemm_rates) floor_rates[name] = rate;
+  config["floor_gemm_gflops"] = floor_rates;
+  if (!options.gemm_choice.classes.empty()) {
+    nlohmann::json classes = nlohmann::json::array();
+    for (const GemmClassRates& c : options.gemm_choice.classes) {
+      nlohmann::json rates = nlohmann::json::object();
+      for (const auto& [name, rate] : c.gflops) rates[name] = rate;
+      classes.push_back({{"product", c.product}, {"chosen", c.chosen}, {"gflops", rates}});
+    }
+    config["gemm_choice"] = {{"source", options.gemm_choice.source}, {"classes", classes}};
+  }
   nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}, {"notes", notes}};
   for (const BenchRow& r : rows) {
     out["rows"].push_back({{"policy", r.policy},

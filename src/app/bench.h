@@ -43,6 +43,9 @@ struct BenchOptions {
   bool profile = false;       // ops engine: per-op forward / recompute / backward times
   bool frontier = false;      // ops engine: measure op costs and draw the planner's frontier
   std::function<void(const std::string&)> progress;  // one line per event; may be empty
+  // How the engine's GEMM was chosen (choose_gemm's rates), when it was measured; recorded in the
+  // JSON beside the choice itself (gemm_record).
+  GemmMeasurement gemm_choice;
 };
 
 struct BenchRow {
@@ -83,7 +86,13 @@ struct BenchResult {
   BenchOptions options;
   std::string blas;
   std::string gemm;                 // the engine's GEMM (gemm_name)
-  double matmul_gflops = 0;           // 1024^3 float32 rate of the engine's GEMM: median of sampled_gflops
+  std::string gemm_record;          // and as a saved run keeps it (gemm_record): the bits depend on it
+  // The floor's GEMM: the fastest this build has on the 1024^3 product, tried before the rounds
+  // (floor_gemm_rates), then sampled beside every step. No step's products run faster than it.
+  std::string floor_gemm;
+  std::vector<std::pair<std::string, double>> floor_gemm_rates;
+  PeakRate peak;                    // the CPU's FMA peak on the run's threads: what no GEMM can beat
+  double matmul_gflops = 0;           // 1024^3 float32 rate of floor_gemm: median of sampled_gflops
   std::vector<double> sampled_gflops; // the rate sampled before every timed step, round by round
   std::vector<double> round_gflops;   // each timed round's median sample, in order: the floor's own spread
   int64_t flops_per_step = 0;       // of the model with math attention: what any row must compute

@@ -2,14 +2,18 @@
 #include "app/bench.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "remat/error.h"
 #include "remat/memory.h"
 #include "test_util.h"
+#include "util/gemm.h"
 #include "util/timing.h"
 
 namespace remat {
@@ -60,6 +64,39 @@ TEST(Bench, SamplesTheMatmulRateBesideEveryStep) {
   EXPECT_EQ(r.matmul_gflops, detail::median(r.sampled_gflops));
   EXPECT_NE(r.json().find("\"round_gflops\""), std::string::npos);
   EXPECT_NE(r.json().find("\"step_gflops\""), std::string::npos);
+}
+
+// A NaN gradient never reads as "no difference": the bench fails a row unless the difference is 0.
+TEST(GradDifference, ANanCounts) {
+  const at::Tensor x = at::ones({3}), y = at::ones({2});
+  at::Tensor bad = y.clone();
+  bad[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(grad_difference({x, y}, {x, y}), 0);
+  EXPECT_TRUE(std::isnan(grad_difference({x, bad}, {x, y})));
+}
+
+// A gradient on one side only is an infinite difference.
+TEST(GradDifference, AMissingGradientIsInfinite) {
+  const at::Tensor x = at::ones({3});
+  EXPECT_TRUE(std::isinf(grad_difference({x, at::Tensor()}, {x, x})));
+  EXPECT_TRUE(std::isinf(grad_difference({x}, {x, x})));
+}
+
+// The floor is measured on the fastest GEMM the build has, whatever the engine runs: here the
+// engine is held to one GEMM, and the floor's samples are still the fastest's.
+TEST(Bench, TheFloorIsAtTheFastestGemm) {
+  const detail::GemmTable before = detail::gemm_table();
+  detail::set_gemm_table(detail::parse_gemm_table(detail::available(detail::GemmImpl::OneDnn) ? "onednn" : "blas"));
+  const BenchResult r = run_rounds(1);
+  detail::set_gemm_table(before);
+  ASSERT_FALSE(r.floor_gemm_rates.empty());
+  const auto best = std::max_element(r.floor_gemm_rates.begin(), r.floor_gemm_rates.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  EXPECT_EQ(r.floor_gemm, best->first);
+  EXPECT_DOUBLE_EQ(r.floor_ms, static_cast<double>(r.flops_per_step) / (r.matmul_gflops * 1e9) * 1e3);
+  EXPECT_GT(r.peak.gflops, 0);
+  EXPECT_NE(r.json().find("\"floor_gemm\""), std::string::npos);
+  EXPECT_NE(r.json().find("\"gemm_record\""), std::string::npos);
 }
 
 // Beside the median step over the median floor, a row gives the least and greatest ratio of one

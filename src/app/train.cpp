@@ -27,6 +27,7 @@
 #include "remat/policy.h"
 #include "remat/resolve.h"
 #include "remat/units.h"
+#include "util/gemm.h"
 
 namespace remat {
 
@@ -61,7 +62,7 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
           {"policy", o.policy}, {"eval-every", o.eval_every}, {"eval-batches", o.eval_batches},
           {"save-every", o.save_every}, {"nproc", o.dist.world}, {"zero", o.zero},
           {"bucket-mb", static_cast<double>(o.bucket_bytes) / (1 << 20)}, {"aten-threads", o.threads.aten},
-          {"gemm", gemm_uses_blas() ? "blas" : "onednn"},
+          {"gemm", gemm_record()},
           {"blas-kernel", blas::loaded_kernel()}};
 }
 
@@ -84,8 +85,7 @@ void check_same_arithmetic(const Json& was, const TrainOptions& o, const std::st
          "summed in that order)",
          dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), o.threads.blas);
   // (An explicit --gemm that differs was refused with the other flags that change the trajectory.)
-  if (was.contains("gemm") && was.at("gemm").get<std::string>() != (gemm_uses_blas() ? "blas" : "onednn"))
-    set_gemm(parse_gemm(was.at("gemm").get<std::string>()));
+  if (was.contains("gemm")) restore_gemm(was.at("gemm").get<std::string>());
   if (gemm_uses_blas() && was.contains("blas-kernel") && was.at("blas-kernel").get<std::string>() != blas::loaded_kernel())
     fail("the run in '{}' was trained on OpenBLAS kernel {}; resume it with --blas-kernel {} (this process runs {})",
          dir, was.at("blas-kernel").get<std::string>(), was.at("blas-kernel").get<std::string>(), blas::loaded_kernel());
@@ -354,6 +354,10 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     const Json now = options_json(given, was.at("data").get<std::string>());
     for (const std::string& flag : explicit_flags) {
       if (!now.contains(flag) || may_change(flag) || flag == "data") continue;
+      // States before 0.4 name the GEMM "blas" or "onednn": compared as the tables they stand for.
+      if (flag == "gemm" && was.contains("gemm") &&
+          detail::parse_gemm_table(was.at("gemm").get<std::string>()) == detail::gemm_table())
+        continue;
       if (now.at(flag) != was.at(flag))
         fail("--{} {} differs from the run saved in '{}' ({}); drop the flag to continue that run, or --save elsewhere",
              flag, now.at(flag).dump(), resume_dir, was.at(flag).dump());

@@ -132,12 +132,6 @@ std::string LayerPolicy::dropped_names(const BlockSpec& spec) const {
   return s;
 }
 
-std::string Policy::preset_help() {
-  std::string s;
-  for (const PresetDef& p : presets()) s += fmt::format("  {:<8} {}\n", p.name, p.doc);
-  return s;
-}
-
 std::vector<Policy::Term> Policy::parse_preset(std::string_view text, std::string_view context) {
   if (text.empty()) fail("empty preset in policy '{}'; allowed: {}", context, kAllowed);
   std::vector<Term> terms;

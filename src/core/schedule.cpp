@@ -55,12 +55,12 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
   const int n_tensors = static_cast<int>(spec.tensors.size());
   const int n_ops = static_cast<int>(spec.ops.size());
   if (static_cast<int>(policy.tensors.size()) != n_tensors)
-    fail_runtime("internal: policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors,
+    REMAT_INTERNAL("policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors,
                  spec.kind);
   if (need.empty())
     for (int in : spec.inputs) need.push_back(is_float(spec.tensors[in].dtype));
   if (need.size() != spec.inputs.size())
-    fail_runtime("internal: need_input_grad has {} entries for {} inputs", need.size(), spec.inputs.size());
+    REMAT_INTERNAL("need_input_grad has {} entries for {} inputs", need.size(), spec.inputs.size());
   Schedule s;
   s.need_input_grad = need;
   s.saved.assign(n_tensors, false);
@@ -253,7 +253,7 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
     fail("the policy has {} layers; the model has {}", policy.layers.size(), m.layers);
   for (size_t c = 0; c < chunks.size(); ++c)
     if (chunks[c].first < (c ? chunks[c - 1].end : 0) || chunks[c].end <= chunks[c].first || chunks[c].end > m.layers)
-      fail_runtime("internal: chunk {} holds layers [{}, {}) of {}", c, chunks[c].first, chunks[c].end, m.layers);
+      REMAT_INTERNAL("chunk {} holds layers [{}, {}) of {}", c, chunks[c].first, chunks[c].end, m.layers);
   ScheduleCache local;
   ScheduleCache& sc = cache ? *cache : local;
   StepPlan plan;
@@ -293,9 +293,9 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
       const auto found = block && p.tied_to.empty() ? ids.end() : ids.find(name);
       int id = found == ids.end() ? -1 : found->second;
       if (!p.tied_to.empty() && id < 0 && stem)
-        fail_runtime("internal: '{}' in '{}' is tied to '{}', which no earlier stage has", p.name, spec.kind, p.tied_to);
+        REMAT_INTERNAL("'{}' in '{}' is tied to '{}', which no earlier stage has", p.name, spec.kind, p.tied_to);
       if (p.tied_to.empty() && id >= 0)
-        fail_runtime("internal: two parameters of the model are named '{}'", name);
+        REMAT_INTERNAL("two parameters of the model are named '{}'", name);
       if (id < 0) {  // (a tied parameter without the stem: this rank's copy)
         id = static_cast<int>(plan.params.size());
         if (!block) ids.emplace(name, id);

@@ -11,7 +11,7 @@ GradientBuckets::GradientBuckets(const StepPlan& plan, const std::vector<at::Ten
                                  int micro, Communicator& comm)
     : comm_(comm), micro_(micro) {
   if (params.size() != plan.params.size())
-    fail_runtime("internal: {} parameters for a plan of {}", params.size(), plan.params.size());
+    REMAT_INTERNAL("{} parameters for a plan of {}", params.size(), plan.params.size());
   if (bucket_bytes <= 0) fail("gradient buckets must be positive, got {} bytes", bucket_bytes);
   if (micro < 1) fail("gradient buckets need at least one backward per step, got {}", micro);
   const int n = static_cast<int>(params.size());
@@ -80,7 +80,7 @@ void GradientBuckets::launch(int b) {
 void GradientBuckets::wait() {
   for (size_t b = 0; b < pending_.size(); ++b) {
     if (remaining_[b] != 0)
-      fail_runtime("internal: bucket {} is waiting for {} gradient(s) that never came", b, remaining_[b]);
+      REMAT_INTERNAL("bucket {} is waiting for {} gradient(s) that never came", b, remaining_[b]);
     pending_[b].wait();
     timings_[b].finished = pending_[b].finished_at;
     pending_[b] = Communicator::Pending();

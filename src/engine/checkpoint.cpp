@@ -64,6 +64,25 @@ struct RngState {
   }
 };
 
+// While alive, the generators run from `forward` (the forward's state); the state they had before
+// is put back when it ends, however the scope is left (a callable that throws included).
+class RngFork {
+ public:
+  explicit RngFork(const std::optional<RngState>& forward) {
+    if (!forward) return;
+    outer_ = RngState::capture(forward->cuda.defined());
+    forward->restore();
+  }
+  ~RngFork() {
+    if (outer_) outer_->restore();
+  }
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  std::optional<RngState> outer_;
+};
+
 // What the backward needs besides the saved tensors. Lives in ctx->saved_data as a capsule
 // (IValue has no case for std::function).
 struct Closure : torch::CustomClassHolder {
@@ -132,14 +151,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
     variable_list outputs;
     {
-      std::optional<RngState> outer;
-      if (closure->rng) {
-        outer = RngState::capture(closure->rng->cuda.defined());
-        closure->rng->restore();
-      }
+      RngFork fork(closure->rng);
       at::AutoGradMode grad_on(true);
       outputs = closure->fn(inputs);
-      if (outer) outer->restore();
     }
 
     variable_list roots, root_grads;

@@ -105,6 +105,24 @@ TEST(Checkpoint, KeepsOnlyItsOutputAndTheRngStateDuringForward) {
   EXPECT_GT(MemoryTracker::live() - before_plain, 64 * 8 * 4 + 2 * 64 * 16 * 4 - 1);
 }
 
+// A callable that throws during the backward's rerun leaves the generator where the caller had
+// it: the fork back to the forward's state is undone however the rerun ends.
+TEST(Checkpoint, AThrowingRerunLeavesTheGeneratorAsItWas) {
+  at::manual_seed(7);
+  int calls = 0;
+  const at::Tensor x = at::randn({4, 8}).requires_grad_(true);
+  const at::Tensor y = checkpoint(
+      [&](const at::Tensor& in) {
+        if (++calls == 2) throw std::runtime_error("rerun failed");
+        return at::dropout(in, 0.5, /*train=*/true);
+      },
+      x, {});
+  at::randn({3});  // move the generator past the forward's state
+  const at::Tensor before = at::detail::getDefaultCPUGenerator().get_state();
+  EXPECT_THROW(y.sum().backward(), std::exception);
+  EXPECT_TRUE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), before));
+}
+
 TEST(Checkpoint, RefusesDoubleBackward) {
   Mlp mlp(5);
   at::Tensor x = at::randn({4, 8}).requires_grad_();

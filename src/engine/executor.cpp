@@ -8,6 +8,7 @@
 #include "ops/op_env.h"
 #include "remat/error.h"
 #include "remat/runtime.h"
+#include "util/gemm.h"
 #include "util/parallel.h"
 
 namespace remat {
@@ -37,7 +38,7 @@ LayerPolicy policy_of(const BlockSpec& spec, const std::vector<bool>& saved) {
 
 // Whether the kernel threads may poll through a pass: only when every GEMM and loop of the pass runs
 // on them, so that no BLAS or OpenMP thread needs the cores they hold (NOTE [Kernel threads awake]).
-bool pass_owns_the_cores() { return !gemm_uses_blas() && current_threads().aten == 1; }
+bool pass_owns_the_cores() { return detail::gemm_on_kernel_threads() && current_threads().aten == 1; }
 
 }  // namespace
 
@@ -63,7 +64,7 @@ const Schedule& BlockExecutor::schedule_for(const std::vector<bool>& need) const
 at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx,
                                   int64_t layer) const {
   if (inputs.size() != spec_.inputs.size() || params.size() != spec_.params.size())
-    fail_runtime("internal: '{}' stage takes {} inputs and {} params, got {} and {}", spec_.kind,
+    REMAT_INTERNAL("'{}' stage takes {} inputs and {} params, got {} and {}", spec_.kind,
                  spec_.inputs.size(), spec_.params.size(), inputs.size(), params.size());
   const Schedule& s = *schedule_;
   ctx.tensors.assign(spec_.tensors.size(), at::Tensor());

@@ -89,7 +89,7 @@ void GPTImpl::build_executors() {
   eval_plan_ = compile_step(eval_spec, keep);
   for (size_t i = 0; i < eval_plan_.params.size(); ++i)
     if (eval_plan_.params[i].name != plan_.params[i].name)
-      fail_runtime("internal: the dropout-free model's parameter {} is '{}', not '{}'", i, eval_plan_.params[i].name,
+      REMAT_INTERNAL("the dropout-free model's parameter {} is '{}', not '{}'", i, eval_plan_.params[i].name,
                    plan_.params[i].name);
   for (const StagePlan& st : eval_plan_.stages)
     eval_execs_.push_back(std::make_shared<BlockExecutor>(*st.spec, st.schedule, untimed));
@@ -103,7 +103,7 @@ void GPTImpl::set_policy(const ResolvedPolicy& policy) {
   policy_ = policy;
   StepPlan plan = compile_step(spec_, policy_);
   for (size_t i = 0; i < plan.params.size(); ++i)
-    if (plan.params[i].name != plan_.params[i].name) fail_runtime("internal: the parameters changed with the policy");
+    if (plan.params[i].name != plan_.params[i].name) REMAT_INTERNAL("the parameters changed with the policy");
   plan_ = std::move(plan);
   build_executors();
 }

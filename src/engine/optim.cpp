@@ -84,7 +84,7 @@ ShardedAdam::ShardedAdam(std::vector<at::Tensor> params, std::vector<bool> decay
                          int64_t first, int64_t last)
     : params_(std::move(params)), decays_(std::move(decays)), options_(options), first_(first), last_(last) {
   if (decays_.size() != params_.size())
-    fail_runtime("internal: ShardedAdam has {} decay flags for {} parameters", decays_.size(), params_.size());
+    REMAT_INTERNAL("ShardedAdam has {} decay flags for {} parameters", decays_.size(), params_.size());
   int64_t flat = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
@@ -96,7 +96,7 @@ ShardedAdam::ShardedAdam(std::vector<at::Tensor> params, std::vector<bool> decay
     flat += p.numel();
   }
   if (first < 0 || first > last || last > flat)
-    fail_runtime("internal: ShardedAdam range [{}, {}) of {} elements", first, last, flat);
+    REMAT_INTERNAL("ShardedAdam range [{}, {}) of {} elements", first, last, flat);
   m_ = at::zeros({last - first});
   v_ = at::zeros({last - first});
 }

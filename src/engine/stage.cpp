@@ -67,7 +67,7 @@ at::Tensor run_stage(std::shared_ptr<const BlockExecutor> exec, at::TensorList i
   closure->layer = layer;
   if (sink) {
     if (param_ids == nullptr || param_ids->size() != params.size())
-      fail_runtime("internal: a gradient sink needs the model id of each of the stage's {} parameters", params.size());
+      REMAT_INTERNAL("a gradient sink needs the model id of each of the stage's {} parameters", params.size());
     closure->sink = std::move(sink);
     closure->param_ids = *param_ids;
   }

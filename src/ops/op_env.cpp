@@ -50,7 +50,7 @@ OpEnv::OpEnv(const BlockSpec& spec, std::vector<at::Tensor>& tensors, std::vecto
 const at::Tensor& OpEnv::in(const OpNode& op, int i) const {
   const at::Tensor& t = tensors_[op.in[i]];
   if (!t.defined())
-    fail_runtime("internal: op '{}' (layer {}) reads '{}', which is not held", op.name, layer_,
+    REMAT_INTERNAL("op '{}' (layer {}) reads '{}', which is not held", op.name, layer_,
                  spec_.tensors[op.in[i]].name);
   return t;
 }
@@ -97,16 +97,16 @@ uint64_t OpEnv::seed(const OpNode& op) {
 
 const at::Tensor& OpEnv::saved_in(const OpNode& op, int i) const {
   if (!(op_def(op.kind).bwd_reads_in & (1u << i)))
-    fail_runtime("internal: backward of '{}' reads input {}, which its definition does not list", op.name, i);
+    REMAT_INTERNAL("backward of '{}' reads input {}, which its definition does not list", op.name, i);
   return in(op, i);
 }
 
 const at::Tensor& OpEnv::saved_out(const OpNode& op, int i) const {
   if (!(op_def(op.kind).bwd_reads_out & (1u << i)))
-    fail_runtime("internal: backward of '{}' reads output {}, which its definition does not list", op.name, i);
+    REMAT_INTERNAL("backward of '{}' reads output {}, which its definition does not list", op.name, i);
   const at::Tensor& t = tensors_[op.out[i]];
   if (!t.defined())
-    fail_runtime("internal: backward of '{}' (layer {}) reads '{}', which is not held", op.name, layer_,
+    REMAT_INTERNAL("backward of '{}' (layer {}) reads '{}', which is not held", op.name, layer_,
                  spec_.tensors[op.out[i]].name);
   return t;
 }
@@ -115,7 +115,7 @@ const at::Tensor& OpEnv::grad_out(const OpNode& op, int i) const { return grads[
 
 const GradStep& OpEnv::plan(const OpNode& op, int i) const {
   if (step_ == nullptr || step_->kind != Step::Kind::Backward || &spec_.ops[step_->index] != &op)
-    fail_runtime("internal: op '{}' asked for its gradient plan outside its backward step", op.name);
+    REMAT_INTERNAL("op '{}' asked for its gradient plan outside its backward step", op.name);
   return step_->grads[i];
 }
 
@@ -126,7 +126,7 @@ at::Tensor OpEnv::grad_buffer(const OpNode& op, int i) {
   if (source != GradSource::OverDy && source != GradSource::OverInput) return at::Tensor();
   at::Tensor& t = source == GradSource::OverDy ? grads[op.out[0]] : tensors_[op.in[i]];
   if (!sole_owner(t))
-    fail_runtime("internal: the plan writes the gradient of '{}' (layer {}) over {}, but that memory is shared",
+    REMAT_INTERNAL("the plan writes the gradient of '{}' (layer {}) over {}, but that memory is shared",
                  spec_.tensors[op.in[i]].name, layer_, source == GradSource::OverDy ? "dy" : "the input");
   handed_[i] = t.data_ptr();
   return std::move(t);
@@ -136,7 +136,7 @@ at::Tensor& OpEnv::grad_slot(const OpNode& op, int i) {
   const GradStep& g = plan(op, i);
   const int t = op.in[i];
   if (g.source != GradSource::Slot)
-    fail_runtime("internal: op '{}' adds into the gradient slot of input {}, which its plan does not allow", op.name, i);
+    REMAT_INTERNAL("op '{}' adds into the gradient slot of input {}, which its plan does not allow", op.name, i);
   at::Tensor& slot = grads[t];
   switch (g.prep) {
     case SlotPrep::Zeros:  // like the input (a Slot input is one its backward reads: held)
@@ -148,7 +148,7 @@ at::Tensor& OpEnv::grad_slot(const OpNode& op, int i) {
     case SlotPrep::Copy: slot = slot.clone(); break;
     case SlotPrep::Existing: break;
   }
-  if (!slot.defined()) fail_runtime("internal: the gradient slot of '{}' is empty", spec_.tensors[t].name);
+  if (!slot.defined()) REMAT_INTERNAL("the gradient slot of '{}' is empty", spec_.tensors[t].name);
   return slot;
 }
 
@@ -157,12 +157,12 @@ void OpEnv::set_grad(const OpNode& op, int i, at::Tensor g) {
   const int t = op.in[i];
   const TensorSpec& spec = spec_.tensors[t];
   if (plan_i.source == GradSource::None || plan_i.source == GradSource::Slot)
-    fail_runtime("internal: op '{}' hands over a gradient for '{}', which its plan does not make", op.name, spec.name);
+    REMAT_INTERNAL("op '{}' hands over a gradient for '{}', which its plan does not make", op.name, spec.name);
   if (g.sizes().vec() != spec.shape)
     fail_runtime("backward of '{}' (layer {}) produced {} for '{}'; the table says {}", op.name, layer_,
                  describe_tensor(g), spec.name, shape_str(spec.shape));
   if ((plan_i.source == GradSource::OverDy || plan_i.source == GradSource::OverInput) && g.data_ptr() != handed_[i])
-    fail_runtime("internal: the backward of '{}' did not write over the memory it was handed", op.name);
+    REMAT_INTERNAL("the backward of '{}' did not write over the memory it was handed", op.name);
   at::Tensor& slot = grads[t];
   switch (plan_i.merge) {
     case GradMerge::Set: slot = std::move(g); break;

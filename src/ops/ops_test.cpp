@@ -15,6 +15,7 @@
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/block.h"
+#include "remat/error.h"
 #include "remat/executor.h"
 #include "remat/policy.h"
 #include "test_util.h"
@@ -150,6 +151,18 @@ TEST_P(OpsTest, EveryOpRecomputesBitwise) {
 // The attention ops' float32 products run head by head from compact copies of the operands
 // (NOTE [The engine's GEMMs], 6f), float64 and CUDA on the batched path: both paths must give the
 // same bits (the example is causal, in row blocks, with two query heads per key/value head).
+// A broken invariant is an Internal error naming the file and line that found it, never a
+// user's mistake.
+TEST(OpRegistry, AnUnknownOpKindIsAnInternalErrorWithItsPlace) {
+  try {
+    op_def(OpKind::Count);
+    FAIL() << "op_def accepted OpKind::Count";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Internal);
+    EXPECT_EQ(std::string(e.what()).rfind("internal error at src/ops/registry.cpp:", 0), 0u) << e.what();
+  }
+}
+
 TEST(AttentionOps, HeadByHeadProductsHaveTheBatchedPathsBits) {
   if (!detail::gemm_available()) GTEST_SKIP() << "no oneDNN sgemm: float32 takes the batched path too";
   for (const Case& c : all_cases(at::kFloat)) {

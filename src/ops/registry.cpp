@@ -30,7 +30,7 @@ const char* const kNames[] = {
 }  // namespace
 
 const OpDef& op_def(OpKind kind) {
-  if (kind >= OpKind::Count) fail_runtime("internal: op kind {} is not registered", static_cast<int>(kind));
+  if (kind >= OpKind::Count) REMAT_INTERNAL("op kind {} is not registered", static_cast<int>(kind));
   return *kTable[static_cast<size_t>(kind)];
 }
 

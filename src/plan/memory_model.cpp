@@ -54,7 +54,7 @@ class Sim {
     live_ -= n;
     if (cuda_ && n > 0) {
       std::vector<int>& live = by_size_[{n, stream}];
-      if (live.empty()) fail_runtime("internal: the memory model frees {} bytes it never allocated", n);
+      if (live.empty()) REMAT_INTERNAL("the memory model frees {} bytes it never allocated", n);
       cuda_->free(live.back());
       live.pop_back();
     }
@@ -333,7 +333,7 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
       shape.stage < 0 || shape.stage >= shape.stages || shape.chunks < 1 ||
       static_cast<int>(plan.chunks.size()) != shape.chunks || shape.zero < 0 || shape.zero > 3 ||
       (shape.chunks > 1 && shape.micro % shape.stages != 0))
-    fail_runtime("internal: step shape micro {} world {} rank {} stage {}/{} chunks {} (plan {}) zero {}", shape.micro,
+    REMAT_INTERNAL("step shape micro {} world {} rank {} stage {}/{} chunks {} (plan {}) zero {}", shape.micro,
                  shape.world, shape.rank, shape.stage, shape.stages, shape.chunks, plan.chunks.size(), shape.zero);
   const ModelSpec& spec = *plan.model;
   const bool bucketed = shape.bucketed();

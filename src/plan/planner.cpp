@@ -178,7 +178,7 @@ Plan Planner::plan(const Budget& budget) const {
     p.memory = simulate_memory(step, costs_.threads);
     p.step_ms = costs_.step_ms(step);
     if (p.memory.total_peak() > p.budget)  // the knapsack rounds up and improve() checks exactly
-      fail_runtime("internal: plan peaks at {} over the budget {}", p.memory.total_peak(), p.budget);
+      REMAT_INTERNAL("plan peaks at {} over the budget {}", p.memory.total_peak(), p.budget);
     return p;
   }
   // Refused: name the smallest budget any plan meets.

@@ -18,6 +18,7 @@
 #include "remat/model.h"
 #include "remat/optim.h"
 #include "util/atomic_file.h"
+#include "util/cache.h"
 #include "util/timing.h"
 
 namespace remat {
@@ -28,24 +29,8 @@ using detail::Clock;
 using detail::median;
 using detail::ms_since;
 
-// Identifies the code being timed: the running executable's size and modification time. A rebuilt
-// remat times its ops afresh instead of trusting what an older build measured.
-std::string build_identity() {
-  std::error_code ec;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "unknown-build";
-  const auto size = std::filesystem::file_size(exe, ec);
-  const auto time = std::filesystem::last_write_time(exe, ec).time_since_epoch().count();
-  return fmt::format("{}:{}:{}", exe.string(), size, time);
-}
-
-std::string cache_folder(const std::string& given) {
-  if (!given.empty()) return given;
-  if (const char* c = std::getenv("REMAT_CACHE")) return c;
-  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/remat";
-  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/remat";
-  return ".remat-cache";
-}
+using detail::build_identity;
+using detail::cache_folder;
 
 nlohmann::json to_json(const CostModel& c) {
   nlohmann::json ops = nlohmann::json::array();
@@ -233,13 +218,7 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
 }
 
 MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& cache_dir) {
-  std::string cpu = "unknown cpu";
-  if (std::ifstream info("/proc/cpuinfo"); info)
-    for (std::string line; std::getline(info, line);)
-      if (line.rfind("model name", 0) == 0) {
-        cpu = line.substr(line.find(':') + 1);
-        break;
-      }
+  const std::string cpu = detail::cpu_model();
   // The rates are the engine's GEMM at 1024^3 and an add: OpenBLAS's kernel matters only when the
   // GEMM is OpenBLAS's. `plan` re-executes for the kernel only then, `bench` always: keyed on the
   // kernel they would keep two calibrations of one machine, measured at different times.

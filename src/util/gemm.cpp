@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "remat/blas_kernel.h"
 #include "remat/error.h"
 #include "remat/runtime.h"
 #include "util/parallel.h"
@@ -51,10 +54,28 @@ CblasGemm<T> cblas() {
   return fn;
 }
 
-// The process's choice, resolved: true runs oneDNN.
-std::atomic<bool> g_onednn{dnnl_sgemm() != nullptr};
+GemmClass head_class(bool ta, bool tb) { return ta ? GemmClass::HeadTN : tb ? GemmClass::HeadNT : GemmClass::HeadNN; }
+GemmClass linear_class(bool ta, bool tb) {
+  return ta ? GemmClass::LinearTN : tb ? GemmClass::LinearNT : GemmClass::LinearNN;
+}
 
-bool onednn() { return g_onednn.load(std::memory_order_relaxed); }
+// The table GemmChoice OneDnn (or Blas) sets.
+GemmTable uniform_table(bool onednn) {
+  GemmTable t;
+  for (int c = 0; c < kGemmClasses; ++c)
+    t[c] = onednn ? GemmImpl::OneDnn : c < 3 ? GemmImpl::BlasThreads : GemmImpl::Blas;
+  return t;
+}
+
+// The process's table, read by every product (set between steps only).
+std::atomic<GemmImpl> g_table[kGemmClasses];
+const bool g_table_initialised = [] {
+  const GemmTable init = uniform_table(dnnl_sgemm() != nullptr);
+  for (int c = 0; c < kGemmClasses; ++c) g_table[c].store(init[c]);
+  return true;
+}();
+
+GemmImpl impl_of(GemmClass c) { return g_table[static_cast<int>(c)].load(std::memory_order_relaxed); }
 
 // oneDNN threads with OpenMP: its sgemm runs on omp_get_max_threads() threads of the calling
 // thread, an OpenMP setting each thread holds for itself. Set to one for the call, then put back.
@@ -80,10 +101,10 @@ class OneOmpThread {
 
 // One product on this thread.
 template <typename T>
-void gemm_here(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-               int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm_here(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if constexpr (sizeof(T) == 4) {
-    if (onednn()) {
+    if (impl == GemmImpl::OneDnn) {
       OneOmpThread one;
       dnnl_sgemm()(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
@@ -95,8 +116,8 @@ void gemm_here(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const
 }
 
 template <typename T>
-bool can_run() {
-  return (sizeof(T) == 4 && onednn()) || cblas<T>() != nullptr;
+bool can_run(GemmImpl impl) {
+  return (sizeof(T) == 4 && impl == GemmImpl::OneDnn) ? dnnl_sgemm() != nullptr : cblas<T>() != nullptr;
 }
 
 // Tiles of the output: at most 256 rows by 512 columns, from the shape alone (never the thread
@@ -112,10 +133,12 @@ constexpr int64_t kTileRows = 256, kTileCols = 512;
 // bits are those of the unpacked call (Gemm.PackedPanelHasTheBitsOfTheStridedOne).
 constexpr int64_t kPackLda = 1024;
 
-void sgemm_tiled(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void sgemm_tiled(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const int64_t rows = (m + kTileRows - 1) / kTileRows, cols = (n + kTileCols - 1) / kTileCols;
-  const bool pack = ta && lda >= kPackLda;
+  const bool pack = impl == GemmImpl::OneDnn && ta && lda >= kPackLda;
+  std::optional<SingleThreadedBlas> one_thread;
+  if (impl != GemmImpl::OneDnn && kernel_threads() > 1 && rows * cols > 1) one_thread.emplace();
   // Packed, a chunk is one row of tiles: its panel is copied once, for all of the row's tiles.
   parallel_chunks(rows * cols, pack ? cols : 1, [&](int64_t begin, int64_t end) {
     float* panel = nullptr;
@@ -134,7 +157,8 @@ void sgemm_tiled(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
         at = panel, ld = mr;
       }
       const float* bt = tb ? b + j * ldb : b + j;
-      gemm_here<float>(ta, tb, mr, std::min(kTileCols, n - j), k, alpha, at, ld, bt, ldb, beta, c + i * ldc + j, ldc);
+      gemm_here<float>(impl, ta, tb, mr, std::min(kTileCols, n - j), k, alpha, at, ld, bt, ldb, beta, c + i * ldc + j,
+                       ldc);
     }
   });
 }
@@ -167,8 +191,9 @@ void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Ten
   const T* pb = b.data_ptr<T>();
   T* pc = c.data_ptr<T>();
   const int64_t lda = a.stride(rank - 2), ldb = b.stride(rank - 2), ldc = c.stride(rank - 2);
+  const GemmImpl impl = impl_of(head_class(ta, tb));
   std::optional<SingleThreadedBlas> one_thread;
-  if (kernel_threads() > 1 && n_outer > 1) one_thread.emplace();
+  if (impl != GemmImpl::OneDnn && kernel_threads() > 1 && n_outer > 1) one_thread.emplace();
   parallel_chunks(n_outer, 1, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       int64_t oa0 = 0, ob0 = 0, oc0 = 0;
@@ -176,8 +201,8 @@ void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Ten
       for (int64_t i = 0; i < n_inner; ++i) {
         int64_t oa = oa0, ob = ob0, oc = oc0;
         offsets(inner, i, oa, ob, oc);
-        gemm_here<T>(ta, tb, m, n, k, static_cast<T>(alpha), pa + oa, lda, pb + ob, ldb, static_cast<T>(beta), pc + oc,
-                     ldc);
+        gemm_here<T>(impl, ta, tb, m, n, k, static_cast<T>(alpha), pa + oa, lda, pb + ob, ldb, static_cast<T>(beta),
+                     pc + oc, ldc);
       }
     }
   });
@@ -187,19 +212,28 @@ void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Ten
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (!can_run<float>()) fail_runtime("the loaded BLAS has no cblas_sgemm; remat needs OpenBLAS (make setup)");
-  gemm_here<float>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const GemmImpl impl = impl_of(head_class(ta, tb));
+  if (!can_run<float>(impl)) fail_runtime("the loaded BLAS has no cblas_sgemm; remat needs OpenBLAS (make setup)");
+  gemm_here<float>(impl, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-bool gemm_available() { return can_run<float>(); }
+bool gemm_available() { return can_run<float>(GemmImpl::OneDnn) || can_run<float>(GemmImpl::Blas); }
+
+bool gemm_on_kernel_threads() {
+  for (int c = 0; c < kGemmClasses; ++c)
+    if (g_table[c].load() == GemmImpl::BlasThreads) return false;
+  return true;
+}
 
 void mm_out(at::Tensor& c, const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, double beta) {
-  const bool tiled = onednn() && c.device().is_cpu() && c.scalar_type() == at::kFloat &&
-                     a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.stride(1) == 1 &&
-                     b.stride(1) == 1 && c.stride(1) == 1;
+  const GemmImpl impl = impl_of(linear_class(ta, tb));
+  const bool tiled = impl != GemmImpl::BlasThreads && can_run<float>(impl) && c.device().is_cpu() &&
+                     c.scalar_type() == at::kFloat && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+                     a.stride(1) == 1 && b.stride(1) == 1 && c.stride(1) == 1;
   if (tiled) {
-    sgemm_tiled(ta, tb, c.size(0), c.size(1), ta ? a.size(0) : a.size(1), 1.0f, a.data_ptr<float>(), a.stride(0),
-                b.data_ptr<float>(), b.stride(0), static_cast<float>(beta), c.data_ptr<float>(), c.stride(0));
+    sgemm_tiled(impl, ta, tb, c.size(0), c.size(1), ta ? a.size(0) : a.size(1), 1.0f, a.data_ptr<float>(),
+                a.stride(0), b.data_ptr<float>(), b.stride(0), static_cast<float>(beta), c.data_ptr<float>(),
+                c.stride(0));
     return;
   }
   const at::Tensor opa = ta ? a.t() : a, opb = tb ? b.t() : b;
@@ -214,12 +248,13 @@ void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bo
     fail_runtime("batched_gemm: ranks {}, {}, {} must be equal and >= 3", a.dim(), b.dim(), rank);
   for (int64_t d = 0; d < rank - 2; ++d)
     if (c.stride(d) == 0 && c.size(d) > 1 && beta != 1.0)
-      fail_runtime("internal: batched_gemm into an expanded output needs beta 1, got {}", beta);
+      REMAT_INTERNAL("batched_gemm into an expanded output needs beta 1, got {}", beta);
   const bool unit = a.stride(rank - 1) == 1 && b.stride(rank - 1) == 1 && c.stride(rank - 1) == 1;
+  const GemmImpl impl = impl_of(head_class(transpose_a, transpose_b));
   if (unit && c.device().is_cpu() && a.scalar_type() == c.scalar_type() && b.scalar_type() == c.scalar_type()) {
-    if (c.scalar_type() == at::kFloat && can_run<float>())
+    if (c.scalar_type() == at::kFloat && can_run<float>(impl))
       return batched<float>(a, transpose_a, b, transpose_b, c, alpha, beta);
-    if (c.scalar_type() == at::kDouble && can_run<double>())
+    if (c.scalar_type() == at::kDouble && can_run<double>(GemmImpl::Blas))
       return batched<double>(a, transpose_a, b, transpose_b, c, alpha, beta);
   }
   const at::Tensor opa = transpose_a ? a.transpose(-1, -2) : a;
@@ -238,8 +273,9 @@ void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bo
   else out.mul_(beta).add_(product);
 }
 
+void let_blas_threads_sleep() { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
+
 SingleThreadedBlas::SingleThreadedBlas() {
-  if (onednn()) return;
   static const auto get = symbol<int (*)()>("openblas_get_num_threads");
   static const auto set = symbol<void (*)(int)>("openblas_set_num_threads");
   if (get == nullptr || set == nullptr) return;
@@ -250,6 +286,100 @@ SingleThreadedBlas::SingleThreadedBlas() {
 SingleThreadedBlas::~SingleThreadedBlas() {
   static const auto set = symbol<void (*)(int)>("openblas_set_num_threads");
   if (set != nullptr && previous_ > 1) set(previous_);
+}
+
+
+std::string_view to_string(GemmClass c) {
+  static constexpr std::string_view names[kGemmClasses] = {"linear x W^T", "linear dy W",  "linear dy^T x",
+                                                           "head q k^T",   "head p v",     "head p^T dy"};
+  return names[static_cast<int>(c)];
+}
+
+std::string_view to_string(GemmImpl i) {
+  return i == GemmImpl::OneDnn ? "onednn" : i == GemmImpl::Blas ? "blas" : "blas-threads";
+}
+
+GemmImpl parse_gemm_impl(std::string_view text) {
+  for (GemmImpl i : {GemmImpl::OneDnn, GemmImpl::Blas, GemmImpl::BlasThreads})
+    if (text == to_string(i)) return i;
+  fail("GEMM '{}' is unknown; allowed: onednn, blas, blas-threads", text);
+}
+
+bool available(GemmImpl i) { return can_run<float>(i); }
+
+std::string onednn_version() {
+  if (const auto version = symbol<const DnnlVersion* (*)()>("dnnl_version"))
+    if (const DnnlVersion* v = version()) return fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
+  return dnnl_sgemm() != nullptr ? "unknown" : "none";
+}
+
+std::string gemm_libraries() {
+  std::string blas = "none";
+  if (const auto config = symbol<char* (*)()>("openblas_get_config")) blas = config();
+  return fmt::format("onednn={} blas={} kernel={} cblas={}", onednn_version(), blas, blas::loaded_kernel(),
+                     available(GemmImpl::Blas) ? "yes" : "no");
+}
+
+GemmTable gemm_table() {
+  GemmTable t;
+  for (int c = 0; c < kGemmClasses; ++c) t[c] = g_table[c].load();
+  return t;
+}
+
+void set_gemm_table(const GemmTable& t) {
+  for (int c = 0; c < kGemmClasses; ++c) {
+    if (!available(t[c]))
+      fail("GemmChoice: {} for {} is not in this build (the loaded LibTorch exports no oneDNN sgemm, or the BLAS no "
+           "cblas_sgemm)",
+           to_string(t[c]), to_string(static_cast<GemmClass>(c)));
+    if (c >= 3 && t[c] == GemmImpl::BlasThreads)
+      fail("GemmChoice: blas-threads runs linears only, not {}", to_string(static_cast<GemmClass>(c)));
+  }
+  for (int c = 0; c < kGemmClasses; ++c) g_table[c].store(t[c]);
+}
+
+std::string to_string(const GemmTable& t) {
+  return fmt::format("linear={},{},{};head={},{},{}", to_string(t[0]), to_string(t[1]), to_string(t[2]),
+                     to_string(t[3]), to_string(t[4]), to_string(t[5]));
+}
+
+GemmTable parse_gemm_table(std::string_view text) {
+  if (text == "onednn" || text == "blas") return uniform_table(text == "onednn");
+  GemmTable t;
+  const std::string s(text);
+  auto impl = [&](const std::string& name) {
+    try {
+      return parse_gemm_impl(name);
+    } catch (const Error&) {
+      fail("GemmChoice '{}' names an unknown GEMM '{}'; allowed per class: onednn, blas, blas-threads (linears only)",
+           text, name);
+    }
+  };
+  const size_t semi = s.find(';');
+  if (s.rfind("linear=", 0) != 0 || semi == std::string::npos || s.compare(semi + 1, 5, "head=") != 0)
+    fail("GemmChoice '{}' is unknown; allowed: auto, onednn, blas, or a record such as "
+         "'linear=blas-threads,blas-threads,blas;head=onednn,onednn,onednn'",
+         text);
+  int c = 0;
+  for (const std::string& part : {s.substr(7, semi - 7), s.substr(semi + 6)}) {
+    std::vector<std::string> names;
+    for (size_t from = 0;;) {
+      const size_t comma = part.find(',', from);
+      names.push_back(part.substr(from, comma - from));
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
+    if (names.size() != 3)
+      fail("GemmChoice '{}' names {} GEMMs for the {}; give three ({})", text, names.size(),
+           c == 0 ? "linears" : "heads", c == 0 ? "x W^T, dy W, dy^T x" : "q k^T, p v, p^T dy");
+    for (const std::string& name : names) {
+      t[c] = impl(name);
+      if (c >= 3 && t[c] == GemmImpl::BlasThreads)
+        fail("GemmChoice '{}': blas-threads runs linears only, not {}", text, to_string(static_cast<GemmClass>(c)));
+      ++c;
+    }
+  }
+  return t;
 }
 
 }  // namespace detail
@@ -265,17 +395,33 @@ void set_gemm(GemmChoice choice) {
   const bool exported = detail::dnnl_sgemm() != nullptr;
   if (choice == GemmChoice::OneDnn && !exported)
     fail("GemmChoice 'onednn': the loaded LibTorch exports no oneDNN sgemm (dnnl_sgemm); allowed here: auto, blas");
-  detail::g_onednn.store(choice != GemmChoice::Blas && exported);
+  detail::set_gemm_table(detail::uniform_table(choice != GemmChoice::Blas && exported));
 }
 
-bool gemm_uses_blas() { return !detail::onednn(); }
+bool gemm_uses_blas() {
+  for (const detail::GemmImpl i : detail::gemm_table())
+    if (i != detail::GemmImpl::OneDnn) return true;
+  return false;
+}
 
 std::string gemm_name() {
-  if (!detail::onednn()) return "cblas_sgemm of the loaded BLAS per attention product; at::mm for the linears";
-  std::string name = "oneDNN";
-  if (const auto version = detail::symbol<const detail::DnnlVersion* (*)()>("dnnl_version"))
-    if (const detail::DnnlVersion* v = version()) name += fmt::format(" {}.{}.{}", v->major, v->minor, v->patch);
-  return name + " sgemm, one thread per tile on remat's kernel threads";
+  using detail::GemmImpl;
+  const detail::GemmTable t = detail::gemm_table();
+  const std::string onednn = "oneDNN " + detail::onednn_version();
+  auto name = [&](GemmImpl i) {
+    return i == GemmImpl::OneDnn ? onednn + " sgemm on remat's kernel threads"
+           : i == GemmImpl::Blas ? std::string("the BLAS's cblas_sgemm on remat's kernel threads")
+                                 : std::string("at::mm on the BLAS's threads");
+  };
+  std::string out;
+  for (GemmImpl i : {GemmImpl::OneDnn, GemmImpl::Blas, GemmImpl::BlasThreads}) {
+    if (std::count(t.begin(), t.end(), i) == detail::kGemmClasses) return name(i) + " (every product)";
+    std::string classes;
+    for (int c = 0; c < detail::kGemmClasses; ++c)
+      if (t[c] == i) classes += fmt::format("{}{}", classes.empty() ? "" : ", ", to_string(static_cast<detail::GemmClass>(c)));
+    if (!classes.empty()) out += fmt::format("{}{} ({})", out.empty() ? "" : "; ", name(i), classes);
+  }
+  return out;
 }
 
 }  // namespace remat

@@ -1,49 +1,94 @@
 // The engine's matrix products (internal). NOTE [The engine's GEMMs] in docs/design.md.
 //
-// Every GEMM of the op-level engine runs here, on remat's kernel threads (util/parallel.h), each
-// piece one single-threaded GEMM call: a linear's product is cut into tiles of the output, an
-// attention op's into one product per (batch, head). The BLAS's own thread pool is never woken by
-// the engine, so it cannot spin on the cores the kernel pool needs. The tiles depend on the shapes
-// only, never on the thread count, and each covers the whole reduction: the bits are the same on
-// any thread count.
-//
-// Which GEMM runs a piece is the process's GemmChoice (remat/runtime.h): oneDNN's sgemm, which
-// Debian's LibTorch loads (libdnnl), with one OpenMP thread per call; or the loaded BLAS's
-// cblas_sgemm with its pool set to one thread, and the linears on at::mm (OpenBLAS's threads), as
-// before oneDNN was used.
+// Every GEMM of the op-level engine runs here. Each class of product (GemmClass) runs on one
+// implementation (GemmImpl), which the process chooses once: by measuring them on this machine
+// (remat::choose_gemm, --gemm auto), or as the user says (--gemm onednn|blas). On remat's kernel
+// threads (util/parallel.h) each piece is one single-threaded GEMM call: a linear's product cut into
+// tiles of the output, an attention op's into one product per (batch, head). The tiles depend on
+// the shapes only, never on the thread count, and each covers the whole reduction: the bits are the
+// same on any thread count. BlasThreads hands a linear's whole product to at::mm instead (the
+// BLAS's own threads split it by rows and columns, never the reduction).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include <ATen/core/Tensor.h>
 
 namespace remat::detail {
 
+// The classes of the engine's products, each run by one GEMM of the process's choice: a linear's
+// forward (x W^T), input gradient (dy W) and weight gradient (dy^T x), and the attention heads'
+// products of the same three forms (q k^T, p v, p^T dy).
+enum class GemmClass : uint8_t { LinearNT, LinearNN, LinearTN, HeadNT, HeadNN, HeadTN };
+inline constexpr int kGemmClasses = 6;
+// "linear x W^T", ..., "head p^T dy".
+std::string_view to_string(GemmClass c);
+
+// What runs a class's products.
+enum class GemmImpl : uint8_t {
+  OneDnn,       // oneDNN's sgemm, one call per tile (linears) or product (heads) on remat's kernel threads
+  Blas,         // the loaded BLAS's cblas_sgemm the same way, its own pool at one thread
+  BlasThreads,  // at::mm on the BLAS's own threads (linears only)
+};
+// "onednn", "blas", "blas-threads", and back (remat::Error naming the allowed ones).
+std::string_view to_string(GemmImpl i);
+GemmImpl parse_gemm_impl(std::string_view text);
+// True when the build can run `i` (oneDNN's sgemm exported; cblas_sgemm for the others).
+bool available(GemmImpl i);
+
+// oneDNN's version ("2.6.3"), or "none" when the loaded LibTorch exports no sgemm.
+std::string onednn_version();
+// The GEMM libraries this process has, as a cache key: "onednn=2.6.3 blas=OpenBLAS 0.3.21 ... kernel=Zen".
+// A choice measured on them holds while they are the same.
+std::string gemm_libraries();
+
+// The implementation of each class, by GemmClass index.
+using GemmTable = std::array<GemmImpl, kGemmClasses>;
+GemmTable gemm_table();
+// Sets the table. Throws remat::Error for an implementation the build lacks, or BlasThreads for a
+// head class. Not to be called while a step runs.
+void set_gemm_table(const GemmTable& t);
+// "linear=blas-threads,blas-threads,blas-threads;head=onednn,onednn,onednn" (NT, NN, TN), and back.
+// parse_gemm_table also takes "onednn" and "blas" (GemmChoice's tables). Throws remat::Error.
+std::string to_string(const GemmTable& t);
+GemmTable parse_gemm_table(std::string_view text);
+
 // C = alpha op(A) op(B) + beta C for row-major float32 matrices with leading dimensions, on the
-// calling thread only. REQUIRES: with the CBLAS choice, a SingleThreadedBlas alive while the
-// kernel threads call it.
+// calling thread only, on the implementation of its head class. REQUIRES: a SingleThreadedBlas
+// alive while the kernel threads call it.
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // True when sgemm can run: oneDNN's, or the loaded BLAS's cblas_sgemm.
 bool gemm_available();
 
-// c = op(a) op(b) + beta c for 2-D tensors, c written in place. With oneDNN and CPU float32 whose
-// last dimensions are contiguous: tiles of at most 256 rows x 512 columns of c over the kernel
-// threads, one sgemm each. Otherwise at::mm (the BLAS's own threads).
+// True when every class runs on the kernel threads (no BlasThreads): an executor pass may then keep
+// them polling (NOTE [Kernel threads awake]).
+bool gemm_on_kernel_threads();
+
+// c = op(a) op(b) + beta c for 2-D tensors, c written in place, on the implementation of its linear
+// class. OneDnn and Blas, for CPU float32 whose last dimensions are contiguous: tiles of at most
+// 256 rows x 512 columns of c over the kernel threads, one GEMM call each. Otherwise at::mm.
 void mm_out(at::Tensor& c, const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, double beta);
 
 // c = alpha * op(a) @ op(b) + beta * c, batched over all leading dimensions.
 // a, b, c: tensors of equal rank >= 3 whose last dimension has stride 1 (any other strides);
 // op(x) = x^T (of the last two dimensions) when the matching flag is set. c may be expanded over a
 // batch dimension (stride 0) when beta is 1: the products over that dimension are added up, in
-// index order. One sgemm per product over the kernel threads; the products that add into one
+// index order. One GEMM call per product (its head class's) over the kernel threads; the products that add into one
 // shared output run in one task, in index order. CUDA, half types or no GEMM symbol: at::matmul.
 void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
                   double alpha, double beta);
 
-// While alive, the kernel threads may call sgemm at once: with the CBLAS choice, OpenBLAS's pool
-// is set to one thread (and restored after); with oneDNN it does nothing.
+// Sleeps until OpenBLAS's idle workers have stopped spinning (about 2^28 cycles, 0.08-0.13 s at
+// 2-3.5 GHz; 200 ms, with room to spare), so that what runs next on the cores has them to itself.
+void let_blas_threads_sleep();
+
+// While alive, the kernel threads may call sgemm at once: OpenBLAS's pool is set to one thread
+// (and restored after).
 class SingleThreadedBlas {
  public:
   SingleThreadedBlas();

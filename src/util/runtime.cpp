@@ -80,7 +80,18 @@ std::string blas_name() {
   return name;
 }
 
-double matmul_gflops(int n, int reps) {
+double matmul_gflops(int n, int reps, std::string_view gemm) {
+  // Another GEMM for the linear dy W class while this runs, the process's table put back after.
+  struct Swap {
+    detail::GemmTable before = detail::gemm_table();
+    explicit Swap(std::string_view gemm) {
+      if (gemm.empty()) return;
+      detail::GemmTable t = before;
+      t[static_cast<int>(detail::GemmClass::LinearNN)] = detail::parse_gemm_impl(gemm);
+      detail::set_gemm_table(t);
+    }
+    ~Swap() { detail::set_gemm_table(before); }
+  } swap(gemm);
   const at::Tensor a = at::randn({n, n});
   const at::Tensor b = at::randn({n, n});
   at::Tensor c = at::empty({n, n});

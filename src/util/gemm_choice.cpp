@@ -1,0 +1,214 @@
+// --gemm auto: each class of the engine's products on the GEMM measured fastest here (runtime.h,
+// choose_gemm), and the rates a step's floor is measured at.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "remat/error.h"
+#include "remat/runtime.h"
+#include "remat/version.h"
+#include "util/atomic_file.h"
+#include "util/cache.h"
+#include "util/gemm.h"
+#include "util/parallel.h"
+#include "util/timing.h"
+
+namespace remat {
+
+namespace {
+
+using detail::GemmClass;
+using detail::GemmImpl;
+using detail::GemmTable;
+using detail::kGemmClasses;
+
+// The GEMMs a class may run on, in the build.
+std::vector<GemmImpl> candidates(int c) {
+  std::vector<GemmImpl> out;
+  for (GemmImpl i : {GemmImpl::OneDnn, GemmImpl::Blas, GemmImpl::BlasThreads})
+    if (detail::available(i) && !(c >= 3 && i == GemmImpl::BlasThreads)) out.push_back(i);
+  return out;
+}
+
+// One class's products, on operands made once: a GPT layer's linears at 1024 tokens (widths 512
+// and 2048, both ways), or its attention products (64 heads of 128 x 64, 8 of 1024 x 64).
+struct Workload {
+  std::function<void()> run;
+  double flops = 0;
+};
+
+Workload workload(int c) {
+  at::manual_seed(11);
+  Workload w;
+  if (c < 3) {
+    auto pairs = std::make_shared<std::vector<std::pair<at::Tensor, at::Tensor>>>();
+    auto outs = std::make_shared<std::vector<at::Tensor>>();
+    const bool ta = c == 2, tb = c == 0;
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{512, 2048}, {2048, 512}}) {
+      // NT: x (1024, in) W(out, in)^T; NN: dy (1024, out) W (out, in); TN: dy(1024, out)^T x (1024, in).
+      const at::Tensor a = at::randn({1024, c == 0 ? in : out});
+      const at::Tensor b = c == 0 ? at::randn({out, in}) : c == 1 ? at::randn({out, in}) : at::randn({1024, in});
+      pairs->push_back({a, b});
+      outs->push_back(at::empty({c == 2 ? out : 1024, c == 0 ? out : in}));
+      w.flops += 2.0 * 1024 * in * out;
+    }
+    w.run = [pairs, outs, ta, tb] {
+      for (size_t i = 0; i < pairs->size(); ++i) detail::mm_out((*outs)[i], (*pairs)[i].first, ta, (*pairs)[i].second, tb, 0.0);
+    };
+    return w;
+  }
+  const bool ta = c == 5, tb = c == 3;
+  struct Heads {
+    at::Tensor a, b, out;
+  };
+  auto sets = std::make_shared<std::vector<Heads>>();
+  for (auto [heads, t] : {std::pair<int64_t, int64_t>{64, 128}, {8, 1024}}) {
+    const int64_t d = 64;
+    Heads h;
+    if (c == 3) h = {at::randn({1, heads, t, d}), at::randn({1, heads, t, d}), at::empty({1, heads, t, t})};
+    if (c == 4) h = {at::randn({1, heads, t, t}), at::randn({1, heads, t, d}), at::empty({1, heads, t, d})};
+    if (c == 5) h = {at::randn({1, heads, t, t}), at::randn({1, heads, t, d}), at::empty({1, heads, t, d})};
+    sets->push_back(h);
+    w.flops += 2.0 * static_cast<double>(heads) * t * t * d;
+  }
+  w.run = [sets, ta, tb] {
+    for (Heads& h : *sets) detail::batched_gemm(h.a, ta, h.b, tb, h.out, 1.0, 0.0);
+  };
+  return w;
+}
+
+}  // namespace
+
+GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir) {
+  // Once per machine, GEMM libraries, thread count and remat release: a rebuild of the same release
+  // keeps the choice, so a run's bits do not change with it.
+  const std::string key = fmt::format("cpu={} {} threads={} remat={}", detail::cpu_model(), detail::gemm_libraries(),
+                                      to_string(threads), version());
+  const std::string folder = detail::cache_folder(cache_dir);
+  const std::string path = fmt::format("{}/gemm-{:016x}.json", folder, std::hash<std::string>{}(key));
+  GemmMeasurement m;
+  if (std::ifstream in(path); in) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(in);
+      if (j.at("key").get<std::string>() == key) {
+        const GemmTable t = detail::parse_gemm_table(j.at("table").get<std::string>());
+        for (const auto& c : j.at("classes")) {
+          GemmClassRates r;
+          r.product = c.at("product").get<std::string>();
+          r.chosen = c.at("chosen").get<std::string>();
+          for (const auto& [name, rate] : c.at("gflops").items()) r.gflops.emplace_back(name, rate.get<double>());
+          m.classes.push_back(std::move(r));
+        }
+        if (m.classes.size() == static_cast<size_t>(kGemmClasses)) {
+          detail::set_gemm_table(t);
+          m.source = "measured earlier, cached in " + path;
+          return m;
+        }
+        m.classes.clear();
+      }
+    } catch (const std::exception&) {
+      m.classes.clear();  // an unreadable or edited entry is measured again and replaced
+    }
+  }
+
+  const ThreadConfig before = current_threads();
+  apply_threads(threads);
+  GemmTable table = detail::gemm_table();
+  // In a step, the next op after a linear runs on remat's kernel threads (attention, a norm, the
+  // next tile). OpenBLAS's own threads, once done, spin for about 2^28 cycles on the same cores:
+  // blas-threads costs the work after it as well. So each linear sample is the product followed by
+  // a fixed neighbour (attention products on oneDNN or the BLAS, on the kernel threads), and its
+  // time is the pair's less the neighbour's own (its median measured alone, the BLAS's threads asleep).
+  const Workload neighbour = workload(static_cast<int>(GemmClass::HeadNN));
+  const GemmImpl neighbour_impl = detail::available(GemmImpl::OneDnn) ? GemmImpl::OneDnn : GemmImpl::Blas;
+  auto run_neighbour = [&] {
+    GemmTable t = table;
+    t[static_cast<int>(GemmClass::HeadNN)] = neighbour_impl;
+    detail::set_gemm_table(t);
+    detail::KernelThreadsAwake awake(threads.aten == 1);
+    const auto t0 = detail::Clock::now();
+    neighbour.run();
+    return detail::ms_since(t0);
+  };
+  std::vector<double> alone;
+  detail::let_blas_threads_sleep();
+  run_neighbour();
+  for (int rep = 0; rep < 5; ++rep) alone.push_back(run_neighbour());
+  const double neighbour_ms = detail::median(alone);
+  for (int c = 0; c < kGemmClasses; ++c) {
+    const Workload w = workload(c);
+    const std::vector<GemmImpl> impls = candidates(c);
+    std::vector<std::vector<double>> ms(impls.size());
+    auto run = [&](size_t i) {
+      double pair_ms = 0;
+      {
+        GemmTable t = table;
+        t[c] = impls[i];
+        detail::set_gemm_table(t);
+        // As a pass runs them: the kernel threads poll unless the BLAS's own threads need the cores.
+        detail::KernelThreadsAwake awake(impls[i] != GemmImpl::BlasThreads && threads.aten == 1);
+        const auto t0 = detail::Clock::now();
+        w.run();
+        pair_ms = detail::ms_since(t0);
+      }
+      if (c < 3) pair_ms += run_neighbour() - neighbour_ms;
+      if (impls[i] == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // every sample starts alike
+      return std::max(pair_ms, 1e-3);
+    };
+    for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
+    for (int rep = 0; rep < 5; ++rep)
+      for (size_t i = 0; i < impls.size(); ++i) ms[i].push_back(run(i));
+    GemmClassRates r;
+    r.product = std::string(detail::to_string(static_cast<GemmClass>(c)));
+    size_t best = 0;
+    for (size_t i = 0; i < impls.size(); ++i) {
+      r.gflops.emplace_back(detail::to_string(impls[i]), w.flops / (detail::median(ms[i]) * 1e6));
+      if (detail::median(ms[i]) < detail::median(ms[best])) best = i;
+    }
+    r.chosen = std::string(detail::to_string(impls[best]));
+    table[c] = impls[best];
+    m.classes.push_back(std::move(r));
+  }
+  detail::set_gemm_table(table);
+  apply_threads(before);
+  m.source = fmt::format("measured now, on {} (threads {})", detail::cpu_model(), to_string(threads));
+  try {
+    std::filesystem::create_directories(folder);
+    nlohmann::json classes = nlohmann::json::array();
+    for (const GemmClassRates& r : m.classes) {
+      nlohmann::json rates = nlohmann::json::object();
+      for (const auto& [name, rate] : r.gflops) rates[name] = rate;
+      classes.push_back({{"product", r.product}, {"chosen", r.chosen}, {"gflops", rates}});
+    }
+    write_file_atomic(path, nlohmann::json{{"key", key}, {"table", detail::to_string(table)}, {"classes", classes}}.dump(1) + "\n");
+  } catch (const std::exception&) {
+    // Unwritable: the next run measures again.
+  }
+  return m;
+}
+
+std::string gemm_record() { return detail::to_string(detail::gemm_table()); }
+
+void restore_gemm(std::string_view record) { detail::set_gemm_table(detail::parse_gemm_table(record)); }
+
+FastestMatmul fastest_matmul_gflops(int n, int reps) {
+  FastestMatmul best;
+  for (GemmImpl i : candidates(0)) {
+    const double g = matmul_gflops(n, reps, detail::to_string(i));
+    best.rates.emplace_back(detail::to_string(i), g);
+    if (g > best.gflops) {
+      best.gflops = g;
+      best.gemm = std::string(detail::to_string(i));
+    }
+    if (i == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // the next to run has the cores
+  }
+  return best;
+}
+
+}  // namespace remat

@@ -1,0 +1,122 @@
+// --gemm auto and the records a run keeps: choose_gemm, gemm_record / restore_gemm and the floor's
+// fastest GEMM.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "remat/error.h"
+#include "remat/runtime.h"
+#include "util/gemm.h"
+
+namespace remat {
+namespace {
+
+// Puts the process's table back after a test changes it.
+class TableScope {
+ public:
+  TableScope() : before_(detail::gemm_table()) {}
+  ~TableScope() { detail::set_gemm_table(before_); }
+
+ private:
+  detail::GemmTable before_;
+};
+
+// A fresh cache folder per test, removed after.
+class CacheFolder {
+ public:
+  CacheFolder() : path_(std::filesystem::temp_directory_path() / ("remat-gemm-test-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path_);
+  }
+  ~CacheFolder() { std::filesystem::remove_all(path_); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+bool has_blas() { return detail::available(detail::GemmImpl::Blas); }
+
+TEST(GemmRecord, RoundTripsAMixedTable) {
+  if (!has_blas() || !detail::available(detail::GemmImpl::OneDnn)) GTEST_SKIP() << "needs oneDNN and a cblas_sgemm";
+  const TableScope scope;
+  const std::string mixed = "linear=blas-threads,onednn,blas;head=onednn,blas,onednn";
+  restore_gemm(mixed);
+  EXPECT_EQ(gemm_record(), mixed);
+  EXPECT_EQ(detail::gemm_table()[2], detail::GemmImpl::Blas);
+}
+
+// Saved runs before per-class records name the GEMM "onednn" or "blas": the tables they ran.
+TEST(GemmRecord, OldNamesAreTheUniformTables) {
+  EXPECT_EQ(detail::to_string(detail::parse_gemm_table("onednn")), "linear=onednn,onednn,onednn;head=onednn,onednn,onednn");
+  EXPECT_EQ(detail::to_string(detail::parse_gemm_table("blas")),
+            "linear=blas-threads,blas-threads,blas-threads;head=blas,blas,blas");
+}
+
+TEST(GemmRecord, RefusesWhatItDidNotWrite) {
+  for (const char* bad : {"linear=blas,blas;head=blas,blas,blas", "linear=blas,blas,blas,blas;head=blas,blas,blas",
+                          "linear=mkl,blas,blas;head=blas,blas,blas", "linear=blas,blas,blas;head=blas-threads,blas,blas",
+                          "head=blas,blas,blas;linear=blas,blas,blas", "auto", ""}) {
+    try {
+      detail::parse_gemm_table(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Each class is set to the GEMM with the highest rate it measured, and a second call reads the
+// cached choice instead of timing again.
+TEST(GemmChoice, SetsEachClassToItsFastestAndCachesIt) {
+  if (!has_blas()) GTEST_SKIP() << "one GEMM only: nothing to choose";
+  const TableScope scope;
+  const CacheFolder cache;
+  const ThreadConfig one{1, 1};
+  const GemmMeasurement m = choose_gemm(one, cache.str());
+  ASSERT_EQ(m.classes.size(), static_cast<size_t>(detail::kGemmClasses));
+  EXPECT_NE(m.source.find("measured now"), std::string::npos) << m.source;
+  const detail::GemmTable chosen = detail::gemm_table();
+  for (int c = 0; c < detail::kGemmClasses; ++c) {
+    const GemmClassRates& r = m.classes[static_cast<size_t>(c)];
+    EXPECT_EQ(r.product, detail::to_string(static_cast<detail::GemmClass>(c)));
+    std::string best;
+    double rate = 0;
+    for (const auto& [name, g] : r.gflops)
+      if (g > rate) rate = g, best = name;
+    EXPECT_EQ(r.chosen, best) << r.product;
+    EXPECT_EQ(detail::to_string(chosen[static_cast<size_t>(c)]), best) << r.product;
+  }
+  detail::set_gemm_table(detail::parse_gemm_table("onednn"));
+  const GemmMeasurement again = choose_gemm(one, cache.str());
+  EXPECT_NE(again.source.find("cached"), std::string::npos) << again.source;
+  EXPECT_EQ(detail::gemm_table(), chosen);
+}
+
+// An entry edited by hand is measured again, never trusted.
+TEST(GemmChoice, AnUnreadableCacheEntryIsMeasuredAgain) {
+  if (!has_blas()) GTEST_SKIP() << "one GEMM only: nothing to choose";
+  const TableScope scope;
+  const CacheFolder cache;
+  choose_gemm({1, 1}, cache.str());
+  for (const auto& entry : std::filesystem::directory_iterator(cache.str())) std::ofstream(entry.path()) << "{ not json";
+  EXPECT_NE(choose_gemm({1, 1}, cache.str()).source.find("measured now"), std::string::npos);
+}
+
+// The floor's rate is the best of every GEMM the build has, whatever the engine runs now.
+TEST(FastestMatmul, IsTheBestOfEveryGemm) {
+  const TableScope scope;
+  detail::set_gemm_table(detail::parse_gemm_table(detail::available(detail::GemmImpl::OneDnn) ? "onednn" : "blas"));
+  const detail::GemmTable before = detail::gemm_table();
+  const FastestMatmul f = fastest_matmul_gflops(128, 3);
+  size_t available = 0;
+  for (detail::GemmImpl i : {detail::GemmImpl::OneDnn, detail::GemmImpl::Blas, detail::GemmImpl::BlasThreads})
+    available += detail::available(i) ? 1 : 0;
+  ASSERT_EQ(f.rates.size(), available);
+  for (const auto& [name, g] : f.rates) EXPECT_LE(g, f.gflops) << name;
+  EXPECT_GT(f.gflops, 0);
+  EXPECT_EQ(detail::gemm_table(), before) << "the engine's choice was not put back";
+}
+
+}  // namespace
+}  // namespace remat

@@ -89,6 +89,9 @@ std::vector<EngineCase> engine_cases() {
   ModelConfig t = tiny("gpt2", 0.1);
   t.loss = Loss::Chunked, t.loss_chunks = 4;
   out.push_back({"gpt2_chunked_tied", t});
+  ModelConfig m = tiny("moe", 0.1);  // a capacity that drops copies, a shared expert, sigmoid scores
+  m.capacity_factor = 0.5, m.shared_ffn = 24, m.router = Router::Sigmoid, m.norm_topk = false, m.top_k = 3;
+  out.push_back({"moe_capacity_shared_sigmoid", m});
   return out;
 }
 

@@ -44,6 +44,17 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--loss", loss, "cross-entropy: fp32 (Megatron's, in place on an fp32 copy; default under bf16/fp16), "
                                 "upcast (PyTorch's cross_entropy(logits.float())), model, or chunked:N (fused with the "
                                 "LM head, N chunks of the tokens)");
+  // The mixture of experts (moe).
+  a->add_option("--experts", cfg.experts, "moe: routed experts")->capture_default_str();
+  a->add_option("--top-k", cfg.top_k, "moe: experts each token goes to")->capture_default_str();
+  a->add_option("--shared-ffn", cfg.shared_ffn, "moe: width of a shared expert every token passes; 0 = none")
+      ->capture_default_str();
+  a->add_option("--capacity-factor", cfg.capacity_factor,
+                "moe: 0 = dropless; c > 0: each expert takes ceil(c * tokens * top-k / experts) rows, the rest dropped")
+      ->capture_default_str();
+  a->add_option("--router", router, "moe: softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3) scores")
+      ->capture_default_str();
+  a->add_option("--aux-loss", cfg.aux_loss, "moe: load-balancing loss coefficient; 0 = off")->capture_default_str();
 }
 
 void ShapeFlags::add_planning(CLI::App* a) {
@@ -76,6 +87,12 @@ ModelConfig ShapeFlags::resolve() {
     if (!unset("--batch")) cfg.batch = flags.batch;
     if (!unset("--attn-block")) cfg.attn_block = flags.attn_block;
     if (!unset("--qkv-bias")) cfg.qkv_bias = flags.qkv_bias;
+    if (!unset("--experts")) cfg.experts = flags.experts;
+    if (!unset("--top-k")) cfg.top_k = flags.top_k;
+    if (!unset("--shared-ffn")) cfg.shared_ffn = flags.shared_ffn;
+    if (!unset("--capacity-factor")) cfg.capacity_factor = flags.capacity_factor;
+    if (!unset("--aux-loss")) cfg.aux_loss = flags.aux_loss;
+    if (unset("--router")) router = std::string(to_string(base.router));
     if (unset("--dtype")) dtype = std::string(to_string(base.dtype));
   }
   cfg.dtype = parse_dtype(dtype);
@@ -90,6 +107,7 @@ ModelConfig ShapeFlags::resolve() {
     cfg.fused_qkv = qkv == "fused" ? Switch::On : Switch::Off;
   }
   if (!loss.empty()) parse_loss(loss, cfg);
+  cfg.router = parse_router(router);
   if (attention.find(',') != std::string::npos && !lists_attention)
     fail("--attention takes one of math, flash here, got '{}'; remat bench takes a list", attention);
   validate(cfg);

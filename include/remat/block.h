@@ -36,6 +36,10 @@ constexpr uint32_t kMlpInner = 1u << 2;  // the MLP's inner tensors: first linea
 constexpr uint32_t kNormOut = 1u << 3;   // a normalisation's output (LayerNorm, RMSNorm)
 constexpr uint32_t kNormStat = 1u << 4;  // a normalisation's per-token statistics (mean, rstd)
 constexpr uint32_t kMask = 1u << 5;      // a dropout keep-mask
+constexpr uint32_t kRouter = 1u << 6;    // a mixture of experts' router: logits, probabilities, top-k weights
+constexpr uint32_t kExperts = 1u << 7;   // the routed experts' tensors: dispatched tokens, their MLPs, the combine
+constexpr uint32_t kExpertAct = 1u << 8; // the routed experts' activation (their SwiGLU product)
+constexpr uint32_t kShared = 1u << 9;    // the shared expert's tensors
 }  // namespace tag
 
 // How attention scores and probabilities are stored, and where q, k and v are.
@@ -72,6 +76,16 @@ struct AttentionLayout {
   int64_t numel() const { return offset(blocks()); }
   // (B, H, T, T) for one block, (numel) for several.
   std::vector<int64_t> shape() const;
+};
+
+// How the mixture-of-experts ops route tokens (route, dispatch, combine; blocks/moe.cpp).
+struct Routing {
+  int64_t experts = 0;    // E
+  int64_t top_k = 0;      // experts per token
+  int64_t capacity = 0;   // rows per expert in the dispatch buffer; 0: dropless (tokens x top_k rows)
+  bool sigmoid = false;   // scores: a sigmoid per expert, else a softmax over them
+  bool normalize = true;  // the top_k weights divided by their sum
+  double aux_loss = 0;    // coefficient of the load-balancing loss, whose gradient route's backward adds
 };
 
 struct TensorSpec {
@@ -147,6 +161,7 @@ struct OpNode {
   int64_t chunks = 0;           // chunked_cross_entropy: chunks of the tokens it runs one at a time
   bool upcast = false;          // cross_entropy on bf16/fp16 logits: PyTorch's autograd of logits.float()
   int64_t rotary_dims = 0;      // rope: the leading dimensions of each head it turns; 0: all (attn.head_dim)
+  Routing routing;              // route, dispatch: the mixture of experts' routing
   TensorParallel tp;            // how the op is split over tensor-parallel ranks
 };
 

@@ -29,6 +29,12 @@ enum class Positions : uint8_t { Default, Learned, Rope, None };
 enum class Mlp : uint8_t { Default, Gelu, Swiglu };
 enum class Switch : uint8_t { Default, Off, On };
 
+// How a mixture-of-experts router scores the experts from its logits (moe).
+enum class Router : uint8_t {
+  Softmax,  // softmax over all experts (Mixtral, Qwen3-MoE)
+  Sigmoid,  // a sigmoid per expert (DeepSeek-V3)
+};
+
 // How the head computes its cross-entropy (planning bf16/fp16 models: frameworks up-cast first).
 enum class Loss : uint8_t {
   Default,  // Fp32 (the model's dtype when that is fp32)
@@ -80,6 +86,17 @@ struct ModelConfig {
   double rotary_fraction = 1.0;        // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
   bool parallel_residual = false;      // the MLP reads the block input, not the stream after attention (GPT-NeoX)
   bool qk_norm = false;                // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
+  // The mixture-of-experts block (arch moe, blocks/moe.cpp): LLaMA's attention, then a router that
+  // sends each token to top_k of `experts` SwiGLU MLPs of width `ffn`, and their outputs weighted
+  // back together. Ignored by the other kinds.
+  int64_t experts = 8;                 // routed experts E
+  int64_t top_k = 2;                   // experts each token goes to
+  int64_t shared_ffn = 0;              // width of a shared expert every token also passes (DeepSeek, Qwen2-MoE); 0 = none
+  double capacity_factor = 0;          // 0: dropless; c > 0: each expert takes ceil(c * tokens * top_k / E) rows and
+                                       // the tokens past them are dropped, in token order (GShard, Switch)
+  Router router = Router::Softmax;
+  bool norm_topk = true;               // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
+  double aux_loss = 0.01;              // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
 
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
   int64_t head_dim() const { return dim / heads; }
@@ -94,6 +111,10 @@ struct ModelConfig {
   // divided by tp with sp.
   int64_t local_seq() const { return seq / cp; }
   int64_t rank_seq() const { return sp ? local_seq() / tp : local_seq(); }
+  // moe: rows of the dispatch buffer (tokens x top_k dropless; experts x capacity otherwise) and
+  // the rows each expert takes under a capacity factor (0: dropless).
+  int64_t expert_capacity() const;
+  int64_t dispatch_rows() const;
 };
 
 // Throws remat::Error naming the first invalid field ("ModelConfig.heads ...") and what is allowed:
@@ -123,12 +144,14 @@ std::string_view to_string(AttentionImpl a);
 std::string_view to_string(Norm n);
 std::string_view to_string(Positions p);
 std::string_view to_string(Mlp m);
+std::string_view to_string(Router r);
 std::string to_string(Loss l, int64_t chunks);
 DType parse_dtype(std::string_view s);
 AttentionImpl parse_attention(std::string_view s);
 Norm parse_norm(std::string_view s);
 Positions parse_positions(std::string_view s);
 Mlp parse_mlp(std::string_view s);
+Router parse_router(std::string_view s);
 // "fp32", "model", "chunked:N" into cfg.loss and cfg.loss_chunks.
 void parse_loss(std::string_view s, ModelConfig& cfg);
 

@@ -55,6 +55,9 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
           {"layers", m.layers}, {"dim", m.dim},   {"heads", m.heads},
           {"batch", m.batch},   {"seq", m.seq},   {"ffn", m.ffn},
           {"dropout", m.dropout}, {"attn-block", m.attn_block},
+          {"experts", m.experts}, {"top-k", m.top_k}, {"shared-ffn", m.shared_ffn},
+          {"capacity-factor", m.capacity_factor}, {"router", std::string(to_string(m.router))},
+          {"norm-topk", m.norm_topk}, {"aux-loss", m.aux_loss},
           {"steps", o.steps},   {"accum", o.accum}, {"lr", o.lr},
           {"min-lr", o.min_lr}, {"warmup", o.warmup}, {"weight-decay", o.weight_decay},
           {"beta1", o.beta1},   {"beta2", o.beta2}, {"clip", o.clip},
@@ -108,6 +111,12 @@ TrainOptions options_from(const Json& j, TrainOptions o) {
   m.fused_qkv = parse_switch(text("qkv"), "fused");
   if (j.contains("qkv-bias")) m.qkv_bias = j.at("qkv-bias").get<bool>();
   if (text("loss") != "default") parse_loss(text("loss"), m);
+  // The mixture of experts (absent from states before 0.5: the defaults).
+  if (j.contains("experts")) {
+    m.experts = j.at("experts"); m.top_k = j.at("top-k"); m.shared_ffn = j.at("shared-ffn");
+    m.capacity_factor = j.at("capacity-factor"); m.router = parse_router(j.at("router").get<std::string>());
+    m.norm_topk = j.at("norm-topk"); m.aux_loss = j.at("aux-loss");
+  }
   m.layers = j.at("layers"); m.dim = j.at("dim"); m.heads = j.at("heads"); m.batch = j.at("batch");
   m.seq = j.at("seq"); m.ffn = j.at("ffn"); m.dropout = j.at("dropout"); m.attn_block = j.at("attn-block");
   o.steps = j.at("steps"); o.accum = j.at("accum"); o.lr = j.at("lr"); o.min_lr = j.at("min-lr");
@@ -386,7 +395,11 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   r.policy_text = res.text;
 
   at::manual_seed(r.o.seed);
-  r.model = GPT(r.o.model, r.policy);
+  // The step divides each micro-batch's loss by the micro-batches it sums (below); the router's
+  // load-balancing loss, whose gradient its backward adds, is divided the same way.
+  ModelConfig engine_model = r.o.model;
+  engine_model.aux_loss /= static_cast<double>(r.o.accum * r.o.dist.world);
+  r.model = GPT(engine_model, r.policy);
   make_optimizer(r);
   const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
   if (r.parallel()) {

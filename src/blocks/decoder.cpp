@@ -117,16 +117,25 @@ BlockSpec decoder_stem(const ModelConfig& c, const DecoderStyle& s, const std::s
   return b.finish(dropout(b, "emb", x, 0, "embedding"));
 }
 
-BlockSpec decoder_block(const ModelConfig& c, const DecoderStyle& s, const std::string& name) {
-  Builder b(c, name);
-  const int x = b.input("x", b.res(c.dim), c.dtype, "block input (residual stream)");
+int decoder_attention(Builder& b, const DecoderStyle& s, int x) {
+  const ModelConfig& c = b.cfg();
   const int n1 = norm(b, s, "1", x, "1 output");
   const int atty = attention(b, s, n1);
   int proj = linear(b, "proj", atty, c.dim, 0, "attention output projection", s.bias, Init::ResidualNormal, Split::Row);
   proj = dropout(b, "proj", proj, 0, "attention projection");
-  const int x2 = add(b, "x2", x, proj, "residual stream after attention");
+  return add(b, "x2", x, proj, "residual stream after attention");
+}
+
+int decoder_norm2(Builder& b, const DecoderStyle& s, int x, int x2) {
   // GPT-NeoX's parallel residual: the MLP reads the block input; the stream adds both branches.
-  const int n2 = norm(b, s, "2", c.parallel_residual ? x : x2, "2 output");
+  return norm(b, s, "2", b.cfg().parallel_residual ? x : x2, "2 output");
+}
+
+BlockSpec decoder_block(const ModelConfig& c, const DecoderStyle& s, const std::string& name) {
+  Builder b(c, name);
+  const int x = b.input("x", b.res(c.dim), c.dtype, "block input (residual stream)");
+  const int x2 = decoder_attention(b, s, x);
+  const int n2 = decoder_norm2(b, s, x, x2);
   const int act = mlp_activation(b, s, n2);
   int mlp = linear(b, "mlp", act, c.dim, 0, s.swiglu ? "MLP down projection" : "MLP second linear", s.bias,
                    Init::ResidualNormal, Split::Row);

@@ -13,6 +13,7 @@
 // and up, act and mlp.
 #pragma once
 
+#include "core/builder.h"
 #include "remat/block.h"
 #include "remat/config.h"
 
@@ -37,6 +38,12 @@ DecoderStyle resolve_style(const ModelConfig& cfg, const DecoderStyle& kind);
 BlockSpec decoder_stem(const ModelConfig& c, const DecoderStyle& style, const std::string& name);
 BlockSpec decoder_block(const ModelConfig& c, const DecoderStyle& style, const std::string& name);
 BlockSpec decoder_head(const ModelConfig& c, const DecoderStyle& style, const std::string& name, bool loss);
+
+// The attention half of a decoder block on the residual stream `x`: the first norm, q, k and v,
+// attention, the output projection and its dropout, added to x. Returns that sum (x2).
+int decoder_attention(detail::Builder& b, const DecoderStyle& style, int x);
+// The second norm, of x2 (or of x under a parallel residual).
+int decoder_norm2(detail::Builder& b, const DecoderStyle& style, int x, int x2);
 
 // What a decoder in `style` supports beyond validate()'s checks: rotary positions turn pairs of
 // head dimensions. Throws remat::Error.

@@ -8,12 +8,12 @@
 
 namespace remat::blocks {
 
-extern const BlockKind kSeed, kGpt2, kLlama;
+extern const BlockKind kSeed, kGpt2, kLlama, kMoe;
 
 namespace {
 
 // The block kinds, in the order --arch lists them.
-const BlockKind* const kKinds[] = {&kSeed, &kGpt2, &kLlama};
+const BlockKind* const kKinds[] = {&kSeed, &kGpt2, &kLlama, &kMoe};
 
 std::string names() {
   std::string s;

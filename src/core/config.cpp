@@ -1,5 +1,8 @@
 #include "remat/config.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "remat/error.h"
 
 namespace remat {
@@ -35,6 +38,7 @@ std::string_view to_string(Positions p) {
   return p == Positions::Learned ? "learned" : p == Positions::Rope ? "rope" : p == Positions::None ? "none" : "default";
 }
 std::string_view to_string(Mlp m) { return m == Mlp::Gelu ? "gelu" : m == Mlp::Swiglu ? "swiglu" : "default"; }
+std::string_view to_string(Router r) { return r == Router::Sigmoid ? "sigmoid" : "softmax"; }
 std::string to_string(Loss l, int64_t chunks) {
   switch (l) {
     case Loss::Default: return "default";
@@ -63,6 +67,23 @@ Mlp parse_mlp(std::string_view s) {
   if (s == "gelu") return Mlp::Gelu;
   if (s == "swiglu") return Mlp::Swiglu;
   fail("unknown ModelConfig.mlp '{}'; allowed: gelu, swiglu", s);
+}
+
+Router parse_router(std::string_view s) {
+  if (s == "softmax") return Router::Softmax;
+  if (s == "sigmoid") return Router::Sigmoid;
+  fail("unknown ModelConfig.router '{}'; allowed: softmax, sigmoid", s);
+}
+
+int64_t ModelConfig::expert_capacity() const {
+  if (capacity_factor <= 0) return 0;
+  const double rows = std::ceil(capacity_factor * static_cast<double>(batch * local_seq() * top_k) /
+                                static_cast<double>(experts));
+  return std::max<int64_t>(1, static_cast<int64_t>(rows));
+}
+
+int64_t ModelConfig::dispatch_rows() const {
+  return capacity_factor > 0 ? experts * expert_capacity() : batch * local_seq() * top_k;
 }
 
 void parse_loss(std::string_view s, ModelConfig& cfg) {
@@ -104,6 +125,12 @@ std::string describe(const ModelConfig& c) {
   if (c.rotary_fraction != 1.0) s += fmt::format(" rotary={}", c.rotary_fraction);
   if (c.parallel_residual) s += " parallel-residual";
   if (c.qk_norm) s += " qk-norm";
+  if (c.arch == "moe") {
+    s += fmt::format(" experts={} top-k={}", c.experts, c.top_k);
+    if (c.shared_ffn > 0) s += fmt::format(" shared-ffn={}", c.shared_ffn);
+    if (c.capacity_factor > 0) s += fmt::format(" capacity={}", c.capacity_factor);
+    if (c.router != Router::Softmax) s += fmt::format(" router={}", to_string(c.router));
+  }
   if (c.tp > 1) s += fmt::format(" tp={}{}", c.tp, c.sp ? "+sp" : "");
   return s;
 }

@@ -31,6 +31,12 @@ const std::vector<PresetDef>& presets() {
       {"mlp-act", "drop the MLP activation output (llm.c recomputes GELU)", tag::kMlpAct, false, "no MLP activation"},
       {"norm", "drop normalisation outputs, keep their statistics", tag::kNormOut, false, "no normalisation"},
       {"mlp", "drop the MLP's inner tensors, recompute it from its input", tag::kMlpInner, false, "no MLP tensor"},
+      {"moe-act", "drop the routed experts' activation (Megatron moe_act)", tag::kExpertAct, false,
+       "no routed expert (--arch moe)"},
+      {"moe", "drop the router's and the routed experts' tensors, recompute them from the norm (Megatron moe)",
+       tag::kRouter | tag::kExperts, false, "no router or expert (--arch moe)"},
+      {"shared", "drop the shared expert's tensors (Megatron shared_experts)", tag::kShared, false,
+       "no shared expert (--arch moe --shared-ffn N)"},
       {"torchtitan-op",
        "torchtitan's selective op mode: keep the outputs of the 1st, 3rd, ... matmul of the block and of attention, "
        "recompute the rest",
@@ -40,7 +46,7 @@ const std::vector<PresetDef>& presets() {
 }
 
 constexpr const char* kAllowed =
-    "none, full, attn, mlp-act, norm, mlp, torchtitan-op, save:NAMES, keep:NAMES, drop:NAMES, every:K[=PRESET], "
+    "none, full, attn, mlp-act, norm, mlp, moe-act, moe, shared, torchtitan-op, save:NAMES, keep:NAMES, drop:NAMES, every:K[=PRESET], "
     "block:N[=PRESET], uniform:N, layers:I-J=PRESET[,...], budget:SIZE";
 
 std::vector<std::string_view> split(std::string_view s, char sep) {

@@ -85,7 +85,8 @@ TEST_P(EngineKinds, EveryPresetAndFormGivesBitwiseEqualGradients) {
   for (const char* p : {"full", "mlp-act", "mlp", "every:2", "block:2", "uniform:2", "uniform:4",
                         "layers:0-1=mlp,2=full,3=mlp-act"})
     expect_bitwise(none, run(c, p), p);
-  for (const char* p : {"attn", "attn+mlp-act", "every:3=attn", "norm"})  // where the kind has such tensors
+  for (const char* p : {"attn", "attn+mlp-act", "every:3=attn", "norm", "moe-act", "moe", "shared", "every:2=moe"})
+    // where the kind has such tensors
     if (has(p)) expect_bitwise(none, run(c, p), p);
 }
 
@@ -116,7 +117,7 @@ TEST_P(EngineKinds, RandomPerTensorPoliciesGiveBitwiseEqualGradients) {
 
 TEST_P(EngineKinds, PredictedSavedBytesEqualTheTracker) {
   const ModelConfig c = cfg();
-  for (const char* p : {"none", "full", "attn", "mlp-act", "every:2", "uniform:2"}) {
+  for (const char* p : {"none", "full", "attn", "mlp-act", "every:2", "uniform:2", "moe-act", "moe", "shared"}) {
     if (!has(p)) continue;
     const Outcome o = run(c, p);
     EXPECT_EQ(o.saved_bytes, o.predicted) << GetParam().name << " " << p;

@@ -1,0 +1,120 @@
+// moe: a mixture-of-experts decoder (Mixtral, Qwen3-MoE): LLaMA's attention, then instead of one
+// MLP a router sends each token to top_k of E SwiGLU experts (ModelConfig.experts, .top_k, .ffn
+// each) and weights their outputs back together; an optional shared expert (.shared_ffn) every
+// token passes too (DeepSeek, Qwen2-MoE). Routing is dropless, or capped at a capacity per expert
+// (.capacity_factor, GShard/Switch). Every size is known before the step: the dispatch buffer has
+// tokens x top_k rows (dropless) or E x capacity, whatever the routing.
+//   stem   x = drop(wte[tokens])
+//   block  x2 = x + drop(proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))), n1 = rms1(x), n2 = rms2(x2)
+//          (weights, experts, probs) = route(router(n2))
+//          (xs, slots, rows) = dispatch(n2, experts)
+//          moe = combine(down(silu(gate(xs)) * up(xs)), weights, slots) [+ the shared expert's MLP of n2]
+//          y = x2 + drop(moe)
+//   head   cross_entropy(logits(rmsf(x)), targets)
+// Tags: router (its logits, probabilities, weights), experts (every routed tensor), expert-act (the
+// experts' SwiGLU product, which mlp-act also means here), shared (the shared expert's), so the
+// presets moe-act, moe and shared drop what Megatron-LM's recompute modules of those names do.
+#include "blocks/decoder.h"
+#include "blocks/kinds.h"
+#include "blocks/parts.h"
+#include "remat/error.h"
+
+namespace remat::blocks {
+namespace {
+
+const DecoderStyle kMoeStyle{/*rms_norm=*/true, Positions::Rope, /*swiglu=*/true, /*bias=*/false,
+                             /*qkv_bias=*/false, /*tied=*/false, /*fused_qkv=*/false};
+
+DecoderStyle style(const ModelConfig& c) { return resolve_style(c, kMoeStyle); }
+
+// One expert linear over the dispatch buffer: `out` features from each row's expert.
+int expert_linear(Builder& b, const std::string& name, int xs, int rows, int64_t out, uint32_t tags,
+                  const std::string& doc, Init init = Init::Normal) {
+  const ModelConfig& c = b.cfg();
+  const int64_t in = b.tensor(xs).shape.back();
+  return b.op(OpKind::ExpertLinear, name, {xs, rows}, {{name, {c.dispatch_rows(), out}, c.dtype, tags, doc}},
+              {{name + ".weight", {c.experts, out, in}, init}})[0];
+}
+
+// The shared expert: a SwiGLU MLP of n2.
+int shared_expert(Builder& b, int n2) {
+  const ModelConfig& c = b.cfg();
+  constexpr uint32_t kTags = tag::kShared | tag::kMlpInner;
+  const int gate = linear(b, "shared_gate", n2, c.shared_ffn, kTags, "shared expert gate projection", false);
+  const int up = linear(b, "shared_up", n2, c.shared_ffn, kTags, "shared expert up projection", false);
+  const int act = b.op(OpKind::Swiglu, "shared_act", {gate, up},
+                       {{"shared_act", b.btc(c.shared_ffn), c.dtype, kTags, "shared expert silu(gate) * up"}})[0];
+  return linear(b, "shared_down", act, c.dim, kTags, "shared expert down projection", false, Init::ResidualNormal);
+}
+
+// Router, dispatch, the experts and the combine; plus the shared expert.
+int experts(Builder& b, int n2) {
+  const ModelConfig& c = b.cfg();
+  const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
+  const int64_t rows = c.dispatch_rows(), f = c.hidden();
+  const Routing routing{c.experts, c.top_k, c.expert_capacity(), c.router == Router::Sigmoid, c.norm_topk, c.aux_loss};
+  const int logits = linear(b, "router", n2, c.experts, tag::kRouter, "router logits", false);
+  const std::vector<int> routed =
+      b.op(OpKind::Route, "route", {logits},
+           {{"weights", per_token, c.dtype, tag::kRouter, "routing weight of each token's experts"},
+            {"experts", per_token, DType::I64, tag::kRouter, "each token's experts, highest score first"},
+            {"probs", b.res(c.experts), DType::F32, tag::kRouter,
+             c.router == Router::Sigmoid ? "router scores (sigmoid)" : "router probabilities (softmax)"}});
+  b.last().routing = routing;
+  const std::vector<int> placed =
+      b.op(OpKind::Dispatch, "xs", {n2, routed[1]},
+           {{"xs", {rows, c.dim}, c.dtype, tag::kExperts, "tokens dispatched to their experts, by expert"},
+            {"slots", per_token, DType::I64, tag::kExperts, "dispatch row of each token's copies"},
+            {"rows", {rows}, DType::I64, tag::kExperts, "expert of each dispatch row"}});
+  b.last().routing = routing;
+  const int xs = placed[0], slots = placed[1], row_expert = placed[2];
+  constexpr uint32_t kInner = tag::kExperts | tag::kMlpInner;
+  const int gate = expert_linear(b, "gate", xs, row_expert, f, kInner, "experts' gate projections");
+  const int up = expert_linear(b, "up", xs, row_expert, f, kInner, "experts' up projections");
+  const int act = b.op(OpKind::Swiglu, "act", {gate, up},
+                       {{"act", {rows, f}, c.dtype, kInner | tag::kExpertAct | tag::kMlpAct,
+                         "experts' SwiGLU output silu(gate) * up"}})[0];
+  const int down = expert_linear(b, "down", act, row_expert, c.dim, kInner, "experts' down projections",
+                                 Init::ResidualNormal);
+  int out = b.op(OpKind::Combine, "combine", {down, routed[0], slots},
+                 {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
+  if (c.shared_ffn > 0) out = add(b, "moe", out, shared_expert(b, n2), "routed plus shared experts");
+  return out;
+}
+
+BlockSpec stem(const ModelConfig& c) { return decoder_stem(c, style(c), "moe"); }
+
+BlockSpec block(const ModelConfig& c) {
+  const DecoderStyle s = style(c);
+  Builder b(c, "moe");
+  const int x = b.input("x", b.res(c.dim), c.dtype, "block input (residual stream)");
+  const int x2 = decoder_attention(b, s, x);
+  const int out = dropout(b, "mlp", experts(b, decoder_norm2(b, s, x, x2)), tag::kMlpInner, "mixture-of-experts output");
+  return b.finish(add(b, "y", x2, out, "block output"));
+}
+
+BlockSpec head(const ModelConfig& c, bool loss) { return decoder_head(c, style(c), "moe", loss); }
+
+void check(const ModelConfig& c) {
+  check_decoder(c, style(c));
+  if (c.experts < 1 || c.experts > 4096) fail("ModelConfig.experts must be in 1..4096, got {}", c.experts);
+  if (c.top_k < 1 || c.top_k > c.experts)
+    fail("ModelConfig.top_k must be in 1..experts ({}), got {}", c.experts, c.top_k);
+  if (c.shared_ffn < 0 || c.shared_ffn > (int64_t{1} << 24))
+    fail("ModelConfig.shared_ffn must be in 0..16777216 (0: no shared expert), got {}", c.shared_ffn);
+  if (!(c.capacity_factor >= 0 && c.capacity_factor <= 1024))
+    fail("ModelConfig.capacity_factor must be 0 (dropless) or in (0, 1024], got {}", c.capacity_factor);
+  if (!(c.aux_loss >= 0 && c.aux_loss <= 1e3)) fail("ModelConfig.aux_loss must be in [0, 1000], got {}", c.aux_loss);
+  if (c.tp > 1)
+    fail("ModelConfig.tp {}: the moe block has no tensor-parallel split of its experts; give tp 1", c.tp);
+  if (c.cp > 1) fail("ModelConfig.cp {}: the moe block is not modelled under context parallelism; give cp 1", c.cp);
+}
+
+}  // namespace
+
+extern const BlockKind kMoe{"moe",
+                            "mixture of experts: LLaMA's attention, top-k routing to SwiGLU experts (dropless or a "
+                            "capacity), an optional shared expert",
+                            stem, block, head, check, /*has_logits=*/true};
+
+}  // namespace remat::blocks

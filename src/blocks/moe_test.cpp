@@ -1,0 +1,125 @@
+// The mixture-of-experts block: its table, its routing's determinism and its load-balancing loss.
+// (Every policy's bitwise gradients and exact bytes are the engine tests', which run every kind.)
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/builder.h"
+#include "remat/block.h"
+#include "remat/error.h"
+#include "remat/executor.h"
+#include "remat/model.h"
+#include "remat/policy.h"
+#include "test_util.h"
+
+namespace remat {
+namespace {
+
+using testing::tiny;
+
+TEST(Moe, TheDispatchBufferHasItsSizeBeforeTheStep) {
+  ModelConfig c = tiny("moe");  // 2 x 8 tokens, top 2 of 8 experts
+  const BlockSpec dropless = make_block(c);
+  EXPECT_EQ(dropless.tensors[dropless.find("xs")].shape, (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(dropless.tensors[dropless.find("act")].shape, (std::vector<int64_t>{32, 64}));
+  c.capacity_factor = 1.25;  // ceil(1.25 x 32 / 8) = 5 rows per expert
+  const BlockSpec capped = make_block(c);
+  EXPECT_EQ(capped.tensors[capped.find("xs")].shape, (std::vector<int64_t>{40, 16}));
+  EXPECT_EQ(capped.param_numel(), dropless.param_numel());
+}
+
+TEST(Moe, PresetsDropWhatTheirMegatronModulesRecompute) {
+  ModelConfig c = tiny("moe");
+  c.shared_ffn = 8;
+  const BlockSpec b = make_block(c);
+  auto dropped = [&](const char* preset) {
+    std::vector<std::string> names;
+    const LayerPolicy l = Policy::parse(preset).resolve(b, 1).layers[0];
+    for (int t : b.choosable())
+      if (!l.saves(t)) names.push_back(b.tensors[t].name);
+    return names;
+  };
+  EXPECT_EQ(dropped("moe-act"), (std::vector<std::string>{"act"}));
+  EXPECT_EQ(dropped("mlp-act"), (std::vector<std::string>{"act"}));
+  EXPECT_EQ(dropped("shared"), (std::vector<std::string>{"shared_gate", "shared_up", "shared_act"}));
+  EXPECT_EQ(dropped("moe"), (std::vector<std::string>{"weights", "experts", "probs", "xs", "slots", "rows", "gate",
+                                                      "up", "act", "down"}));
+  EXPECT_THROW(Policy::parse("moe").resolve(make_block(tiny("llama")), 1), Error);
+}
+
+// Equal scores go to the lower experts, so a recompute of the same logits routes the same way:
+// with a zero router every token's scores tie, and every policy still gives none's bits.
+TEST(Moe, TiedScoresGoToTheLowerExpertsInEveryRecompute) {
+  const ModelConfig c = tiny("moe", 0.1);
+  auto grads = [&](const std::string& policy) {
+    at::manual_seed(1);
+    GPT model(c, Policy::parse(policy));
+    for (auto& item : model->named_parameters())
+      if (item.key().find("router") != std::string::npos) item.value().data().zero_();
+    at::manual_seed(2);
+    auto [x, y] = random_batch(c);
+    at::manual_seed(3);
+    model->forward(x, y).backward();
+    std::vector<at::Tensor> g;
+    for (const at::Tensor& p : model->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const std::vector<at::Tensor> none = grads("none");
+  for (const char* p : {"full", "moe", "every:2"}) {
+    const std::vector<at::Tensor> again = grads(p);
+    ASSERT_EQ(again.size(), none.size());
+    for (size_t i = 0; i < none.size(); ++i) EXPECT_TRUE(testing::bitwise_equal(again[i], none[i])) << p << " " << i;
+  }
+}
+
+// The route op alone: a stage of one op, run by the executor.
+struct RouteRun {
+  at::Tensor weights, experts, dlogits;
+};
+
+RouteRun run_route(const at::Tensor& logits, int64_t k, double aux, const at::Tensor& dweights) {
+  ModelConfig cfg;
+  detail::Builder b(cfg, "test.route");
+  const int z = b.input("logits", logits.sizes().vec(), DType::F32, "router logits");
+  std::vector<int64_t> per_token = logits.sizes().vec();
+  per_token.back() = k;
+  b.op(OpKind::Route, "route", {z}, {{"weights", per_token}, {"experts", per_token, DType::I64}, {"probs", logits.sizes().vec()}});
+  b.last().routing = {logits.size(-1), k, 0, false, true, aux};
+  const BlockSpec spec = b.finish(b.last().out[0]);
+  BlockExecutor exec(spec, keep_everything(spec));
+  BlockContext ctx;
+  RouteRun r;
+  r.weights = exec.forward({logits}, {}, ctx, 0);
+  r.experts = ctx.tensors[spec.find("experts")].clone();
+  r.dlogits = exec.backward(dweights, {}, ctx, {true}, 0).inputs[0];
+  return r;
+}
+
+TEST(Moe, TiedScoresPickTheLowestExperts) {
+  const at::Tensor logits = at::zeros({3, 6}, at::kDouble);
+  logits[1][4] = 1.0;  // one clear winner, then ties
+  const RouteRun r = run_route(logits, 3, 0.0, at::ones({3, 3}, at::kDouble));
+  EXPECT_TRUE(at::equal(r.experts, at::tensor({0, 1, 2, 4, 0, 1, 0, 1, 2}, at::kLong).reshape({3, 3})))
+      << r.experts;
+}
+
+// The load-balancing loss c E sum_e f_e P_e: with no gradient from the weights, the router's
+// gradient is the loss's, as autograd finds it with f_e held constant (it counts choices).
+TEST(Moe, TheRouterBackwardAddsTheLoadBalancingLossGradient) {
+  at::manual_seed(4);
+  const int64_t tokens = 10, experts = 5, k = 2;
+  const double coef = 0.3;
+  const at::Tensor logits = at::randn({tokens, experts}, at::kDouble);
+  const RouteRun r = run_route(logits, k, coef, at::zeros({tokens, k}, at::kDouble));
+  const at::Tensor f = at::one_hot(r.experts.reshape({-1}), experts).sum(0).to(at::kDouble) / (tokens * k);
+  const at::Tensor z = logits.clone().requires_grad_();
+  const at::Tensor P = at::softmax(z, -1).mean(0);
+  const at::Tensor loss = coef * experts * (f * P).sum();
+  const at::Tensor want = torch::autograd::grad({loss}, {z})[0];
+  EXPECT_TRUE(testing::close(r.dlogits, want, 1e-12));
+  EXPECT_GT(want.abs().max().item<double>(), 1e-3);
+}
+
+}  // namespace
+}  // namespace remat

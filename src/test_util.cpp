@@ -86,6 +86,9 @@ std::vector<EngineCase> engine_cases() {
   ModelConfig q = tiny("llama", 0.1);  // Qwen3's q/k norms; GPT-NeoX's partial rotary and parallel residual
   q.qk_norm = true, q.rotary_fraction = 0.5, q.parallel_residual = true, q.kv_heads = 2;
   out.push_back({"llama_qknorm_partial_rotary_parallel", q});
+  ModelConfig w = tiny("llama", 0.1);  // Qwen3's heads wider than dim / heads: q is 32 wide on a 16-wide stream
+  w.head_size = 8, w.kv_heads = 2, w.qk_norm = true;
+  out.push_back({"llama_wide_heads", w});
   ModelConfig t = tiny("gpt2", 0.1);
   t.loss = Loss::Chunked, t.loss_chunks = 4;
   out.push_back({"gpt2_chunked_tied", t});

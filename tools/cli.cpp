@@ -26,6 +26,7 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--heads", cfg.heads, "attention heads (must divide --dim)")->capture_default_str();
   a->add_option("--kv-heads", cfg.kv_heads, "llama: key/value heads (grouped-query attention); 0 = --heads")
       ->capture_default_str();
+  a->add_option("--head-dim", cfg.head_size, "width of one attention head; 0 = --dim / --heads")->capture_default_str();
   a->add_option("--batch", cfg.batch, "sequences per step")->capture_default_str();
   a->add_option("--seq", cfg.seq, "tokens per sequence")->capture_default_str();
   a->add_option("--ffn", cfg.ffn, "MLP hidden width; 0 = 4 * dim")->capture_default_str();
@@ -65,6 +66,9 @@ void ShapeFlags::add_planning(CLI::App* a) {
                 "a Hugging Face config.json (Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX); flags override it");
   a->add_option("--vocab", cfg.vocab, "token models: vocabulary size")->capture_default_str();
   a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
+  a->add_option("--expert-imbalance", cfg.expert_imbalance,
+                "moe with --ep: the busiest expert-parallel rank's dispatched rows over the mean (1 = balanced)")
+      ->capture_default_str();
 }
 
 ModelConfig ShapeFlags::resolve() {
@@ -80,6 +84,7 @@ ModelConfig ShapeFlags::resolve() {
     if (!unset("--dim")) cfg.dim = flags.dim;
     if (!unset("--heads")) cfg.heads = flags.heads;
     if (!unset("--kv-heads")) cfg.kv_heads = flags.kv_heads;
+    if (!unset("--head-dim")) cfg.head_size = flags.head_size;
     if (!unset("--ffn")) cfg.ffn = flags.ffn;
     if (!unset("--seq")) cfg.seq = flags.seq;
     if (!unset("--vocab")) cfg.vocab = flags.vocab;
@@ -92,6 +97,8 @@ ModelConfig ShapeFlags::resolve() {
     if (!unset("--shared-ffn")) cfg.shared_ffn = flags.shared_ffn;
     if (!unset("--capacity-factor")) cfg.capacity_factor = flags.capacity_factor;
     if (!unset("--aux-loss")) cfg.aux_loss = flags.aux_loss;
+    if (app->get_option_no_throw("--expert-imbalance") && !unset("--expert-imbalance"))
+      cfg.expert_imbalance = flags.expert_imbalance;
     if (unset("--router")) router = std::string(to_string(base.router));
     if (unset("--dtype")) dtype = std::string(to_string(base.dtype));
   }

@@ -26,7 +26,7 @@ struct PlanFlags {
   // Layouts of a multi-GPU run.
   std::string device, policies = "none,attn,attn+mlp-act,full,auto", grad_dtype = "fp32", reserve;
   std::string tokens;
-  int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1;
+  int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
   std::string framework = "megatron", cublas_workspace;
   bool no_batch_mask = false, no_fused_wgrad = false, expandable_segments = false, fsdp = false, pure_bf16 = false;
@@ -39,7 +39,7 @@ struct PlanFlags {
                           "--global-batch", "--policies", "--grad-dtype", "--reserve", "--top", "--tokens", "--cp",
                           "--framework", "--no-batch-mask", "--no-fused-wgrad", "--cublas-workspace",
                           "--expandable-segments", "--fsdp", "--pure-bf16", "--first-stage-layers",
-                          "--last-stage-layers"})
+                          "--last-stage-layers", "--ep"})
       if (app->count(f) > 0) return true;
     return false;
   }
@@ -173,7 +173,7 @@ nlohmann::json plan_json(const LayoutPlan& p) {
   }
   const LayoutTime& t = p.time;
   return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"cp", l.cp}, {"fsdp", l.fsdp}, {"pp", l.pp}, {"vpp", l.vpp},
-                      {"first_stage_layers", l.first_layers}, {"last_stage_layers", l.last_layers}, {"dp", l.dp}, {"zero", l.zero},
+                      {"first_stage_layers", l.first_layers}, {"last_stage_layers", l.last_layers}, {"dp", l.dp}, {"ep", l.ep}, {"zero", l.zero},
                       {"micro_batch", l.micro_batch}, {"global_batch", l.batch()}, {"micro_batches", l.micro_batches()},
                       {"grad_bytes", l.grad_bytes}, {"gpus", l.gpus()}, {"text", to_string(l)}}},
           {"policy", p.policy},
@@ -237,9 +237,11 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
     for (size_t i : shown)
       fmt::print("    {}: {}\n", pipeline ? fmt::format("stage {}", p.ranks[i].stage) : "every GPU", p.ranks[i].policy);
   }
-  fmt::print("\n  step {}: compute {} on the slowest stage (recompute {}, tensor-parallel collectives {}), pipeline "
+  fmt::print("\n  step {}: compute {} on the slowest stage (recompute {}, {} {}), pipeline "
              "bubble {}, pipeline sends {}, data-parallel reduction {} ({} not hidden), optimizer {}\n",
-             seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s), seconds_str(t.tp_comm_s),
+             seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s),
+             p.layout.ep > 1 ? "tensor-parallel collectives and expert all-to-alls" : "tensor-parallel collectives",
+             seconds_str(t.tp_comm_s),
              seconds_str(t.bubble_s), seconds_str(t.p2p_s), seconds_str(t.dp_comm_s), seconds_str(t.dp_exposed_s),
              seconds_str(t.optimizer_s));
   fmt::print("  MFU {:.1f}%, {:.0f} tokens/s", 100 * t.mfu, t.tokens_per_s);
@@ -292,6 +294,7 @@ int run_layouts(PlanFlags& f) {
   space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.cp = f.cp;
+  space.ep = f.ep;
   space.first_layers = f.first_stage_layers, space.last_layers = f.last_stage_layers;
   if ((f.app->count("--first-stage-layers") > 0) != (f.app->count("--last-stage-layers") > 0))
     fail("--first-stage-layers and --last-stage-layers split a pipeline together: give both (the middle stages "
@@ -304,8 +307,8 @@ int run_layouts(PlanFlags& f) {
   if (space.fsdp) space.zero = {0};
   space.zero_fixed = f.zero;
   // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
-  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp", "--first-stage-layers",
-                           "--last-stage-layers"})
+  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp", "--ep",
+                           "--first-stage-layers", "--last-stage-layers"})
     if (f.app->count(flag) > 0) {
       const int64_t v = f.app->get_option(flag)->as<int64_t>();
       if (v < 1 || v > (1 << 20)) fail("{} must be in 1..1048576, got {}; leave it out to search", flag, v);
@@ -317,7 +320,7 @@ int run_layouts(PlanFlags& f) {
   files.check();
   if (!f.json.empty()) check_writable(f.json);
   if (f.device == "cpu")  // before parse_device, which calibrates this machine once
-    for (const char* flag : {"--tp", "--pp", "--vpp", "--sp"})
+    for (const char* flag : {"--tp", "--pp", "--vpp", "--sp", "--ep"})
       if (f.app->count(flag) > 0 && (std::string(flag) == "--sp" ? f.sp : f.app->get_option(flag)->as<int64_t>() > 1))
         fail("{} is a GPU layout; --device cpu plans remat's own trainer (data parallel only): leave {} out, or plan "
              "a GPU --device",
@@ -484,6 +487,8 @@ Command add_plan(CLI::App& parent) {
                 "plan a multi-GPU run on: " + devices + ", custom:MEM,TFLOPS,GBPS[,INTRA,INTER,PER_NODE], or a JSON file");
   a->add_option("--gpus", f->gpus, "devices in all; searches the layouts (or say --tp --pp --dp)");
   a->add_option("--tp", f->tp, "tensor-parallel size (default: searched)");
+  a->add_option("--ep", f->ep, "expert-parallel ranks, --arch moe: experts split over the data-parallel ranks "
+                               "(default: searched)");
   a->add_flag("--sp,!--no-sp", f->sp, "sequence parallelism on (or off) with tp > 1 (default: searched)");
   a->add_option("--cp", f->cp, "context-parallel ranks: the sequence split, attention in a ring (flash)")
       ->capture_default_str();

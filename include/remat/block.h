@@ -86,6 +86,7 @@ struct Routing {
   bool sigmoid = false;   // scores: a sigmoid per expert, else a softmax over them
   bool normalize = true;  // the top_k weights divided by their sum
   double aux_loss = 0;    // coefficient of the load-balancing loss, whose gradient route's backward adds
+  int64_t ep = 1;         // expert-parallel ranks (planning): dispatch and combine exchange their rows
 };
 
 struct TensorSpec {
@@ -121,6 +122,7 @@ struct ParamSpec {
   bool decay = true;           // AdamW's weight decay applies (matrices), or not (biases, norms)
   std::string tied_to;         // non-empty: this is the model parameter of that name (the LM head
                                // tied to the stem's "wte"), not a parameter of its own
+  bool expert = false;         // a routed expert's: sharded over the expert-data-parallel ranks
 
   int64_t numel() const;
 };
@@ -192,7 +194,8 @@ struct BlockSpec {
   // per thread).
   int64_t forward_scratch(int op, const ThreadConfig& ctx) const;
   int64_t backward_scratch(int op, const ThreadConfig& ctx) const;
-  // Bytes op `op` sends over its tensor-parallel group (ring collectives), forward and backward.
+  // Bytes op `op` sends over its tensor-parallel group (ring collectives), or over its
+  // expert-parallel group (all-to-all), forward and backward.
   OpComm comm(int op) const;
   // Bytes of parameter `param` (and of its gradient).
   int64_t param_bytes(int param) const;
@@ -220,6 +223,8 @@ struct ModelSpec {
 
 // The registered block kinds, in the order `--arch` lists them: "seed", "gpt2", "llama".
 std::vector<std::string> block_kinds();
+// Whether a kind routes tokens to experts (moe): ModelConfig.ep and Layout.ep apply to it.
+bool routes_experts(std::string_view kind);
 // A one-line description of a kind, for --help.
 std::string block_kind_doc(std::string_view kind);
 // The block of cfg.arch at cfg's sizes. Throws remat::Error when validate(cfg) does.

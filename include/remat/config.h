@@ -54,6 +54,7 @@ struct ModelConfig {
   int64_t dim = 512;          // model width C
   int64_t heads = 8;          // attention (query) heads; must divide dim
   int64_t kv_heads = 0;       // key/value heads (grouped-query attention); 0 = heads; must divide heads
+  int64_t head_size = 0;      // width of one attention head; 0 = dim / heads (Qwen3: 128 at any width)
   int64_t batch = 8;          // sequences per micro-batch B
   int64_t seq = 128;          // tokens per sequence T
   int64_t ffn = 0;            // MLP hidden width; 0 = 4 * dim
@@ -97,9 +98,14 @@ struct ModelConfig {
   Router router = Router::Softmax;
   bool norm_topk = true;               // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
   double aux_loss = 0.01;              // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
+  // One rank of an expert-parallel group (planning only): it holds experts / ep of the experts and
+  // exchanges the dispatched tokens with the group's other ranks (all-to-all), receiving as many
+  // rows as it sent when routing is balanced, `expert_imbalance` times as many on the busiest rank.
+  int64_t ep = 1;
+  double expert_imbalance = 1.0;
 
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
-  int64_t head_dim() const { return dim / heads; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : dim / heads; }
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t tokens() const { return batch * seq; }  // of the whole sequence (all context-parallel ranks)
   // One tensor-parallel rank's share (tp above).
@@ -115,6 +121,7 @@ struct ModelConfig {
   // the rows each expert takes under a capacity factor (0: dropless).
   int64_t expert_capacity() const;
   int64_t dispatch_rows() const;
+  int64_t rank_experts() const { return experts / ep; }
 };
 
 // Throws remat::Error naming the first invalid field ("ModelConfig.heads ...") and what is allowed:

@@ -94,6 +94,10 @@ struct Layout {
   // --decoder-first/last-pipeline-num-layers), the others sharing the rest evenly; 0: all even.
   int64_t first_layers = 0, last_layers = 0;
   int64_t dp = 1;            // data-parallel replicas
+  // Expert-parallel ranks (arch moe): the routed experts split over ep of the dp x cp ranks, which
+  // exchange their tokens in all-to-alls; the experts' parameters are sharded over the
+  // expert-data-parallel ranks, dp x cp / ep (Megatron-LM's EP with expert tensor parallelism 1).
+  int64_t ep = 1;
   int zero = 0;              // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
   bool fsdp = false;         // FSDP2 over dp x cp instead (torchtitan): sharded fp32 weights as the master
                              // copy, each stage's weights all-gathered for its passes and its gradients
@@ -145,7 +149,7 @@ struct RankPlan {
 struct LayoutTime {
   double compute_s = 0;     // micro-batches on the slowest stage, recompute and TP collectives included
   double recompute_s = 0;   // of compute_s: the recomputation
-  double tp_comm_s = 0;     // of compute_s: tensor-parallel collectives
+  double tp_comm_s = 0;     // of compute_s: tensor-parallel collectives and expert-parallel all-to-alls
   double bubble_s = 0;      // pipeline fill and drain: (pp - 1) / vpp slowest micro-batches
   double p2p_s = 0;         // pipeline sends, not overlapped
   double dp_comm_s = 0;     // gradient reduction (and ZeRO gathers) over the data-parallel group
@@ -219,6 +223,7 @@ struct SearchSpace {
   int64_t max_vpp = 4;
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
+  int64_t ep = 0;                   // expert-parallel ranks, arch moe (0: searched over the experts' divisors)
   int64_t cp = 1;                   // context-parallel ranks (not searched)
   int64_t first_layers = 0, last_layers = 0;  // an uneven pipeline's first and last stages (Layout)
   bool fsdp = false;                // every layout shards with FSDP2 (zero 0)

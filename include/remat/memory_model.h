@@ -65,6 +65,9 @@ struct StepShape {
   // (shard_first), 2 the gradient buffers too, 3 the weights too (each stage's whole weights are
   // gathered for its forward and again for its backward).
   int zero = 0;
+  // Ranks the routed experts' parameters are sharded over instead (Megatron-LM's expert-data-parallel
+  // group: world / ep); 0: world.
+  int expert_world = 0;
   int64_t extra_buffers = 0; // other persistent buffers of the trainer (the loss's all-reduce)
   bool grad_buffers = false; // gradients go to persistent buffers even with world 1 (Megatron's main_grad)
   int grad_bytes = 0;        // bytes per element of the gradient buffers; 0: the weights' dtype

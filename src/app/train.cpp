@@ -55,7 +55,7 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
           {"layers", m.layers}, {"dim", m.dim},   {"heads", m.heads},
           {"batch", m.batch},   {"seq", m.seq},   {"ffn", m.ffn},
           {"dropout", m.dropout}, {"attn-block", m.attn_block},
-          {"experts", m.experts}, {"top-k", m.top_k}, {"shared-ffn", m.shared_ffn},
+          {"head-dim", m.head_size}, {"experts", m.experts}, {"top-k", m.top_k}, {"shared-ffn", m.shared_ffn},
           {"capacity-factor", m.capacity_factor}, {"router", std::string(to_string(m.router))},
           {"norm-topk", m.norm_topk}, {"aux-loss", m.aux_loss},
           {"steps", o.steps},   {"accum", o.accum}, {"lr", o.lr},
@@ -101,6 +101,7 @@ TrainOptions options_from(const Json& j, TrainOptions o) {
   m.arch = j.contains("arch") ? j.at("arch").get<std::string>() : "gpt2";  // states before 0.3 were gpt2
   if (j.contains("attention")) m.attention = parse_attention(j.at("attention").get<std::string>());
   if (j.contains("kv-heads")) m.kv_heads = j.at("kv-heads");
+  if (j.contains("head-dim")) m.head_size = j.at("head-dim");
   // The decoder's choices (absent from states before 0.4: the kinds' defaults).
   auto text = [&](const char* k) { return j.contains(k) ? j.at(k).get<std::string>() : std::string("default"); };
   if (text("norm") != "default") m.norm = parse_norm(text("norm"));

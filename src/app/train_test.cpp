@@ -99,6 +99,33 @@ TEST(Train, LlamaTrainsTheSameUnderEveryPolicy) {
   std::filesystem::remove_all(dir);
 }
 
+// The mixture of experts: routing recomputed under every policy, and a resume, give the same
+// weights (the load-balancing loss on, two micro-batches a step).
+TEST(Train, MoeTrainsTheSameUnderEveryPolicyAndResumesBitwise) {
+  const std::string dir = temp_dir("moe");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.model.arch = "moe";
+  o.model.experts = 4, o.model.top_k = 2, o.model.ffn = 32, o.model.aux_loss = 0.05;
+  o.accum = 2;
+  o.steps = 12;
+  const TrainResult none = train(o);
+  EXPECT_LT(none.log.back().loss, none.log.front().loss);
+  for (const char* p : {"full", "moe", "moe-act+attn"}) {
+    o.policy = p;
+    EXPECT_EQ(train(o).weights_digest, none.weights_digest) << p;
+  }
+  o.policy = "none";
+  o.save_dir = dir + "/run";
+  o.save_every = 5;
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 8) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(train(o), std::runtime_error);
+  o.progress = nullptr;
+  EXPECT_EQ(train(o, o.save_dir).weights_digest, none.weights_digest);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Train, ResumeAfterACrashContinuesBitwise) {
   const std::string dir = temp_dir("resume");
   const std::string data = corpus_file(dir);

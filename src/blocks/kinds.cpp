@@ -41,6 +41,8 @@ std::vector<std::string> block_kinds() {
 
 std::string block_kind_doc(std::string_view kind) { return blocks::block_kind(kind).doc; }
 
+bool routes_experts(std::string_view kind) { return blocks::block_kind(kind).routes; }
+
 void validate(const ModelConfig& c) {
   const blocks::BlockKind& kind = blocks::block_kind(c.arch);
   auto positive = [](const char* name, int64_t v) {
@@ -80,7 +82,9 @@ void validate(const ModelConfig& c) {
     fail("ModelConfig batch {} x seq {} x dim {} (heads {}, vocab {}) makes tensors of {:.3g} bytes, over 2^60: "
          "shrink the batch, sequence or width",
          c.batch, c.seq, c.dim, c.heads, c.vocab, largest);
-  if (c.dim % c.heads != 0)
+  if (c.head_size < 0 || c.head_size > 65536)
+    fail("ModelConfig.head_size must be in 0..65536 (0: dim / heads), got {}", c.head_size);
+  if (c.head_size == 0 && c.dim % c.heads != 0)
     fail("ModelConfig.dim {} is not divisible by ModelConfig.heads {}; pick heads that divide dim (e.g. {})", c.dim,
          c.heads, c.dim % 8 == 0 ? 8 : 1);
   if (c.heads % c.kv() != 0)
@@ -113,6 +117,8 @@ void validate(const ModelConfig& c) {
     fail("ModelConfig.seq {} is not divisible by ModelConfig.tp {} (x cp {}); sequence parallelism gives each rank "
          "seq / (cp tp) tokens",
          c.seq, c.tp, c.cp);
+  if (c.ep != 1 && !kind.routes)
+    fail("ModelConfig.ep {} splits experts over ranks; a {} block has none (use arch moe)", c.ep, c.arch);
   if (kind.validate) kind.validate(c);
 }
 

@@ -20,6 +20,7 @@ struct BlockKind {
   // What this kind supports beyond validate()'s generic checks; throws remat::Error. May be null.
   void (*validate)(const ModelConfig&) = nullptr;
   bool has_logits = false;  // head(cfg, false) is defined
+  bool routes = false;      // a mixture of experts: ModelConfig.ep may split its experts
 };
 
 // The kind named cfg.arch. Throws remat::Error listing the kinds for an unknown name.

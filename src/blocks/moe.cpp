@@ -32,8 +32,9 @@ int expert_linear(Builder& b, const std::string& name, int xs, int rows, int64_t
                   const std::string& doc, Init init = Init::Normal) {
   const ModelConfig& c = b.cfg();
   const int64_t in = b.tensor(xs).shape.back();
-  return b.op(OpKind::ExpertLinear, name, {xs, rows}, {{name, {c.dispatch_rows(), out}, c.dtype, tags, doc}},
-              {{name + ".weight", {c.experts, out, in}, init}})[0];
+  ParamSpec w{name + ".weight", {c.rank_experts(), out, in}, init};
+  w.expert = true;
+  return b.op(OpKind::ExpertLinear, name, {xs, rows}, {{name, {c.dispatch_rows(), out}, c.dtype, tags, doc}}, {w})[0];
 }
 
 // The shared expert: a SwiGLU MLP of n2.
@@ -52,7 +53,8 @@ int experts(Builder& b, int n2) {
   const ModelConfig& c = b.cfg();
   const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
   const int64_t rows = c.dispatch_rows(), f = c.hidden();
-  const Routing routing{c.experts, c.top_k, c.expert_capacity(), c.router == Router::Sigmoid, c.norm_topk, c.aux_loss};
+  const Routing routing{c.experts, c.top_k, c.expert_capacity(), c.router == Router::Sigmoid,
+                        c.norm_topk, c.aux_loss, c.ep};
   const int logits = linear(b, "router", n2, c.experts, tag::kRouter, "router logits", false);
   const std::vector<int> routed =
       b.op(OpKind::Route, "route", {logits},
@@ -78,6 +80,7 @@ int experts(Builder& b, int n2) {
                                  Init::ResidualNormal);
   int out = b.op(OpKind::Combine, "combine", {down, routed[0], slots},
                  {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
+  b.last().routing = routing;
   if (c.shared_ffn > 0) out = add(b, "moe", out, shared_expert(b, n2), "routed plus shared experts");
   return out;
 }
@@ -108,6 +111,12 @@ void check(const ModelConfig& c) {
   if (c.tp > 1)
     fail("ModelConfig.tp {}: the moe block has no tensor-parallel split of its experts; give tp 1", c.tp);
   if (c.cp > 1) fail("ModelConfig.cp {}: the moe block is not modelled under context parallelism; give cp 1", c.cp);
+  if (c.ep < 1 || c.experts % c.ep != 0)
+    fail("ModelConfig.ep {} must divide the experts ({}): each expert-parallel rank holds whole experts", c.ep,
+         c.experts);
+  if (!(c.expert_imbalance >= 1 && c.expert_imbalance <= 1024))
+    fail("ModelConfig.expert_imbalance must be in [1, 1024] (the busiest rank's rows over the mean), got {}",
+         c.expert_imbalance);
 }
 
 }  // namespace
@@ -115,6 +124,6 @@ void check(const ModelConfig& c) {
 extern const BlockKind kMoe{"moe",
                             "mixture of experts: LLaMA's attention, top-k routing to SwiGLU experts (dropless or a "
                             "capacity), an optional shared expert",
-                            stem, block, head, check, /*has_logits=*/true};
+                            stem, block, head, check, /*has_logits=*/true, /*routes=*/true};
 
 }  // namespace remat::blocks

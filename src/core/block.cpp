@@ -94,7 +94,8 @@ int64_t BlockSpec::backward_scratch(int op, const ThreadConfig& ctx) const {
 
 OpComm BlockSpec::comm(int op) const {
   const OpDef& def = op_def(ops[op].kind);
-  return def.comm && ops[op].tp.active() ? def.comm(*this, ops[op]) : OpComm{};
+  // Tensor-parallel ops, and the expert-parallel exchanges of dispatch and combine.
+  return def.comm && (ops[op].tp.active() || ops[op].routing.ep > 1) ? def.comm(*this, ops[op]) : OpComm{};
 }
 
 int64_t BlockSpec::param_bytes(int param) const { return params[param].numel() * dtype_size(dtype); }

@@ -77,13 +77,16 @@ Router parse_router(std::string_view s) {
 
 int64_t ModelConfig::expert_capacity() const {
   if (capacity_factor <= 0) return 0;
-  const double rows = std::ceil(capacity_factor * static_cast<double>(batch * local_seq() * top_k) /
+  // Over the tokens of the whole expert-parallel group, as GShard counts them.
+  const double rows = std::ceil(capacity_factor * static_cast<double>(batch * rank_seq() * top_k * ep) /
                                 static_cast<double>(experts));
   return std::max<int64_t>(1, static_cast<int64_t>(rows));
 }
 
 int64_t ModelConfig::dispatch_rows() const {
-  return capacity_factor > 0 ? experts * expert_capacity() : batch * local_seq() * top_k;
+  if (capacity_factor > 0) return rank_experts() * expert_capacity();
+  const int64_t balanced = batch * rank_seq() * top_k;
+  return ep > 1 ? static_cast<int64_t>(std::ceil(static_cast<double>(balanced) * expert_imbalance)) : balanced;
 }
 
 void parse_loss(std::string_view s, ModelConfig& cfg) {
@@ -110,6 +113,7 @@ std::string describe(const ModelConfig& c) {
   if (c.kv() != c.heads) s += fmt::format(" KV={}", c.kv());
   s += fmt::format(" B={} T={} {}", c.batch, c.seq, to_string(c.dtype));
   if (c.hidden() != 4 * c.dim) s += fmt::format(" ffn={}", c.hidden());
+  if (c.head_size > 0) s += fmt::format(" head-dim={}", c.head_size);
   if (c.arch != "seed") s += fmt::format(" V={}", c.vocab);
   if (c.dropout > 0) s += fmt::format(" dropout={}", c.dropout);
   if (c.attention != AttentionImpl::Math) s += fmt::format(" attention={}", to_string(c.attention));
@@ -130,6 +134,7 @@ std::string describe(const ModelConfig& c) {
     if (c.shared_ffn > 0) s += fmt::format(" shared-ffn={}", c.shared_ffn);
     if (c.capacity_factor > 0) s += fmt::format(" capacity={}", c.capacity_factor);
     if (c.router != Router::Softmax) s += fmt::format(" router={}", to_string(c.router));
+    if (c.ep > 1) s += fmt::format(" ep={}", c.ep);
   }
   if (c.tp > 1) s += fmt::format(" tp={}{}", c.tp, c.sp ? "+sp" : "");
   return s;

@@ -58,6 +58,15 @@ std::vector<NamedModel> presets() {
       "Black et al. 2022 (GPT-NeoX-20B): 1538 sequences of 2048; EleutherAI/gpt-neox-20b config.json");
   neox.layers = 32, neox.dim = 4096, neox.heads = 32, neox.ffn = 16384;
   add("pythia-6.9b", neox, 1024, 6857302016, "Biderman et al. 2023 (Pythia): 1024 sequences of 2048");
+  ModelConfig mixtral = shape("moe", 32, 4096, 32, 8, 14336, 4096, 32000, 0.0);
+  mixtral.rope_theta = 1000000, mixtral.experts = 8, mixtral.top_k = 2, mixtral.aux_loss = 0.02;
+  add("mixtral-8x7b", mixtral, 0, 46702792704,
+      "Jiang et al. 2024 (Mixtral of Experts); mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, 2 per token");
+  ModelConfig qwen3_moe = shape("moe", 48, 2048, 32, 4, 768, 4096, 151936, 0.0);
+  qwen3_moe.head_size = 128, qwen3_moe.qk_norm = true, qwen3_moe.rope_theta = 1000000, qwen3_moe.norm_eps = 1e-6;
+  qwen3_moe.experts = 128, qwen3_moe.top_k = 8, qwen3_moe.aux_loss = 0.001;
+  add("qwen3-30b-a3b", qwen3_moe, 0, 30532122624,
+      "Qwen/Qwen3-30B-A3B config.json: 128 experts of 768, 8 per token, heads 128 wide");
   for (auto [name, layers, dim, heads, batch] :
        {std::tuple<const char*, int64_t, int64_t, int64_t, int64_t>{"megatron-22b", 48, 6144, 64, 4},
         {"megatron-175b", 96, 12288, 96, 64},
@@ -90,6 +99,11 @@ const std::vector<NamedModel>& named_models() {
 const NamedModel& named_model(std::string_view name) {
   for (const NamedModel& m : named_models())
     if (m.name == name) return m;
+  if (name == "deepseek-v3" || name == "deepseek-v3-671b")
+    fail("model '{}' is not modelled: its multi-head latent attention (keys and values compressed to a 512-wide "
+         "latent) and its first 3 dense layers are not a remat block kind; the moe block has LLaMA's attention and "
+         "every layer routed. The presets are: {}",
+         name, names());
   fail("unknown model '{}'; the presets are: {}", name, names());
 }
 
@@ -158,19 +172,49 @@ ModelConfig read_model_config(const std::string& path) {
       c.tied = field<bool>(j, "tie_word_embeddings", false) ? Switch::On : Switch::Off;
       const std::string act = field<std::string>(j, "hidden_act", "gelu");
       if (act != "gelu" && act != "gelu_new") refuse("hidden_act '" + act + "': the gpt2 block's MLP is GELU");
-    } else if (arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Qwen2MoeForCausalLM" ||
-               arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV2ForCausalLM") {
-      refuse("a mixture of experts, which remat's block kinds do not model yet");
+    } else if (arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM") {
+      // modeling_mixtral.py, modeling_qwen3_moe.py: LLaMA's attention (Qwen3's q/k norms), every
+      // layer a softmax router over SwiGLU experts, no shared expert.
+      c.arch = "moe";
+      c.layers = field<int64_t>(j, "num_hidden_layers", 0);
+      c.dim = field<int64_t>(j, "hidden_size", 0);
+      c.heads = field<int64_t>(j, "num_attention_heads", 0);
+      c.kv_heads = field<int64_t>(j, "num_key_value_heads", c.heads);
+      c.vocab = field<int64_t>(j, "vocab_size", 0);
+      c.seq = field<int64_t>(j, "max_position_embeddings", 4096);
+      c.rope_theta = field<double>(j, "rope_theta", 1e6);
+      c.norm_eps = field<double>(j, "rms_norm_eps", 1e-6);
+      c.tied = field<bool>(j, "tie_word_embeddings", false) ? Switch::On : Switch::Off;
+      c.aux_loss = field<double>(j, "router_aux_loss_coef", 0.001);
+      c.top_k = field<int64_t>(j, "num_experts_per_tok", 2);
+      if (arch == "MixtralForCausalLM") {
+        c.experts = field<int64_t>(j, "num_local_experts", 8);
+        c.ffn = field<int64_t>(j, "intermediate_size", 0);
+      } else {
+        c.qk_norm = true;
+        c.experts = field<int64_t>(j, "num_experts", 0);
+        c.ffn = field<int64_t>(j, "moe_intermediate_size", 0);
+        c.norm_topk = field<bool>(j, "norm_topk_prob", false);
+        if (field<int64_t>(j, "decoder_sparse_step", 1) != 1 ||
+            (j.contains("mlp_only_layers") && j.at("mlp_only_layers").is_array() && !j.at("mlp_only_layers").empty()))
+          refuse("dense layers among the experts' (decoder_sparse_step, mlp_only_layers): every layer of a model is one "
+                 "block kind");
+      }
+      if (field<std::string>(j, "hidden_act", "silu") != "silu")
+        refuse("hidden_act '" + field<std::string>(j, "hidden_act", "") + "': the moe block's experts are SwiGLU (silu)");
+    } else if (arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV2ForCausalLM" || arch == "Qwen2MoeForCausalLM") {
+      refuse(arch == "Qwen2MoeForCausalLM"
+                 ? "a gated shared expert (shared_expert_gate) and q/k/v biases are not modelled"
+                 : "multi-head latent attention (q_lora_rank, kv_lora_rank: compressed keys and values) and its "
+                   "first_k_dense_replace dense layers are not modelled; the moe block has LLaMA's attention and "
+                   "every layer routed");
     } else {
       fail("--model-config '{}': architecture '{}' is not modelled; remat reads LlamaForCausalLM, MistralForCausalLM, "
-           "Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel and GPTNeoXForCausalLM",
+           "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel and GPTNeoXForCausalLM",
            path, arch.empty() ? "(none named)" : arch);
     }
     const int64_t head_dim = field<int64_t>(j, "head_dim", c.heads > 0 ? c.dim / c.heads : 0);
-    if (c.heads > 0 && head_dim != c.dim / c.heads)
-      refuse(fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: remat's heads are dim / "
-                         "heads wide",
-                         head_dim, c.dim / c.heads));
+    if (c.heads > 0 && head_dim != c.dim / c.heads) c.head_size = head_dim;  // Qwen3: 128 whatever the width
   } catch (const nlohmann::json::exception& e) {
     fail("--model-config '{}': a field has the wrong type ({})", path, e.what());
   }

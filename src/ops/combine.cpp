@@ -94,6 +94,22 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 1, std::move(dw));
 }
 
+// Under expert parallelism (planning) the experts' outputs go back to their tokens' ranks in an
+// all-to-all, forward and again for the gradients (as dispatch's, the other way).
+OpComm comm(const BlockSpec& b, const OpNode& n) {
+  if (n.routing.ep <= 1) return {};
+  const double share = static_cast<double>(n.routing.ep - 1) / static_cast<double>(n.routing.ep);
+  const double bytes = share * static_cast<double>(b.tensors[n.in[0]].bytes());
+  return {bytes, bytes};
+}
+
+// The received outputs back in token-copy order and the sent ones, alive around the exchange.
+int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  if (n.routing.ep <= 1) return 0;
+  const TensorSpec& w = b.tensors[n.in[1]];
+  return b.tensors[n.in[0]].bytes() + w.numel() * b.tensors[n.in[0]].shape.back() * dtype_size(b.tensors[n.in[0]].dtype);
+}
+
 BlockSpec example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.combine");
@@ -120,6 +136,9 @@ extern const OpDef kCombine = [] {
   d.bwd_reads_in = 0b111;
   d.grad_in[0] = GradKind::Fresh;
   d.grad_in[1] = GradKind::Fresh;
+  d.comm = comm;
+  d.forward_scratch = exchange_scratch;
+  d.backward_scratch = exchange_scratch;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

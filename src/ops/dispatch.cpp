@@ -107,6 +107,28 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 0, std::move(dx));
 }
 
+// Under expert parallelism (planning) the copies cross the group in an all-to-all, forward and
+// again for the gradients: each rank sends its tokens x k rows and receives the buffer's rows, the
+// (ep - 1) / ep of them that are not its own crossing the links.
+int64_t copies_bytes(const BlockSpec& b, const OpNode& n) {
+  const TensorSpec& x = b.tensors[n.in[0]];
+  return x.bytes() * n.routing.top_k;
+}
+
+OpComm comm(const BlockSpec& b, const OpNode& n) {
+  if (n.routing.ep <= 1) return {};
+  const double share = static_cast<double>(n.routing.ep - 1) / static_cast<double>(n.routing.ep);
+  const double bytes = share * static_cast<double>(b.tensors[n.out[0]].bytes());
+  return {bytes, bytes};
+}
+
+// The exchange's buffers, alive around it: the copies in expert order to send, and those received
+// before they are grouped by local expert (Megatron-LM's permute, all-to-all, sort by expert).
+int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  if (n.routing.ep <= 1) return 0;
+  return copies_bytes(b, n) + b.tensors[n.out[0]].bytes();
+}
+
 BlockSpec build(int64_t capacity) {
   ModelConfig cfg;
   detail::Builder b(cfg, capacity ? "test.dispatch_capacity" : "test.dispatch");
@@ -153,6 +175,9 @@ extern const OpDef kDispatch = [] {
   d.n_in = 2, d.n_out = 3;
   d.bwd_reads_out = 0b010;
   d.grad_in[0] = GradKind::Fresh;
+  d.comm = comm;
+  d.forward_scratch = exchange_scratch;
+  d.backward_scratch = exchange_scratch;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

@@ -74,6 +74,13 @@ std::vector<Allocation> outside_allocator(const Device& d, const Layout& l) {
   // Pipeline sends: point-to-point to the two neighbouring stages, NCCL's 4 MiB per channel and
   // peer over its 8 point-to-point channels.
   nccl("pipeline neighbours", l.pp, 2 * 8 * 4 * MiB);
+  // Expert parallelism: NCCL's all-to-all is a send and a receive to every other rank of the group,
+  // point-to-point buffers as above for each of the ep - 1 peers; the experts' gradients are
+  // reduced over a ring of their own, the expert-data-parallel group.
+  if (l.ep > 1) {
+    nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * 8 * 4 * MiB);
+    nccl("expert-data-parallel group", l.shards() / l.ep, ring);
+  }
   return out;
 }
 

@@ -39,6 +39,7 @@ std::string to_string(const Layout& l) {
   if (l.vpp > 1) s += fmt::format(" x {} chunks", l.vpp);
   if (l.uneven()) s += fmt::format(" ({} | ... | {} layers)", l.first_layers, l.last_layers);
   s += fmt::format(", dp {}", l.dp);
+  if (l.ep > 1) s += fmt::format(", ep {}", l.ep);
   if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
   if (l.fsdp) s += ", fsdp";
   s += fmt::format(", micro-batch {} x {}", l.micro_batch, l.micro_batches());
@@ -54,6 +55,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   positive("pp", l.pp);
   positive("vpp", l.vpp);
   positive("dp", l.dp);
+  positive("ep", l.ep);
   positive("micro_batch", l.micro_batch);
   if (l.global_batch < 0 || l.global_batch > kMaxGlobalBatch)
     fail("Layout.global_batch must be in 0..{} (0 = micro_batch * dp), got {}", kMaxGlobalBatch, l.global_batch);
@@ -104,8 +106,17 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
     fail("Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
          "zero 0 or 1 with pipelines",
          l.zero, l.pp);
+  if (l.ep > 1 && l.shards() % l.ep != 0)
+    fail("Layout.ep {} must divide the data- x context-parallel ranks ({} x {}): experts are split over them", l.ep, l.dp,
+         l.cp);
+  if (l.ep > 1 && l.fsdp) fail("Layout.ep {} with FSDP is not modelled; plan experts with zero 0-1 (Megatron-LM)", l.ep);
+  {
+    ModelConfig at = cfg;  // what the block kind supports at this split
+    at.tp = l.tp, at.sp = l.sp, at.cp = l.cp, at.ep = l.ep;
+    remat::validate(at);
+  }
   if (device.engine) {
-    if (l.tp > 1 || l.pp > 1 || l.cp > 1)
+    if (l.tp > 1 || l.pp > 1 || l.cp > 1 || l.ep > 1)
       fail("device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
            "pp {} for a GPU --device",
            l.tp, l.cp, l.pp);
@@ -144,16 +155,27 @@ std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, con
   s->cfg.tp = l.tp;
   s->cfg.sp = l.sp;
   s->cfg.cp = l.cp;
+  s->cfg.ep = l.ep;
   s->cfg.batch = l.micro_batch;
   s->spec = std::make_shared<const ModelSpec>(make_model(s->cfg));
   s->rates = rates_of(device, cfg.dtype);
   if (!(s->rates.link_gbps > 0)) s->rates.link_gbps = s->rates.memory_gbps;  // tp 1: no collectives to time
   const BlockSpec& b = s->spec->block;
+  // An expert-parallel group's ranks are tp x cp apart (Megatron-LM's order tp, cp, ep, dp, pp):
+  // its all-to-alls cross nodes once tp x cp x ep passes a node.
+  const double ep_gbps =
+      (l.tp * l.cp * l.ep > device.gpus_per_node ? device.inter_gbps : device.intra_gbps) * device.link_efficiency;
   for (size_t op = 0; op < b.ops.size(); ++op) {
     s->costs.block.push_back(estimate_op(b, static_cast<int>(op), s->rates));
     const OpComm c = b.comm(static_cast<int>(op));
-    s->comm_fwd.push_back(c.forward / (s->rates.link_gbps * 1e6));
-    s->block_comm += (c.forward + c.backward) / (s->rates.link_gbps * 1e6);
+    const double gbps = b.ops[op].routing.ep > 1 ? ep_gbps : s->rates.link_gbps;
+    if (b.ops[op].routing.ep > 1) {  // estimate_op timed the exchange at the tensor-parallel link's rate
+      OpTime& t = s->costs.block.back();
+      t.forward_ms += c.forward / (gbps * 1e6) - c.forward / (s->rates.link_gbps * 1e6);
+      t.backward_ms += c.backward / (gbps * 1e6) - c.backward / (s->rates.link_gbps * 1e6);
+    }
+    s->comm_fwd.push_back(c.forward / (gbps * 1e6));
+    s->block_comm += (c.forward + c.backward) / (gbps * 1e6);
   }
   auto stage = [&](const BlockSpec& st, double& fwd, double& bwd) {
     for (size_t op = 0; op < st.ops.size(); ++op) {
@@ -207,7 +229,7 @@ class Evaluator {
       : cfg_(cfg), device_(device), options_(options), params_(make_model(cfg).param_numel()) {}
 
   Shapes& shapes(const Layout& l) {
-    const auto key = std::make_tuple(l.tp * 4096 + l.cp, l.sp, l.micro_batch);
+    const auto key = std::make_tuple((l.tp * 4096 + l.cp) * 4096 + l.ep, l.sp, l.micro_batch);
     auto it = shapes_.find(key);
     if (it == shapes_.end()) it = shapes_.emplace(key, make_shapes(cfg_, l, device_)).first;
     return *it->second;
@@ -254,8 +276,8 @@ class Evaluator {
   // Memoized by everything the replay reads: the layout, the stage and its layers' choices (the
   // search and each stage's policy search ask for the same replay many times).
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp,
-                                  l.dp, l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage);
+    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp,
+                                  l.vpp, l.dp, l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage, l.ep);
     for (const LayerRange& c : stage_layers(cfg_.layers, l, stage))
       for (int64_t x = c.first; x < c.end; ++x)
         for (const TensorPolicy& t : layers.layers[x].tensors) key += t.choice == Choice::Save ? '1' : '0';
@@ -278,6 +300,7 @@ class Evaluator {
       shape.scaled_loss = m * l.shards() > 1;
       shape.world = static_cast<int>(l.shards());
       shape.rank = largest_shard(numel, l.shards());
+      shape.expert_world = static_cast<int>(l.shards() / l.ep);
       shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad;
       shape.fsdp = l.fsdp;
       shape.fsdp_reshard = l.pp == 1;  // torchtitan keeps a pipeline stage's weights gathered
@@ -363,7 +386,7 @@ class Evaluator {
     // The frontier's choice sets are those of the first micro-batch size planned at this split
     // (sizes scale with the micro-batch; computing it is the search's dearest step), priced and
     // ordered on this one's ops.
-    auto& frontier = frontiers_[{l.tp, l.sp}];
+    auto& frontier = frontiers_[{l.tp * 4096 + l.ep, l.sp}];
     if (frontier.empty()) frontier = block_frontier(sh.spec->block, sh.costs, keep_everything(sh.spec->block));
     if (sh.frontier.empty()) {
       sh.frontier = frontier;
@@ -488,7 +511,7 @@ class Evaluator {
     const double m = static_cast<double>(l.micro_batches());
     t.compute_s = m * slow.micro_ms / 1e3;
     t.recompute_s = m * recompute_ms / 1e3;
-    t.tp_comm_s = l.tp > 1 ? m * comm_ms / 1e3 : 0;
+    t.tp_comm_s = l.tp > 1 || l.ep > 1 ? m * comm_ms / 1e3 : 0;
     t.bubble_s = static_cast<double>(l.pp - 1) / static_cast<double>(l.vpp) * (slow.micro_ms + slow.p2p_ms) / 1e3;
     t.p2p_s = m * slow.p2p_ms / 1e3;
     // Data parallelism, on the most-loaded rank's parameters: all-reduce the gradients (ZeRO:
@@ -544,7 +567,7 @@ class Evaluator {
   int64_t params_ = 0;  // the whole model's
   std::map<std::tuple<int64_t, bool, int64_t>, std::unique_ptr<Shapes>> shapes_;
   std::unordered_map<std::string, StepMemory> memo_;
-  std::map<std::pair<int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by (tp, sp)
+  std::map<std::pair<int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by (tp and ep, sp)
   int64_t evaluated_ = 0;
 };
 
@@ -603,6 +626,11 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
         if ((space.gpus / tp) % (pp * space.cp) != 0) continue;
         const int64_t dp = space.gpus / (tp * space.cp * pp);
         if (space.dp > 0 && dp != space.dp) continue;
+        // Expert parallelism: the experts' divisors that divide the dp x cp ranks.
+        std::vector<int64_t> eps;
+        for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
+          if ((space.ep == 0 || ep == space.ep) && (dp * space.cp) % ep == 0) eps.push_back(ep);
+        for (int64_t ep : eps) {
         // An explicit vpp or micro-batch is evaluated whatever the searched grid holds.
         std::vector<int64_t> vpps;
         if (space.vpp > 0) vpps = {space.vpp};
@@ -626,7 +654,7 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
               if (zero > 0 && dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
               if (space.fsdp && zero != 0) continue;
               Layout l;
-              l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero;
+              l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero, l.ep = ep;
               l.fsdp = space.fsdp;
               l.first_layers = first, l.last_layers = last;
               l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
@@ -640,6 +668,7 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
             }
           }
         }
+        }  // ep
       }
     }
   }

@@ -338,13 +338,17 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
   const ModelSpec& spec = *plan.model;
   const bool bucketed = shape.bucketed();
   StepMemory m;
-  int64_t numel = 0;
-  for (const ModelParam& p : plan.params) numel += p.spec->numel();
+  int64_t numel = 0, expert_numel = 0;
+  for (const ModelParam& p : plan.params) (p.spec->expert ? expert_numel : numel) += p.spec->numel();
   const DType dtype = spec.block.dtype;
   const int64_t wbytes = dtype_size(dtype), gbytes = shape.grad_bytes > 0 ? shape.grad_bytes : wbytes;
   const bool mixed = dtype != DType::F32;
   // ZeRO: this rank's share of the parameters, laid end to end.
-  const int64_t owned = shard_first(numel, shape.rank + 1, shape.world) - shard_first(numel, shape.rank, shape.world);
+  // The routed experts' parameters are shared by fewer ranks (StepShape::expert_world).
+  auto share = [](int64_t n, int rank, int world) { return shard_first(n, rank + 1, world) - shard_first(n, rank, world); };
+  const int expert_world = shape.expert_world > 0 ? shape.expert_world : shape.world;
+  const int64_t owned = share(numel, shape.rank, shape.world) + share(expert_numel, shape.rank % expert_world, expert_world);
+  numel += expert_numel;
   // Bytes per element of the master weights and the Adam state (m and v): fp32, or the model's
   // dtype when nothing is kept in fp32.
   const int64_t master = mixed && !shape.pure_dtype ? 4 : 0, state = shape.pure_dtype ? 2 * wbytes : 8;

@@ -388,7 +388,8 @@ int run_layouts(PlanFlags& f) {
   if (!device.engine)
     fmt::print("  margin: a stage's peak stays {:.0f}% under that (the validated uncertainty, docs/validation.md); "
                "reserved peaks within {:.0f}% of it are marked tight\n",
-               100 * (opt.margin >= 0 ? opt.margin : kAllocatedUncertainty), 100 * kReservedUncertainty);
+               100 * (opt.margin >= 0 ? opt.margin : routes_experts(cfg.arch) ? kExpertUncertainty : kAllocatedUncertainty),
+               100 * kReservedUncertainty);
   fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", res.candidates, res.evaluated, searched_s);
 
   auto write_json = [&] {

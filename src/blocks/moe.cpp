@@ -1,5 +1,5 @@
-// moe: a mixture-of-experts decoder (Mixtral, Qwen3-MoE): LLaMA's attention, then instead of one
-// MLP a router sends each token to top_k of E SwiGLU experts (ModelConfig.experts, .top_k, .ffn
+// moe: a mixture-of-experts decoder (Mixtral, Qwen3-MoE): LLaMA's attention (any decoder choice:
+// blocks/decoder.h), then instead of one MLP a router sends each token to top_k of E SwiGLU experts (ModelConfig.experts, .top_k, .ffn
 // each) and weights their outputs back together; an optional shared expert (.shared_ffn) every
 // token passes too (DeepSeek, Qwen2-MoE). Routing is dropless, or capped at a capacity per expert
 // (.capacity_factor, GShard/Switch). Every size is known before the step: the dispatch buffer has
@@ -48,8 +48,9 @@ int shared_expert(Builder& b, int n2) {
   return linear(b, "shared_down", act, c.dim, kTags, "shared expert down projection", false, Init::ResidualNormal);
 }
 
-// Router, dispatch, the experts and the combine; plus the shared expert.
-int experts(Builder& b, int n2) {
+// Router, dispatch, the experts and the combine; plus the shared expert. The experts are SwiGLU
+// MLPs, or GELU ones (fc, gelu, down) under ModelConfig.mlp gelu (Megatron-LM's default).
+int experts(Builder& b, const DecoderStyle& s, int n2) {
   const ModelConfig& c = b.cfg();
   const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
   const int64_t rows = c.dispatch_rows(), f = c.hidden();
@@ -71,11 +72,17 @@ int experts(Builder& b, int n2) {
   b.last().routing = routing;
   const int xs = placed[0], slots = placed[1], row_expert = placed[2];
   constexpr uint32_t kInner = tag::kExperts | tag::kMlpInner;
-  const int gate = expert_linear(b, "gate", xs, row_expert, f, kInner, "experts' gate projections");
-  const int up = expert_linear(b, "up", xs, row_expert, f, kInner, "experts' up projections");
-  const int act = b.op(OpKind::Swiglu, "act", {gate, up},
-                       {{"act", {rows, f}, c.dtype, kInner | tag::kExpertAct | tag::kMlpAct,
-                         "experts' SwiGLU output silu(gate) * up"}})[0];
+  int act = -1;
+  if (s.swiglu) {
+    const int gate = expert_linear(b, "gate", xs, row_expert, f, kInner, "experts' gate projections");
+    const int up = expert_linear(b, "up", xs, row_expert, f, kInner, "experts' up projections");
+    act = b.op(OpKind::Swiglu, "act", {gate, up},
+               {{"act", {rows, f}, c.dtype, kInner | tag::kExpertAct | tag::kMlpAct,
+                 "experts' SwiGLU output silu(gate) * up"}})[0];
+  } else {
+    const int fc = expert_linear(b, "fc", xs, row_expert, f, kInner, "experts' first linears (GELU input)");
+    act = unary(b, OpKind::Gelu, "act", fc, kInner | tag::kExpertAct | tag::kMlpAct, "experts' GELU output");
+  }
   const int down = expert_linear(b, "down", act, row_expert, c.dim, kInner, "experts' down projections",
                                  Init::ResidualNormal);
   int out = b.op(OpKind::Combine, "combine", {down, routed[0], slots},
@@ -92,7 +99,7 @@ BlockSpec block(const ModelConfig& c) {
   Builder b(c, "moe");
   const int x = b.input("x", b.res(c.dim), c.dtype, "block input (residual stream)");
   const int x2 = decoder_attention(b, s, x);
-  const int out = dropout(b, "mlp", experts(b, decoder_norm2(b, s, x, x2)), tag::kMlpInner, "mixture-of-experts output");
+  const int out = dropout(b, "mlp", experts(b, s, decoder_norm2(b, s, x, x2)), tag::kMlpInner, "mixture-of-experts output");
   return b.finish(add(b, "y", x2, out, "block output"));
 }
 

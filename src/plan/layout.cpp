@@ -258,7 +258,11 @@ class Evaluator {
     }
     return std::max<int64_t>(0, device_.memory - reserve);
   }
-  double margin() const { return options_.margin >= 0 ? options_.margin : device_.engine ? 0.0 : kAllocatedUncertainty; }
+  double margin() const {
+    if (options_.margin >= 0) return options_.margin;
+    if (device_.engine) return 0.0;
+    return routes_experts(cfg_.arch) ? kExpertUncertainty : kAllocatedUncertainty;
+  }
   bool within(int64_t peak, int64_t budget) const {
     return static_cast<double>(peak) * (1 + margin()) <= static_cast<double>(budget);
   }

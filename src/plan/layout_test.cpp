@@ -508,3 +508,60 @@ TEST(Devices, PresetsCustomAndRefusals) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+ModelConfig small_moe() {
+  ModelConfig c;
+  c.arch = "moe", c.layers = 4, c.dim = 256, c.heads = 4, c.seq = 256, c.vocab = 1024, c.ffn = 512;
+  c.experts = 8, c.top_k = 2, c.dtype = DType::BF16, c.batch = 1;
+  return c;
+}
+
+// Expert parallelism: each rank holds experts / ep of the experts, whose optimizer state is sharded
+// over dp / ep ranks only, and the dispatched rows cross the group in all-to-alls.
+TEST(Layouts, ExpertParallelismSplitsTheExpertsAndTimesTheirExchange) {
+  const ModelConfig c = small_moe();
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.dp = 4, l.zero = 1, l.micro_batch = 2, l.global_batch = 8;
+  const LayoutPlan one = plan_layout(c, l, d, "none");
+  l.ep = 4;
+  const LayoutPlan four = plan_layout(c, l, d, "none");
+  const BlockSpec b = make_block(c);
+  int64_t expert = 0;
+  for (const ParamSpec& p : b.params) expert += p.expert ? p.numel() : 0;
+  const int64_t wbytes = 2;
+  // Weights: a quarter of the experts on each rank.
+  EXPECT_EQ(one.rank().memory.params - four.rank().memory.params, c.layers * expert * 3 / 4 * wbytes);
+  // Optimizer (fp32 master, m, v): the experts' sharded over dp / ep = 1 rank instead of 4 — the
+  // same bytes per rank, since a quarter of the experts is held by a quarter as many ranks.
+  EXPECT_NEAR(static_cast<double>(four.rank().memory.optimizer), static_cast<double>(one.rank().memory.optimizer),
+              16.0 * static_cast<double>(make_model(c).param_numel()) / 4 / 100);
+  EXPECT_EQ(one.time.tp_comm_s, 0.0);
+  EXPECT_GT(four.time.tp_comm_s, 0.0);
+  // The search finds layouts with experts split, and a dense model gets none.
+  SearchSpace space;
+  space.gpus = 8, space.global_batch = 16, space.policies = {"none"};
+  bool split = false;
+  for (const LayoutPlan& p : search_layouts(c, space, d, 50).best) split = split || p.layout.ep > 1;
+  EXPECT_TRUE(split);
+  ModelConfig dense = c;
+  dense.arch = "llama";
+  for (const LayoutPlan& p : search_layouts(dense, space, d, 50).best) EXPECT_EQ(p.layout.ep, 1);
+}
+
+// A mixture of experts keeps the margin its validation rows found, dense models theirs.
+TEST(Layouts, MixturesOfExpertsKeepTheirValidatedMargin) {
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.dp = 2, l.micro_batch = 1, l.global_batch = 2;
+  EXPECT_EQ(plan_layout(small_moe(), l, d, "none").margin, kExpertUncertainty);
+  ModelConfig dense = small_moe();
+  dense.arch = "llama";
+  EXPECT_EQ(plan_layout(dense, l, d, "none").margin, kAllocatedUncertainty);
+}
+
+}  // namespace
+}  // namespace remat

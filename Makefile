@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama dp eager validate
+.PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama moe dp eager validate
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine.
@@ -67,6 +67,10 @@ flash: build
 
 # The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
 # policies, every recompute verified bitwise (--verify).
+moe: build
+	$(BUILD)/remat bench --arch moe --ffn 1024 --verify --engine ops \
+	  --policies none,moe-act,moe,attn,full,every:2 --markdown results/moe.md --json results/moe.json
+
 llama: build
 	$(BUILD)/remat bench --arch llama --heads 8 --kv-heads 2 --verify --engine ops \
 	  --policies none,attn,mlp-act,norm,attn+mlp-act,full,every:2 --steps 3 --warmup 1 \

@@ -77,6 +77,16 @@ bad "--batch must be a positive integer, got -1" bench "${tiny[@]}" --batch -1
 bad "--dim 16 is not divisible by --heads 3" bench "${tiny[@]}" --heads 3
 bad "--heads 4 is not divisible by --kv-heads 3" bench "${tiny[@]}" --arch llama --kv-heads 3
 bad "--ffn must be >= 0 (0 means 4 * dim), got -4" bench "${tiny[@]}" --ffn -4
+bad "--head-dim must be in 0..65536 (0: dim / heads), got -1" bench "${tiny[@]}" --head-dim -1
+bad "--experts must be in 1..4096, got 0" bench "${tiny[@]}" --arch moe --experts 0
+bad "--top-k must be in 1..experts (8), got 9" bench "${tiny[@]}" --arch moe --top-k 9
+bad "--capacity-factor must be 0 (dropless) or in (0, 1024], got -1" bench "${tiny[@]}" --arch moe --capacity-factor -1
+bad "unknown --router 'argmax'; allowed: softmax, sigmoid" bench "${tiny[@]}" --arch moe --router argmax
+moe=(--arch moe --layers 2 --dim 64 --heads 4 --seq 16 --vocab 64 --device h100-80gb)
+bad "--ep 3 must divide the experts (8)" plan "${moe[@]}" --global-batch 12 --gpus 6 --tp 1 --pp 1 --dp 6 --ep 3
+bad "--ep 2 splits experts over ranks; a llama block has none" plan "${moe[@]}" --global-batch 8 --arch llama --gpus 2 --tp 1 --pp 1 --dp 2 --ep 2
+bad "--expert-imbalance must be in [1, 1024]" plan "${moe[@]}" --global-batch 8 --gpus 2 --expert-imbalance 0.5
+bad "model 'deepseek-v3' is not modelled: its multi-head latent attention" plan --model deepseek-v3 --gpus 256 --device h100-80gb
 bad "--attn-block must be a positive integer, got 0" bench "${tiny[@]}" --attn-block 0
 bad "--dropout must be in [0, 1), got 1.5" bench "${tiny[@]}" --arch gpt2 --dropout 1.5
 bad "--dropout must be in [0, 1), got nan" bench "${tiny[@]}" --arch gpt2 --dropout nan

@@ -31,7 +31,7 @@ std::string as_flags(const std::string& message) {
   static const std::regex field(R"(\b(ModelConfig|BenchOptions|TrainOptions|SampleOptions|Layout|SearchSpace|PlanOptions)\.([a-z_]+))");
   static const std::vector<std::pair<std::string, std::string>> renamed = {
       {"engines", "engine"}, {"save_dir", "save"}, {"val_fraction", "val-fraction"}, {"grad_bytes", "grad-dtype"},
-      {"first_layers", "first-stage-layers"}, {"last_layers", "last-stage-layers"}};
+      {"first_layers", "first-stage-layers"}, {"last_layers", "last-stage-layers"}, {"head_size", "head-dim"}};
   std::string out;
   auto it = std::sregex_iterator(message.begin(), message.end(), field);
   size_t last = 0;

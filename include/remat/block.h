@@ -6,7 +6,7 @@
 // by it, the memory model sums it, the planner searches over it. Shapes are concrete for one
 // ModelConfig, in elements.
 //
-//   remat::BlockSpec b = remat::make_block(cfg);     // cfg.arch picks the kind: seed, gpt2, llama
+//   remat::BlockSpec b = remat::make_block(cfg);     // cfg.arch picks the kind: seed, gpt2, llama, moe
 //   for (const remat::TensorSpec& t : b.tensors)     // "ln1 (8, 1024, 512) fp32 16.0 MiB"
 //     fmt::print("{} {} {}\n", t.name, remat::shape_str(t.shape), remat::bytes_str(t.bytes()));
 //
@@ -221,7 +221,7 @@ struct ModelSpec {
   int64_t param_numel() const;
 };
 
-// The registered block kinds, in the order `--arch` lists them: "seed", "gpt2", "llama".
+// The registered block kinds, in the order `--arch` lists them: "seed", "gpt2", "llama", "moe".
 std::vector<std::string> block_kinds();
 // Whether a kind routes tokens to experts (moe): ModelConfig.ep and Layout.ep apply to it.
 bool routes_experts(std::string_view kind);

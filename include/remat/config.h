@@ -1,7 +1,7 @@
 // ModelConfig: the shape of a model and its data, shared by `remat bench`, `plan` and `train`.
 //
 //   remat::ModelConfig cfg;            // the seed experiment: 6 seed blocks, dim 512, batch 8, seq 128
-//   cfg.arch = "llama";                // any name in remat::block_kinds(): seed, gpt2, llama
+//   cfg.arch = "llama";                // any name in remat::block_kinds(): seed, gpt2, llama, moe
 //   cfg.kv_heads = 2;                  // grouped-query attention
 //   remat::validate(cfg);              // throws remat::Error naming the first bad field
 #pragma once

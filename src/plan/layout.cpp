@@ -630,10 +630,13 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
         if ((space.gpus / tp) % (pp * space.cp) != 0) continue;
         const int64_t dp = space.gpus / (tp * space.cp * pp);
         if (space.dp > 0 && dp != space.dp) continue;
-        // Expert parallelism: the experts' divisors that divide the dp x cp ranks.
+        // Expert parallelism: the experts' divisors that divide the dp x cp ranks (an explicit one
+        // is evaluated whatever they are: validate() says why it does not fit).
         std::vector<int64_t> eps;
-        for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
-          if ((space.ep == 0 || ep == space.ep) && (dp * space.cp) % ep == 0) eps.push_back(ep);
+        if (space.ep > 0) eps = {space.ep};
+        else
+          for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
+            if ((dp * space.cp) % ep == 0) eps.push_back(ep);
         for (int64_t ep : eps) {
         // An explicit vpp or micro-batch is evaluated whatever the searched grid holds.
         std::vector<int64_t> vpps;

@@ -123,20 +123,24 @@ ModelConfig read_model_config(const std::string& path) {
   c.batch = 1, c.dtype = DType::BF16, c.dropout = 0;
   try {
     auto refuse = [&](const std::string& why) { fail("--model-config '{}' ({}): {}", path, arch, why); };
-    if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-        arch == "Qwen3ForCausalLM") {
-      c.arch = "llama";
+    // The fields Hugging Face's LLaMA-like configs share (modeling_llama.py and its descendants).
+    auto llama_fields = [&](double rope_theta) {
       c.layers = field<int64_t>(j, "num_hidden_layers", 0);
       c.dim = field<int64_t>(j, "hidden_size", 0);
       c.heads = field<int64_t>(j, "num_attention_heads", 0);
       c.kv_heads = field<int64_t>(j, "num_key_value_heads", c.heads);
-      c.ffn = field<int64_t>(j, "intermediate_size", 0);
       c.vocab = field<int64_t>(j, "vocab_size", 0);
       c.seq = field<int64_t>(j, "max_position_embeddings", 4096);
-      c.rope_theta = field<double>(j, "rope_theta", 10000.0);
+      c.rope_theta = field<double>(j, "rope_theta", rope_theta);
       c.norm_eps = field<double>(j, "rms_norm_eps", 1e-6);
       c.tied = field<bool>(j, "tie_word_embeddings", false) ? Switch::On : Switch::Off;
       c.dropout = field<double>(j, "attention_dropout", 0.0);
+    };
+    if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
+        arch == "Qwen3ForCausalLM") {
+      c.arch = "llama";
+      llama_fields(10000.0);
+      c.ffn = field<int64_t>(j, "intermediate_size", 0);
       if (field<std::string>(j, "hidden_act", "silu") != "silu")
         refuse("hidden_act '" + field<std::string>(j, "hidden_act", "") + "': the llama block's MLP is SwiGLU (silu)");
       if (field<bool>(j, "mlp_bias", false)) refuse("mlp_bias: biases on the MLP alone are not modelled");
@@ -176,15 +180,7 @@ ModelConfig read_model_config(const std::string& path) {
       // modeling_mixtral.py, modeling_qwen3_moe.py: LLaMA's attention (Qwen3's q/k norms), every
       // layer a softmax router over SwiGLU experts, no shared expert.
       c.arch = "moe";
-      c.layers = field<int64_t>(j, "num_hidden_layers", 0);
-      c.dim = field<int64_t>(j, "hidden_size", 0);
-      c.heads = field<int64_t>(j, "num_attention_heads", 0);
-      c.kv_heads = field<int64_t>(j, "num_key_value_heads", c.heads);
-      c.vocab = field<int64_t>(j, "vocab_size", 0);
-      c.seq = field<int64_t>(j, "max_position_embeddings", 4096);
-      c.rope_theta = field<double>(j, "rope_theta", 1e6);
-      c.norm_eps = field<double>(j, "rms_norm_eps", 1e-6);
-      c.tied = field<bool>(j, "tie_word_embeddings", false) ? Switch::On : Switch::Off;
+      llama_fields(1e6);
       c.aux_loss = field<double>(j, "router_aux_loss_coef", 0.001);
       c.top_k = field<int64_t>(j, "num_experts_per_tok", 2);
       if (arch == "MixtralForCausalLM") {

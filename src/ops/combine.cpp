@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "ops/expert_parallel.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/error.h"
@@ -95,19 +96,13 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // Under expert parallelism (planning) the experts' outputs go back to their tokens' ranks in an
-// all-to-all, forward and again for the gradients (as dispatch's, the other way).
-OpComm comm(const BlockSpec& b, const OpNode& n) {
-  if (n.routing.ep <= 1) return {};
-  const double share = static_cast<double>(n.routing.ep - 1) / static_cast<double>(n.routing.ep);
-  const double bytes = share * static_cast<double>(b.tensors[n.in[0]].bytes());
-  return {bytes, bytes};
-}
+// all-to-all (ops/expert_parallel.h), dispatch's the other way.
+OpComm comm(const BlockSpec& b, const OpNode& n) { return ep::all_to_all(n.routing, b.tensors[n.in[0]].bytes()); }
 
-// The received outputs back in token-copy order and the sent ones, alive around the exchange.
 int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
-  if (n.routing.ep <= 1) return 0;
-  const TensorSpec& w = b.tensors[n.in[1]];
-  return b.tensors[n.in[0]].bytes() + w.numel() * b.tensors[n.in[0]].shape.back() * dtype_size(b.tensors[n.in[0]].dtype);
+  const TensorSpec& ys = b.tensors[n.in[0]];
+  const int64_t copies = b.tensors[n.in[1]].numel() * ys.shape.back() * dtype_size(ys.dtype);
+  return ep::exchange_buffers(n.routing, copies, ys.bytes());
 }
 
 BlockSpec example() {

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "ops/expert_parallel.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/error.h"
@@ -107,26 +108,13 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 0, std::move(dx));
 }
 
-// Under expert parallelism (planning) the copies cross the group in an all-to-all, forward and
-// again for the gradients: each rank sends its tokens x k rows and receives the buffer's rows, the
-// (ep - 1) / ep of them that are not its own crossing the links.
-int64_t copies_bytes(const BlockSpec& b, const OpNode& n) {
-  const TensorSpec& x = b.tensors[n.in[0]];
-  return x.bytes() * n.routing.top_k;
-}
+// Under expert parallelism (planning) the buffer's rows arrive from the group in an all-to-all
+// (ops/expert_parallel.h): the copies in expert order sent, those received before they are grouped
+// by local expert (Megatron-LM's permute, all-to-all, sort by expert).
+OpComm comm(const BlockSpec& b, const OpNode& n) { return ep::all_to_all(n.routing, b.tensors[n.out[0]].bytes()); }
 
-OpComm comm(const BlockSpec& b, const OpNode& n) {
-  if (n.routing.ep <= 1) return {};
-  const double share = static_cast<double>(n.routing.ep - 1) / static_cast<double>(n.routing.ep);
-  const double bytes = share * static_cast<double>(b.tensors[n.out[0]].bytes());
-  return {bytes, bytes};
-}
-
-// The exchange's buffers, alive around it: the copies in expert order to send, and those received
-// before they are grouped by local expert (Megatron-LM's permute, all-to-all, sort by expert).
 int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
-  if (n.routing.ep <= 1) return 0;
-  return copies_bytes(b, n) + b.tensors[n.out[0]].bytes();
+  return ep::exchange_buffers(n.routing, b.tensors[n.in[0]].bytes() * n.routing.top_k, b.tensors[n.out[0]].bytes());
 }
 
 BlockSpec build(int64_t capacity) {

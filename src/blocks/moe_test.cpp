@@ -123,3 +123,17 @@ TEST(Moe, TheRouterBackwardAddsTheLoadBalancingLossGradient) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+// Expert parallelism is planned, not run: the engine refuses a rank's share of the experts.
+TEST(Moe, TheEngineRunsEveryExpert) {
+  ModelConfig c = testing::tiny("moe");
+  c.ep = 2;
+  EXPECT_NO_THROW(make_model(c));  // a planning rank's stages
+  EXPECT_THROW(GPT(c, Policy::parse("none")), Error);
+}
+
+}  // namespace
+}  // namespace remat

@@ -50,6 +50,8 @@ void check_engine(const ModelConfig& cfg) {
     fail("ModelConfig.tp {}: tensor parallelism is planned (remat plan --tp), not run; the engine runs tp 1", cfg.tp);
   if (cfg.cp > 1)
     fail("ModelConfig.cp {}: context parallelism is planned (remat plan --cp), not run; the engine runs cp 1", cfg.cp);
+  if (cfg.ep > 1)
+    fail("ModelConfig.ep {}: expert parallelism is planned (remat plan --ep), not run; the engine runs ep 1", cfg.ep);
 }
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options)

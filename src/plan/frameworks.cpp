@@ -2,6 +2,7 @@
 // term is one named allocation with the code that makes it; docs/planner.md lists the sources.
 #include <fmt/format.h>
 
+#include "remat/block.h"
 #include "remat/error.h"
 #include "remat/layout.h"
 
@@ -37,8 +38,15 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
   std::vector<Allocation> out;
   out.push_back(torch_cublas(o, d));
   if (o.framework == Framework::Megatron) {
-    out.push_back({"cuBLAS workspace (Transformer Engine)", d.sm >= 90 ? 32 * MiB : 4 * MiB,
+    const int64_t te_workspace = d.sm >= 90 ? 32 * MiB : 4 * MiB;
+    out.push_back({"cuBLAS workspace (Transformer Engine)", te_workspace,
                    "Transformer Engine's own workspace for its GEMMs (module/base.py get_workspace)"});
+    // A mixture of experts' grouped GEMM (--moe-grouped-gemm, TE GroupedLinear) runs its experts on
+    // 4 streams, each with a workspace of its own, 1 KiB over the size, cached from the first call
+    // (transformer_engine/pytorch/cpp_extensions/gemm.py, common/util/multi_stream.cpp).
+    if (routes_experts(c.arch))
+      out.push_back({"cuBLAS workspaces (grouped GEMM, Transformer Engine)", 4 * (te_workspace + 1024),
+                     "Transformer Engine's workspaces for the experts' grouped GEMM, one per stream of 4"});
     // megatron/core/utils.py get_batch_on_this_tp_rank: the first stage gets tokens and position
     // ids (int64), the last labels (int64) and the loss mask (fp32), both the attention mask.
     int64_t batch = 0;

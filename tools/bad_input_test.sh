@@ -82,6 +82,8 @@ bad "--experts must be in 1..4096, got 0" bench "${tiny[@]}" --arch moe --expert
 bad "--top-k must be in 1..experts (8), got 9" bench "${tiny[@]}" --arch moe --top-k 9
 bad "--capacity-factor must be 0 (dropless) or in (0, 1024], got -1" bench "${tiny[@]}" --arch moe --capacity-factor -1
 bad "unknown --router 'argmax'; allowed: softmax, sigmoid" bench "${tiny[@]}" --arch moe --router argmax
+bad "--shared-ffn must be in 0..16777216 (0: no shared expert), got -8" bench "${tiny[@]}" --arch moe --shared-ffn -8
+bad "--aux-loss must be in [0, 1000], got -0.5" bench "${tiny[@]}" --arch moe --aux-loss -0.5
 moe=(--arch moe --layers 2 --dim 64 --heads 4 --seq 16 --vocab 64 --device h100-80gb)
 bad "--ep 3 must divide the experts (8)" plan "${moe[@]}" --global-batch 12 --gpus 6 --tp 1 --pp 1 --dp 6 --ep 3
 bad "--ep 2 splits experts over ranks; a llama block has none" plan "${moe[@]}" --global-batch 8 --arch llama --gpus 2 --tp 1 --pp 1 --dp 2 --ep 2

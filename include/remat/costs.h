@@ -53,6 +53,10 @@ struct MachineRates {
   double matmul_gflops = 0;  // GEMM in the model's dtype
   double memory_gbps = 0;    // streaming read + write
   double link_gbps = 0;      // what one tensor-parallel rank sends per second (0: no tensor parallelism)
+  double expert_gbps = 0;    // what one expert-parallel rank sends per second in an all-to-all (0: link_gbps)
+
+  // The rate op `op` of `b` sends at: its expert-parallel exchange's, or the tensor-parallel link's.
+  double comm_gbps(const BlockSpec& b, int op) const;
 };
 
 // One op's time as a roofline, max(matmul FLOPs / matmul rate, bytes moved / memory rate), plus its

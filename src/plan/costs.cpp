@@ -64,16 +64,21 @@ double roofline_ms(int64_t flops, int64_t bytes, const MachineRates& r) {
 
 }  // namespace
 
+double MachineRates::comm_gbps(const BlockSpec& b, int op) const {
+  return b.ops[op].routing.ep > 1 && expert_gbps > 0 ? expert_gbps : link_gbps;
+}
+
 OpTime estimate_op(const BlockSpec& b, int op, const MachineRates& rates) {
   const OpFlops f = b.flops(op);
   const auto [fwd_bytes, bwd_bytes] = bytes_moved(b, op);
   OpTime t{roofline_ms(f.forward, fwd_bytes, rates), roofline_ms(f.backward, bwd_bytes, rates)};
   const OpComm c = b.comm(op);
-  if ((c.forward > 0 || c.backward > 0) && !(rates.link_gbps > 0))
-    fail("op '{}' is split over tensor-parallel ranks; MachineRates.link_gbps must be positive, got {}", b.ops[op].name,
-         rates.link_gbps);
-  if (c.forward > 0) t.forward_ms += c.forward / (rates.link_gbps * 1e6);
-  if (c.backward > 0) t.backward_ms += c.backward / (rates.link_gbps * 1e6);
+  const double gbps = rates.comm_gbps(b, op);
+  if ((c.forward > 0 || c.backward > 0) && !(gbps > 0))
+    fail("op '{}' is split over tensor- or expert-parallel ranks; MachineRates.link_gbps must be positive, got {}",
+         b.ops[op].name, gbps);
+  if (c.forward > 0) t.forward_ms += c.forward / (gbps * 1e6);
+  if (c.backward > 0) t.backward_ms += c.backward / (gbps * 1e6);
   return t;
 }
 

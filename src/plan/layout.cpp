@@ -165,15 +165,11 @@ std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, con
   // its all-to-alls cross nodes once tp x cp x ep passes a node.
   const double ep_gbps =
       (l.tp * l.cp * l.ep > device.gpus_per_node ? device.inter_gbps : device.intra_gbps) * device.link_efficiency;
+  s->rates.expert_gbps = ep_gbps;
   for (size_t op = 0; op < b.ops.size(); ++op) {
     s->costs.block.push_back(estimate_op(b, static_cast<int>(op), s->rates));
     const OpComm c = b.comm(static_cast<int>(op));
-    const double gbps = b.ops[op].routing.ep > 1 ? ep_gbps : s->rates.link_gbps;
-    if (b.ops[op].routing.ep > 1) {  // estimate_op timed the exchange at the tensor-parallel link's rate
-      OpTime& t = s->costs.block.back();
-      t.forward_ms += c.forward / (gbps * 1e6) - c.forward / (s->rates.link_gbps * 1e6);
-      t.backward_ms += c.backward / (gbps * 1e6) - c.backward / (s->rates.link_gbps * 1e6);
-    }
+    const double gbps = s->rates.comm_gbps(b, static_cast<int>(op));
     s->comm_fwd.push_back(c.forward / (gbps * 1e6));
     s->block_comm += (c.forward + c.backward) / (gbps * 1e6);
   }

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama moe dp eager validate
+.PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama moe dp eager validate format format-check
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine.
@@ -131,6 +131,14 @@ sanitize: setup
 
 setup:
 	@scripts/setup.sh
+
+# clang-format (the house style in .clang-format) over every C++ file git tracks: `make format`
+# rewrites them, `make format-check` lists the ones that differ and fails (CI runs it first).
+FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h')
+format: setup
+	@clang-format -i $(FORMAT_FILES)
+format-check: setup
+	@clang-format --dry-run -Werror $(FORMAT_FILES) && echo "format: $(words $(FORMAT_FILES)) files as .clang-format says"
 
 build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null

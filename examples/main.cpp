@@ -17,8 +17,8 @@ int main() {
   // 1. Checkpoint any callable: only x is kept; the block's parameters still get gradients.
   torch::nn::Linear block(64, 64);
   at::Tensor x = at::randn({8, 64});
-  at::Tensor y = remat::checkpoint([&](const at::Tensor& in) { return block->forward(in).relu(); }, x,
-                                   block->parameters());
+  at::Tensor y =
+      remat::checkpoint([&](const at::Tensor& in) { return block->forward(in).relu(); }, x, block->parameters());
   y.sum().backward();
   std::printf("checkpoint: weight gradient defined: %s\n", block->weight.grad().defined() ? "yes" : "no");
 
@@ -47,8 +47,8 @@ int main() {
   for (size_t i = 0; equal && i < none.size(); ++i)
     equal = std::memcmp(none[i].data_ptr(), attn[i].data_ptr(), none[i].nbytes()) == 0;
   std::printf("GPT: saved %lld bytes under none (predicted %lld), %lld under attn+mlp-act (predicted %lld)\n",
-              static_cast<long long>(saved_none), static_cast<long long>(pred_none),
-              static_cast<long long>(saved_attn), static_cast<long long>(pred_attn));
+              static_cast<long long>(saved_none), static_cast<long long>(pred_none), static_cast<long long>(saved_attn),
+              static_cast<long long>(pred_attn));
   std::printf("GPT: gradients bitwise equal: %s\n", equal ? "yes" : "no");
   const bool ok = block->weight.grad().defined() && equal && saved_none == pred_none && saved_attn == pred_attn &&
                   saved_attn < saved_none;

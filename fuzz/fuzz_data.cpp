@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return std::string(tmpl);
   }();
   if (size < 3) return 0;
-  const int64_t seq = static_cast<int64_t>(data[0]) - 4;  // -4 .. 251
+  const int64_t seq = static_cast<int64_t>(data[0]) - 4;                   // -4 .. 251
   const double val_fraction = (static_cast<double>(data[1]) - 8) / 200.0;  // -0.04 .. 1.235
   const std::string text = fuzz::text(data + 2, size - 2);
   {

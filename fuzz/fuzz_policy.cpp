@@ -10,16 +10,17 @@ using namespace remat;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string s = fuzz::text(data, size);
-  static const BlockSpec blocks[] = {[] {
-                                       ModelConfig c;
-                                       c.arch = "gpt2", c.layers = 6, c.dim = 16, c.heads = 2, c.batch = 1, c.seq = 8, c.dropout = 0.1;
-                                       return make_block(c);
-                                     }(),
-                                     [] {
-                                       ModelConfig c;
-                                       c.arch = "llama", c.layers = 6, c.dim = 16, c.heads = 4, c.kv_heads = 2, c.batch = 1, c.seq = 8;
-                                       return make_block(c);
-                                     }()};
+  static const BlockSpec blocks[] = {
+      [] {
+        ModelConfig c;
+        c.arch = "gpt2", c.layers = 6, c.dim = 16, c.heads = 2, c.batch = 1, c.seq = 8, c.dropout = 0.1;
+        return make_block(c);
+      }(),
+      [] {
+        ModelConfig c;
+        c.arch = "llama", c.layers = 6, c.dim = 16, c.heads = 4, c.kv_heads = 2, c.batch = 1, c.seq = 8;
+        return make_block(c);
+      }()};
   fuzz::refuses_or_runs([&] {
     for (const std::string& piece : split_policy_list(s)) (void)piece;
   });

@@ -16,10 +16,11 @@ template <typename F>
 void refuses_or_runs(F f) {
   try {
     f();
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
 }
 
-inline std::string text(const uint8_t* data, size_t size) { return std::string(reinterpret_cast<const char*>(data), size); }
+inline std::string text(const uint8_t* data, size_t size) {
+  return std::string(reinterpret_cast<const char*>(data), size);
+}
 
 }  // namespace remat::fuzz

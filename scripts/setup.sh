@@ -7,6 +7,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake make ccache              # toolchain
+  clang-format                       # make format, make format-check (CI)
   libtorch-dev                       # LibTorch 1.13.1, CPU; brings libdnnl2 (oneDNN 2.6), whose sgemm the engine calls
   libgloo-dev                        # headers of c10d's Gloo process group (data-parallel training)
   libopenblas0-pthread               # fast BLAS behind libblas.so.3 (reference BLAS is ~28x slower)

@@ -63,15 +63,16 @@ int main() {
     const int64_t keys = (r + 1) * rows;
     const float* q = qkv + b * T * 3 * W + r * rows * 3 * W + h * D;
     const float* k = qkv + b * T * 3 * W + W + h * D;
-    dnnl_sgemm('N', 'T', rows, keys, D, 0.125f, q, 3 * W, k, 3 * W, 0.0f, scores + offset[r] + (b * H + h) * rows * keys,
-               keys);
+    dnnl_sgemm('N', 'T', rows, keys, D, 0.125f, q, 3 * W, k, 3 * W, 0.0f,
+               scores + offset[r] + (b * H + h) * rows * keys, keys);
   };
   float* a = filled(1 << 20);
   float* b = filled(1 << 20);
   float* c = filled(1 << 20);
   std::printf("one thread, GFLOP/s (median of 5) | memory written, GB/s\n");
   for (int run = 0; run < 3; ++run) {
-    const double square = gflops(2.0 * (1 << 30), [&] { dnnl_sgemm('N', 'N', 1024, 1024, 1024, 1, a, 1024, b, 1024, 0, c, 1024); });
+    const double square =
+        gflops(2.0 * (1 << 30), [&] { dnnl_sgemm('N', 'N', 1024, 1024, 1024, 1, a, 1024, b, 1024, 0, c, 1024); });
     const double same = gflops(2.0 * rows * T * D * B * H, [&] {
       for (int64_t i = 0; i < B * H; ++i) product(R - 1, 0, 0);
     });

@@ -12,9 +12,7 @@
 
 namespace remat::cli {
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 void ShapeFlags::add(CLI::App* a) {
   app = a;
@@ -42,9 +40,10 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_flag("--qkv-bias", cfg.qkv_bias, "biases on q, k and v only (Qwen2)");
   a->add_flag("--tied,!--untied", tied_flag, "the LM head is the token embedding (default: the kind's: gpt2 tied)");
   a->add_option("--qkv", qkv, "fused (one qkv linear: GPT-2, Megatron-LM) or separate (q, k, v: HF Llama, torchtitan)");
-  a->add_option("--loss", loss, "cross-entropy: fp32 (Megatron's, in place on an fp32 copy; default under bf16/fp16), "
-                                "upcast (PyTorch's cross_entropy(logits.float())), model, or chunked:N (fused with the "
-                                "LM head, N chunks of the tokens)");
+  a->add_option("--loss", loss,
+                "cross-entropy: fp32 (Megatron's, in place on an fp32 copy; default under bf16/fp16), "
+                "upcast (PyTorch's cross_entropy(logits.float())), model, or chunked:N (fused with the "
+                "LM head, N chunks of the tokens)");
   // The mixture of experts (moe).
   a->add_option("--experts", cfg.experts, "moe: routed experts")->capture_default_str();
   a->add_option("--top-k", cfg.top_k, "moe: experts each token goes to")->capture_default_str();
@@ -131,8 +130,10 @@ bool g_gemm_settled = false;
 
 void set_gemm_flag(const std::string& text) {
   g_gemm_auto = text == "auto";
-  if (g_gemm_auto) set_gemm(GemmChoice::Auto);
-  else restore_gemm(text);
+  if (g_gemm_auto)
+    set_gemm(GemmChoice::Auto);
+  else
+    restore_gemm(text);
 }
 
 const GemmMeasurement& settle_gemm(const ThreadConfig& threads) {
@@ -147,7 +148,8 @@ std::string describe(const GemmMeasurement& m) {
   std::string out = fmt::format("  GEMM per class, the fastest {}:\n", m.source);
   for (const GemmClassRates& c : m.classes) {
     std::string rates;
-    for (const auto& [name, rate] : c.gflops) rates += fmt::format("{}{} {:.1f}", rates.empty() ? "" : ", ", name, rate);
+    for (const auto& [name, rate] : c.gflops)
+      rates += fmt::format("{}{} {:.1f}", rates.empty() ? "" : ", ", name, rate);
     out += fmt::format("    {:<14} {:<13} (GFLOP/s: {})\n", c.product, c.chosen, rates);
   }
   return out;
@@ -155,8 +157,10 @@ std::string describe(const GemmMeasurement& m) {
 
 void progress(const std::string& line) {
   static const bool tty = isatty(fileno(stderr));
-  if (tty) fmt::print(stderr, "\r\033[K{}", line);
-  else fmt::print(stderr, "{}\n", line);
+  if (tty)
+    fmt::print(stderr, "\r\033[K{}", line);
+  else
+    fmt::print(stderr, "{}\n", line);
   std::fflush(stderr);
 }
 

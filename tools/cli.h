@@ -59,8 +59,9 @@ struct ShapeFlags {
 inline CLI::Validator seed_check() {
   return CLI::Validator(
       [](std::string& v) {
-        return v.find_first_not_of("0123456789") == std::string::npos ? std::string()
-                                                                      : "must be a non-negative integer, got '" + v + "'";
+        return v.find_first_not_of("0123456789") == std::string::npos
+                   ? std::string()
+                   : "must be a non-negative integer, got '" + v + "'";
       },
       "SEED");
 }

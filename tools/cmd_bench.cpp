@@ -75,8 +75,9 @@ int run(BenchFlags& f) {
   fmt::print("remat bench: {}\n", describe(o.model));
   std::string attentions;
   for (AttentionImpl a : o.attentions) attentions += (attentions.empty() ? "" : ",") + std::string(to_string(a));
-  fmt::print("  policies {} | engine {} | attention {} | {} warm-up + {} timed steps | threads ATen/BLAS {} | seed {}\n",
-             fmt::join(o.policies, " "), engine_names, attentions, o.warmup, o.steps, to_string(o.threads), o.seed);
+  fmt::print(
+      "  policies {} | engine {} | attention {} | {} warm-up + {} timed steps | threads ATen/BLAS {} | seed {}\n",
+      fmt::join(o.policies, " "), engine_names, attentions, o.warmup, o.steps, to_string(o.threads), o.seed);
   fmt::print("{}", describe(o.gemm_choice));
   std::fflush(stdout);
 
@@ -84,12 +85,14 @@ int run(BenchFlags& f) {
   end_progress();
   const auto [slowest, fastest] = std::minmax_element(r.round_gflops.begin(), r.round_gflops.end());
   std::string tried;
-  for (const auto& [name, rate] : r.floor_gemm_rates) tried += fmt::format("{}{} {:.1f}", tried.empty() ? "" : ", ", name, rate);
+  for (const auto& [name, rate] : r.floor_gemm_rates)
+    tried += fmt::format("{}{} {:.1f}", tried.empty() ? "" : ", ", name, rate);
   fmt::print("  BLAS: {}\n  GEMM: {}\n", r.blas, r.gemm);
-  fmt::print("  floor {:.1f} ms: the model's {:.2f} GFLOP per step at {:.1f} GFLOP/s, the fastest GEMM here on 1024^3 "
-             "({}: {}), sampled before each of the {} timed steps (rounds' medians {:.1f}-{:.1f})\n",
-             r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.floor_gemm, tried,
-             r.sampled_gflops.size(), *slowest, *fastest);
+  fmt::print(
+      "  floor {:.1f} ms: the model's {:.2f} GFLOP per step at {:.1f} GFLOP/s, the fastest GEMM here on 1024^3 "
+      "({}: {}), sampled before each of the {} timed steps (rounds' medians {:.1f}-{:.1f})\n",
+      r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.floor_gemm, tried,
+      r.sampled_gflops.size(), *slowest, *fastest);
   fmt::print("  peak {:.1f} GFLOP/s ({}): the 1024^3 GEMM runs at {:.0f}% of it\n\n", r.peak.gflops, r.peak.how,
              100 * r.matmul_gflops / r.peak.gflops);
   const std::string table = r.markdown();
@@ -105,9 +108,10 @@ int run(BenchFlags& f) {
   // remat's promise: every policy's gradients are bitwise those of none. `!(d == 0)`: NaN fails too.
   for (const BenchRow& row : r.rows)
     if (!(row.grad_max_abs_diff == 0))
-      fail_runtime("the gradients of '{}' ({}) differ from none's by {}: a recompute is not bitwise; run with "
-                   "--verify to name the tensor",
-                   row.policy, to_string(row.engine), row.grad_max_abs_diff);
+      fail_runtime(
+          "the gradients of '{}' ({}) differ from none's by {}: a recompute is not bitwise; run with "
+          "--verify to name the tensor",
+          row.policy, to_string(row.engine), row.grad_max_abs_diff);
   return 0;
 }
 

@@ -35,28 +35,66 @@ struct PlanFlags {
   CLI::App* app = nullptr;
 
   bool layouts() const {
-    for (const char* f : {"--device", "--gpus", "--tp", "--pp", "--vpp", "--dp", "--zero", "--sp", "--micro-batch",
-                          "--global-batch", "--policies", "--grad-dtype", "--reserve", "--top", "--tokens", "--cp",
-                          "--framework", "--no-batch-mask", "--no-fused-wgrad", "--cublas-workspace",
-                          "--expandable-segments", "--fsdp", "--pure-bf16", "--first-stage-layers",
-                          "--last-stage-layers", "--ep"})
+    for (const char* f : {"--device",
+                          "--gpus",
+                          "--tp",
+                          "--pp",
+                          "--vpp",
+                          "--dp",
+                          "--zero",
+                          "--sp",
+                          "--micro-batch",
+                          "--global-batch",
+                          "--policies",
+                          "--grad-dtype",
+                          "--reserve",
+                          "--top",
+                          "--tokens",
+                          "--cp",
+                          "--framework",
+                          "--no-batch-mask",
+                          "--no-fused-wgrad",
+                          "--cublas-workspace",
+                          "--expandable-segments",
+                          "--fsdp",
+                          "--pure-bf16",
+                          "--first-stage-layers",
+                          "--last-stage-layers",
+                          "--ep"})
       if (app->count(f) > 0) return true;
     return false;
   }
 };
 
 nlohmann::json memory_json(const StepMemory& s) {
-  return {{"params", s.params}, {"grads", s.grads},     {"optimizer", s.optimizer},     {"data", s.data},
-          {"buffers", s.buffers}, {"fixed", s.fixed}, {"saved", s.saved}, {"peak", s.peak},
-          {"total_peak", s.total_peak()}, {"allocated_peak", s.allocated_peak}, {"reserved_peak", s.reserved_peak},
+  return {{"params", s.params},
+          {"grads", s.grads},
+          {"optimizer", s.optimizer},
+          {"data", s.data},
+          {"buffers", s.buffers},
+          {"fixed", s.fixed},
+          {"saved", s.saved},
+          {"peak", s.peak},
+          {"total_peak", s.total_peak()},
+          {"allocated_peak", s.allocated_peak},
+          {"reserved_peak", s.reserved_peak},
           {"peak_at", s.peak_at}};
 }
 
 nlohmann::json config_json(const ModelConfig& cfg) {
-  return {{"describe", describe(cfg)}, {"arch", cfg.arch}, {"layers", cfg.layers}, {"dim", cfg.dim},
-          {"heads", cfg.heads}, {"kv_heads", cfg.kv()}, {"batch", cfg.batch}, {"seq", cfg.seq},
-          {"ffn", cfg.hidden()}, {"vocab", cfg.vocab}, {"dtype", to_string(cfg.dtype)},
-          {"dropout", cfg.dropout}, {"attention", to_string(cfg.attention)}};
+  return {{"describe", describe(cfg)},
+          {"arch", cfg.arch},
+          {"layers", cfg.layers},
+          {"dim", cfg.dim},
+          {"heads", cfg.heads},
+          {"kv_heads", cfg.kv()},
+          {"batch", cfg.batch},
+          {"seq", cfg.seq},
+          {"ffn", cfg.hidden()},
+          {"vocab", cfg.vocab},
+          {"dtype", to_string(cfg.dtype)},
+          {"dropout", cfg.dropout},
+          {"attention", to_string(cfg.attention)}};
 }
 
 // ---- one process -------------------------------------------------------------------------------
@@ -64,8 +102,9 @@ nlohmann::json config_json(const ModelConfig& cfg) {
 int run_single(PlanFlags& f) {
   const ModelConfig cfg = f.shape.resolve();
   if (f.budget.empty())
-    fail("--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%; or plan a multi-GPU run with "
-         "--gpus N --device D");
+    fail(
+        "--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%; or plan a multi-GPU run with "
+        "--gpus N --device D");
   const Budget budget = parse_budget(f.budget);
   const CostSource source = parse_cost_source(f.costs);
   if (!f.json.empty()) check_writable(f.json);
@@ -94,8 +133,11 @@ int run_single(PlanFlags& f) {
     j["costs"] = costs.source;
     j["frontier"] = nlohmann::json::array();
     for (const BlockOption& o : p.frontier)
-      j["frontier"].push_back({{"option", o.text}, {"saved_bytes", o.saved}, {"recompute_ms", o.recompute_ms},
-                               {"forward_extra", o.forward_extra}, {"backward_extra", o.backward_extra}});
+      j["frontier"].push_back({{"option", o.text},
+                               {"saved_bytes", o.saved},
+                               {"recompute_ms", o.recompute_ms},
+                               {"forward_extra", o.forward_extra},
+                               {"backward_extra", o.backward_extra}});
     write_file_atomic(f.json, j.dump(2) + "\n");
     fmt::print("wrote {}\n", f.json);
   };
@@ -104,10 +146,11 @@ int run_single(PlanFlags& f) {
   if (!p.fits) {
     write_json();
     const auto [asked, least] = bytes_pair_str(p.budget, p.min_budget);
-    fail("budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients and "
-         "activations {}, optimizer {}, data {})",
-         f.budget, asked, least, bytes_str(p.memory.params), bytes_str(p.memory.peak), bytes_str(p.memory.optimizer),
-         bytes_str(p.memory.data));
+    fail(
+        "budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients and "
+        "activations {}, optimizer {}, data {})",
+        f.budget, asked, least, bytes_str(p.memory.params), bytes_str(p.memory.peak), bytes_str(p.memory.optimizer),
+        bytes_str(p.memory.data));
   }
 
   Table mem;
@@ -130,7 +173,8 @@ int run_single(PlanFlags& f) {
   for (const BlockOption& o : p.frontier)
     front.rows.push_back({o.text, bytes_str(o.saved), fmt::format("{:.2f}", o.recompute_ms), bytes_str(o.forward_extra),
                           bytes_str(o.backward_extra)});
-  fmt::print("block frontier (no option beats another on saved bytes, time and working sets):\n\n{}\n", front.markdown());
+  fmt::print("block frontier (no option beats another on saved bytes, time and working sets):\n\n{}\n",
+             front.markdown());
   write_json();
   return 0;
 }
@@ -153,7 +197,12 @@ double parse_tokens(const std::string& text) {
   const std::string num = text.substr(0, i);
   const double v = num.empty() ? -1 : std::strtod(num.c_str(), &end);
   const std::string unit = text.substr(i);
-  const double scale = unit.empty() ? 1 : unit == "K" ? 1e3 : unit == "M" ? 1e6 : unit == "B" ? 1e9 : unit == "T" ? 1e12 : -1;
+  const double scale = unit.empty()  ? 1
+                       : unit == "K" ? 1e3
+                       : unit == "M" ? 1e6
+                       : unit == "B" ? 1e9
+                       : unit == "T" ? 1e12
+                                     : -1;
   if (num.empty() || end != num.c_str() + num.size() || !(v > 0) || !std::isfinite(v) || scale < 0)
     fail("bad --tokens '{}'; write a count such as 300B, 1.4T or 2e9 (units K, M, B, T)", text);
   return v * scale;
@@ -167,15 +216,34 @@ nlohmann::json plan_json(const LayoutPlan& p) {
     for (const LayerRange& c : r.chunks) chunks.push_back({c.first, c.end});
     nlohmann::json fixed = nlohmann::json::array();
     for (const Allocation& a : r.fixed) fixed.push_back({{"name", a.name}, {"bytes", a.bytes}, {"why", a.why}});
-    stages.push_back({{"stage", r.stage}, {"layers", chunks}, {"policy", r.policy}, {"memory", memory_json(r.memory)},
-                      {"fixed", fixed}, {"parameters", r.params}, {"headroom", p.budget - r.memory.total_peak()},
+    stages.push_back({{"stage", r.stage},
+                      {"layers", chunks},
+                      {"policy", r.policy},
+                      {"memory", memory_json(r.memory)},
+                      {"fixed", fixed},
+                      {"parameters", r.params},
+                      {"headroom", p.budget - r.memory.total_peak()},
                       {"micro_batch_s", r.micro_ms / 1e3}});
   }
   const LayoutTime& t = p.time;
-  return {{"layout", {{"tp", l.tp}, {"sp", l.sp}, {"cp", l.cp}, {"fsdp", l.fsdp}, {"pp", l.pp}, {"vpp", l.vpp},
-                      {"first_stage_layers", l.first_layers}, {"last_stage_layers", l.last_layers}, {"dp", l.dp}, {"ep", l.ep}, {"zero", l.zero},
-                      {"micro_batch", l.micro_batch}, {"global_batch", l.batch()}, {"micro_batches", l.micro_batches()},
-                      {"grad_bytes", l.grad_bytes}, {"gpus", l.gpus()}, {"text", to_string(l)}}},
+  return {{"layout",
+           {{"tp", l.tp},
+            {"sp", l.sp},
+            {"cp", l.cp},
+            {"fsdp", l.fsdp},
+            {"pp", l.pp},
+            {"vpp", l.vpp},
+            {"first_stage_layers", l.first_layers},
+            {"last_stage_layers", l.last_layers},
+            {"dp", l.dp},
+            {"ep", l.ep},
+            {"zero", l.zero},
+            {"micro_batch", l.micro_batch},
+            {"global_batch", l.batch()},
+            {"micro_batches", l.micro_batches()},
+            {"grad_bytes", l.grad_bytes},
+            {"gpus", l.gpus()},
+            {"text", to_string(l)}}},
           {"policy", p.policy},
           {"fits", p.fits},
           {"parameters", p.params},
@@ -186,10 +254,18 @@ nlohmann::json plan_json(const LayoutPlan& p) {
           {"peak", p.peak()},
           {"worst_stage", p.rank().stage},
           {"stages", stages},
-          {"time", {{"step_s", t.step_s}, {"compute_s", t.compute_s}, {"recompute_s", t.recompute_s},
-                    {"tp_comm_s", t.tp_comm_s}, {"bubble_s", t.bubble_s}, {"p2p_s", t.p2p_s},
-                    {"dp_comm_s", t.dp_comm_s}, {"dp_exposed_s", t.dp_exposed_s}, {"optimizer_s", t.optimizer_s},
-                    {"mfu", t.mfu}, {"tokens_per_s", t.tokens_per_s}}}};
+          {"time",
+           {{"step_s", t.step_s},
+            {"compute_s", t.compute_s},
+            {"recompute_s", t.recompute_s},
+            {"tp_comm_s", t.tp_comm_s},
+            {"bubble_s", t.bubble_s},
+            {"p2p_s", t.p2p_s},
+            {"dp_comm_s", t.dp_comm_s},
+            {"dp_exposed_s", t.dp_exposed_s},
+            {"optimizer_s", t.optimizer_s},
+            {"mfu", t.mfu},
+            {"tokens_per_s", t.tokens_per_s}}}};
 }
 
 void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, bool opt_reserve_given) {
@@ -197,7 +273,14 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
   const bool pipeline = p.layout.pp > 1;
   fmt::print("\n{} with {}:\n\n", to_string(p.layout), p.policy == "auto" ? "auto (each stage planned)" : p.policy);
   Table m;
-  m.header = {p.layout.gpus() > 1 || p.layout.pp > 1 ? "per GPU" : "memory", "weights", "gradients", "optimizer", "activations (peak)", "fixed + data", "total", "headroom"};
+  m.header = {p.layout.gpus() > 1 || p.layout.pp > 1 ? "per GPU" : "memory",
+              "weights",
+              "gradients",
+              "optimizer",
+              "activations (peak)",
+              "fixed + data",
+              "total",
+              "headroom"};
   m.numeric = {false, true, true, true, true, true, true, true};
   // Every stage up to 8; beyond, the first two, the most loaded and the last (--json has all).
   std::vector<size_t> shown;
@@ -209,8 +292,8 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
     std::string name = pipeline ? fmt::format("stage {}", r.stage) : "every GPU";
     if (static_cast<int>(shown[k]) == p.worst && pipeline) name += " (most)";
     m.rows.push_back({name, bytes_str(s.params), bytes_str(s.grads), bytes_str(s.optimizer), bytes_str(s.peak),
-                      bytes_str(std::max<int64_t>(0, s.buffers - s.grads) + s.data + s.fixed), bytes_str(s.total_peak()),
-                      bytes_str(p.budget - s.total_peak())});
+                      bytes_str(std::max<int64_t>(0, s.buffers - s.grads) + s.data + s.fixed),
+                      bytes_str(s.total_peak()), bytes_str(p.budget - s.total_peak())});
     if (k + 1 < shown.size() && shown[k + 1] > shown[k] + 1)
       m.rows.push_back({fmt::format("stages {}-{}", p.ranks[shown[k] + 1].stage, p.ranks[shown[k + 1] - 1].stage),
                         "(in --json)", "", "", "", "", "", ""});
@@ -229,7 +312,8 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
   const bool sharded = l.fsdp || l.zero >= 3;
   fmt::print("  parameters: {:.4g}B in all; stage {}'s {:.4g}B{} on each GPU\n", static_cast<double>(p.params) / 1e9,
              p.rank().stage, static_cast<double>(p.rank().params) / 1e9,
-             sharded ? fmt::format(", a 1/{} shard of them", l.shards()) : std::string(l.tp > 1 ? " (its tensor-parallel share)" : ""));
+             sharded ? fmt::format(", a 1/{} shard of them", l.shards())
+                     : std::string(l.tp > 1 ? " (its tensor-parallel share)" : ""));
   fmt::print("  peak{}: {} = {} B, at the {}\n", pipeline ? fmt::format(" (stage {})", p.rank().stage) : "",
              bytes_str(p.peak()), p.peak(), p.rank().memory.peak_at);
   if (p.policy == "auto") {
@@ -237,13 +321,13 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
     for (size_t i : shown)
       fmt::print("    {}: {}\n", pipeline ? fmt::format("stage {}", p.ranks[i].stage) : "every GPU", p.ranks[i].policy);
   }
-  fmt::print("\n  step {}: compute {} on the slowest stage (recompute {}, {} {}), pipeline "
-             "bubble {}, pipeline sends {}, data-parallel reduction {} ({} not hidden), optimizer {}\n",
-             seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s),
-             p.layout.ep > 1 ? "tensor-parallel collectives and expert all-to-alls" : "tensor-parallel collectives",
-             seconds_str(t.tp_comm_s),
-             seconds_str(t.bubble_s), seconds_str(t.p2p_s), seconds_str(t.dp_comm_s), seconds_str(t.dp_exposed_s),
-             seconds_str(t.optimizer_s));
+  fmt::print(
+      "\n  step {}: compute {} on the slowest stage (recompute {}, {} {}), pipeline "
+      "bubble {}, pipeline sends {}, data-parallel reduction {} ({} not hidden), optimizer {}\n",
+      seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s),
+      p.layout.ep > 1 ? "tensor-parallel collectives and expert all-to-alls" : "tensor-parallel collectives",
+      seconds_str(t.tp_comm_s), seconds_str(t.bubble_s), seconds_str(t.p2p_s), seconds_str(t.dp_comm_s),
+      seconds_str(t.dp_exposed_s), seconds_str(t.optimizer_s));
   fmt::print("  MFU {:.1f}%, {:.0f} tokens/s", 100 * t.mfu, t.tokens_per_s);
   if (tokens > 0) fmt::print(", {} tokens in {}", fmt::format("{:.3g}", tokens), seconds_str(tokens / t.tokens_per_s));
   fmt::print("\n");
@@ -253,11 +337,12 @@ int run_layouts(PlanFlags& f) {
   ModelConfig cfg = f.shape.resolve();
   // torchtitan computes its loss as PyTorch's cross_entropy(logits.float()) (components/loss.py).
   if (f.framework == "torchtitan" && f.shape.loss.empty() && cfg.dtype != DType::F32) cfg.loss = Loss::Upcast;
-  if (f.device.empty()) fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file", [] {
-    std::string s;
-    for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }());
+  if (f.device.empty())
+    fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file", [] {
+      std::string s;
+      for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
+      return s;
+    }());
   if (f.app->count("--budget") > 0 && f.app->count("--reserve") > 0)
     fail("--budget and --reserve both set the memory a GPU may use; give one");
   if (f.grad_dtype != "fp32" && f.grad_dtype != "bf16" && f.grad_dtype != "fp16")
@@ -297,13 +382,15 @@ int run_layouts(PlanFlags& f) {
   space.ep = f.ep;
   space.first_layers = f.first_stage_layers, space.last_layers = f.last_stage_layers;
   if ((f.app->count("--first-stage-layers") > 0) != (f.app->count("--last-stage-layers") > 0))
-    fail("--first-stage-layers and --last-stage-layers split a pipeline together: give both (the middle stages "
-         "share the other layers evenly)");
+    fail(
+        "--first-stage-layers and --last-stage-layers split a pipeline together: give both (the middle stages "
+        "share the other layers evenly)");
   space.fsdp = f.fsdp || opt.framework == Framework::Torchtitan;
   if (space.fsdp && f.zero > 0)
-    fail("--zero {} with FSDP (--fsdp, --framework torchtitan): FSDP2 shards weights, gradients and optimizer state "
-         "itself; leave --zero out",
-         f.zero);
+    fail(
+        "--zero {} with FSDP (--fsdp, --framework torchtitan): FSDP2 shards weights, gradients and optimizer state "
+        "itself; leave --zero out",
+        f.zero);
   if (space.fsdp) space.zero = {0};
   space.zero_fixed = f.zero;
   // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
@@ -322,9 +409,10 @@ int run_layouts(PlanFlags& f) {
   if (f.device == "cpu")  // before parse_device, which calibrates this machine once
     for (const char* flag : {"--tp", "--pp", "--vpp", "--sp", "--ep"})
       if (f.app->count(flag) > 0 && (std::string(flag) == "--sp" ? f.sp : f.app->get_option(flag)->as<int64_t>() > 1))
-        fail("{} is a GPU layout; --device cpu plans remat's own trainer (data parallel only): leave {} out, or plan "
-             "a GPU --device",
-             flag, flag);
+        fail(
+            "{} is a GPU layout; --device cpu plans remat's own trainer (data parallel only): leave {} out, or plan "
+            "a GPU --device",
+            flag, flag);
   const Device device = parse_device(f.device);
   if (opt.budget > device.memory)
     fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, device.name,
@@ -333,8 +421,8 @@ int run_layouts(PlanFlags& f) {
   // The GPU count: given, or what explicit --tp --pp --dp make.
   space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * f.cp * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);
   if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && f.tp * f.cp * f.pp * f.dp != f.gpus)
-    fail("--tp {}{} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp, f.cp > 1 ? fmt::format(" x --cp {}", f.cp) : "",
-         f.pp, f.dp, f.tp * f.cp * f.pp * f.dp, f.gpus);
+    fail("--tp {}{} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp,
+         f.cp > 1 ? fmt::format(" x --cp {}", f.cp) : "", f.pp, f.dp, f.tp * f.cp * f.pp * f.dp, f.gpus);
   space.global_batch = f.global_batch > 0 ? f.global_batch : f.shape.global_batch();
   if (device.engine && space.global_batch <= 0) space.global_batch = cfg.batch * (f.dp > 0 ? f.dp : space.gpus);
   if (space.global_batch <= 0)
@@ -363,11 +451,12 @@ int run_layouts(PlanFlags& f) {
              space.global_batch * cfg.seq);
   fmt::print("  device: {}\n", device.source);
   if (!device.engine)
-    fmt::print("  assumed: matmuls at {:.0f}% of the peak, memory-bound ops at {:.0f}% of HBM bandwidth, collectives "
-               "at {:.0f}% of link bandwidth; tensor-parallel collectives and pipeline sends not overlapped; the "
-               "data-parallel reduction overlaps the last micro-batch's backward; gradients in {} buffers\n",
-               100 * device.matmul_efficiency, 100 * device.memory_efficiency, 100 * device.link_efficiency,
-               space.grad_bytes == 4 ? "fp32" : "16-bit");
+    fmt::print(
+        "  assumed: matmuls at {:.0f}% of the peak, memory-bound ops at {:.0f}% of HBM bandwidth, collectives "
+        "at {:.0f}% of link bandwidth; tensor-parallel collectives and pipeline sends not overlapped; the "
+        "data-parallel reduction overlaps the last micro-batch's backward; gradients in {} buffers\n",
+        100 * device.matmul_efficiency, 100 * device.memory_efficiency, 100 * device.link_efficiency,
+        space.grad_bytes == 4 ? "fp32" : "16-bit");
   else
     fmt::print("  remat's own engine and trainer (remat train --nproc): exact to the byte against its tracker\n");
   if (opt.budget > 0)
@@ -380,29 +469,39 @@ int run_layouts(PlanFlags& f) {
     Layout every;  // a layout with every communicator, for the terms' sizes
     every.tp = every.cp = every.pp = every.dp = 2;
     const std::vector<Allocation> outside = outside_allocator(device, every);
-    fmt::print("  per GPU: {} less what lies outside PyTorch's allocator: the CUDA context {}, NCCL's buffers {} per "
-               "communicator (tensor-, context-, data-parallel) and {} for pipeline neighbours\n",
-               bytes_str(device.memory), bytes_str(outside.front().bytes), bytes_str(outside[1].bytes),
-               bytes_str(outside.back().bytes));
+    fmt::print(
+        "  per GPU: {} less what lies outside PyTorch's allocator: the CUDA context {}, NCCL's buffers {} per "
+        "communicator (tensor-, context-, data-parallel) and {} for pipeline neighbours\n",
+        bytes_str(device.memory), bytes_str(outside.front().bytes), bytes_str(outside[1].bytes),
+        bytes_str(outside.back().bytes));
   }
   if (!device.engine)
-    fmt::print("  margin: a stage's peak stays {:.0f}% under that (the validated uncertainty, docs/validation.md); "
-               "reserved peaks within {:.0f}% of it are marked tight\n",
-               100 * (opt.margin >= 0 ? opt.margin : routes_experts(cfg.arch) ? kExpertUncertainty : kAllocatedUncertainty),
-               100 * kReservedUncertainty);
+    fmt::print(
+        "  margin: a stage's peak stays {:.0f}% under that (the validated uncertainty, docs/validation.md); "
+        "reserved peaks within {:.0f}% of it are marked tight\n",
+        100 * (opt.margin >= 0            ? opt.margin
+               : routes_experts(cfg.arch) ? kExpertUncertainty
+                                          : kAllocatedUncertainty),
+        100 * kReservedUncertainty);
   fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", res.candidates, res.evaluated, searched_s);
 
   auto write_json = [&] {
     if (f.json.empty()) return;
     nlohmann::json j;
     j["config"] = config_json(cfg);
-    j["device"] = {{"name", device.name}, {"memory", device.memory}, {"bf16_tflops", device.bf16_tflops},
-                   {"fp32_tflops", device.fp32_tflops}, {"hbm_gbps", device.hbm_gbps},
-                   {"intra_gbps", device.intra_gbps}, {"inter_gbps", device.inter_gbps},
-                   {"gpus_per_node", device.gpus_per_node}, {"source", device.source},
-                   {"assumed", {{"matmul_efficiency", device.matmul_efficiency},
-                                {"memory_efficiency", device.memory_efficiency},
-                                {"link_efficiency", device.link_efficiency}}}};
+    j["device"] = {{"name", device.name},
+                   {"memory", device.memory},
+                   {"bf16_tflops", device.bf16_tflops},
+                   {"fp32_tflops", device.fp32_tflops},
+                   {"hbm_gbps", device.hbm_gbps},
+                   {"intra_gbps", device.intra_gbps},
+                   {"inter_gbps", device.inter_gbps},
+                   {"gpus_per_node", device.gpus_per_node},
+                   {"source", device.source},
+                   {"assumed",
+                    {{"matmul_efficiency", device.matmul_efficiency},
+                     {"memory_efficiency", device.memory_efficiency},
+                     {"link_efficiency", device.link_efficiency}}}};
     j["gpus"] = space.gpus;
     if (!res.best.empty()) j["budget_per_gpu"] = res.best.front().budget;
     j["fits"] = !res.best.empty();
@@ -450,10 +549,11 @@ int run_layouts(PlanFlags& f) {
   fmt::print("\n{}: {:.3g}B parameters\n", describe(cfg), static_cast<double>(res.best.front().params) / 1e9);
   fmt::print("\nfastest layouts that fit:\n\n{}", t.markdown());
   if (tight) {
-    fmt::print("(tight: the caching allocator's modelled reserved peak is within {:.0f}% of the budget, its validated "
-               "uncertainty; over the budget, PyTorch frees its cache and retries, which is slow, and fragmentation "
-               "can still run out of memory; --expandable-segments fragments less)\n",
-               100 * kReservedUncertainty);
+    fmt::print(
+        "(tight: the caching allocator's modelled reserved peak is within {:.0f}% of the budget, its validated "
+        "uncertainty; over the budget, PyTorch frees its cache and retries, which is slow, and fragmentation "
+        "can still run out of memory; --expandable-segments fragments less)\n",
+        100 * kReservedUncertainty);
     if (roomy > 1) fmt::print("(the fastest with its reserved peak under the budget is #{})\n", roomy);
   }
   print_breakdown(res.best.front(), tokens, device, opt.reserve >= 0 || opt.budget > 0);
@@ -484,12 +584,14 @@ Command add_plan(CLI::App& parent) {
   // Multi-GPU layouts.
   std::string devices;
   for (const std::string& n : device_names()) devices += (devices.empty() ? "" : ", ") + n;
-  a->add_option("--device", f->device,
-                "plan a multi-GPU run on: " + devices + ", custom:MEM,TFLOPS,GBPS[,INTRA,INTER,PER_NODE], or a JSON file");
+  a->add_option(
+      "--device", f->device,
+      "plan a multi-GPU run on: " + devices + ", custom:MEM,TFLOPS,GBPS[,INTRA,INTER,PER_NODE], or a JSON file");
   a->add_option("--gpus", f->gpus, "devices in all; searches the layouts (or say --tp --pp --dp)");
   a->add_option("--tp", f->tp, "tensor-parallel size (default: searched)");
-  a->add_option("--ep", f->ep, "expert-parallel ranks, --arch moe: experts split over the data-parallel ranks "
-                               "(default: searched)");
+  a->add_option("--ep", f->ep,
+                "expert-parallel ranks, --arch moe: experts split over the data-parallel ranks "
+                "(default: searched)");
   a->add_flag("--sp,!--no-sp", f->sp, "sequence parallelism on (or off) with tp > 1 (default: searched)");
   a->add_option("--cp", f->cp, "context-parallel ranks: the sequence split, attention in a ring (flash)")
       ->capture_default_str();
@@ -498,11 +600,13 @@ Command add_plan(CLI::App& parent) {
   a->add_option("--first-stage-layers", f->first_stage_layers,
                 "layers of the first pipeline stage, an uneven pipeline (with --last-stage-layers; default: even, or "
                 "the first and last share what the middle stages' ceil(layers / pp) leave)");
-  a->add_option("--last-stage-layers", f->last_stage_layers, "layers of the last pipeline stage (see --first-stage-layers)");
+  a->add_option("--last-stage-layers", f->last_stage_layers,
+                "layers of the last pipeline stage (see --first-stage-layers)");
   a->add_option("--dp", f->dp, "data-parallel replicas (default: gpus / (tp pp))");
   a->add_option("--zero", f->zero, "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: searched)");
   a->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch (default: searched over 1, 2, 4, 8)");
-  a->add_option("--global-batch", f->global_batch, "sequences per optimizer step (default: the --model's published one)");
+  a->add_option("--global-batch", f->global_batch,
+                "sequences per optimizer step (default: the --model's published one)");
   a->add_option("--policies", f->policies, "recompute policies to try, comma-separated; auto plans each stage")
       ->capture_default_str();
   a->add_option("--grad-dtype", f->grad_dtype, "gradient buffers: fp32 (Megatron) or bf16/fp16 (the ZeRO paper)")
@@ -520,7 +624,8 @@ Command add_plan(CLI::App& parent) {
   a->add_flag("--no-fused-wgrad", f->no_fused_wgrad,
               "megatron: weight gradients are made in bf16, then added to the fp32 buffers "
               "(--no-gradient-accumulation-fusion)");
-  a->add_flag("--fsdp", f->fsdp, "shard with FSDP2 (fully_shard per block; torchtitan's, and --framework torchtitan's)");
+  a->add_flag("--fsdp", f->fsdp,
+              "shard with FSDP2 (fully_shard per block; torchtitan's, and --framework torchtitan's)");
   a->add_flag("--pure-bf16", f->pure_bf16, "no fp32 copies: weights, gradients and Adam state in bf16 (torchtune)");
   a->add_flag("--expandable-segments", f->expandable_segments,
               "PyTorch's allocator runs with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)");

@@ -2,8 +2,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -81,8 +81,8 @@ void check(TrainFlags& f) {
   f.o.dist = dist_config_from_env();
   if (f.rank >= 0 || f.world >= 0) {  // --rank/--world-size/--master instead of the variables
     if (f.rank < 0 || f.world < 1 || f.master.empty())
-      fail("--rank, --world-size and --master ADDR:PORT go together; got --rank {} --world-size {} --master '{}'", f.rank,
-           f.world, f.master);
+      fail("--rank, --world-size and --master ADDR:PORT go together; got --rank {} --world-size {} --master '{}'",
+           f.rank, f.world, f.master);
     f.o.dist.rank = f.rank;
     f.o.dist.world = f.world;
     const size_t colon = f.master.rfind(':');
@@ -102,17 +102,17 @@ void check(TrainFlags& f) {
     Budget b;
     try {
       b = parse_budget(f.memory_limit);
-    } catch (const Error&) {
-    }
+    } catch (const Error&) {}
     if (b.bytes <= 0) fail("--memory-limit takes a size such as 2GiB or 300MiB, got '{}'", f.memory_limit);
     f.o.memory_limit = b.bytes;
   }
   if (f.nproc > 1 && f.rank < 0)
     for (const char* var : {"RANK", "WORLD_SIZE"})
       if (const char* v = std::getenv(var))
-        fail("--nproc {} starts its own ranks, but {}={} is set (this would be one rank of another launcher's run): "
-             "unset {}, or leave --nproc out",
-             f.nproc, var, v, var);
+        fail(
+            "--nproc {} starts its own ranks, but {}={} is set (this would be one rank of another launcher's run): "
+            "unset {}, or leave --nproc out",
+            f.nproc, var, v, var);
   FileRoles files;
   files.input("--data", f.o.data);
   if (!FileRoles::same(f.resume, f.o.save_dir)) files.input("--resume", f.resume, /*folder=*/true);  // resumed in place
@@ -153,9 +153,10 @@ int run(TrainFlags& f, CLI::App* app) {
   f.o.progress = [&](const TrainProgress& p) {
     const std::string val = std::isnan(p.val_loss) ? "-" : fmt::format("{:.3f}", p.val_loss);
     const int width = 24, done = static_cast<int>(width * p.step / p.steps);
-    const std::string line = fmt::format("step {}/{} [{}{}] loss {:.3f} | val {} | {:.1f}k tok/s | peak {} | ETA {}",
-                                         p.step, p.steps, std::string(done, '='), std::string(width - done, ' '),
-                                         p.loss, val, p.tokens_per_s / 1000, bytes_str(p.peak_bytes), duration(p.eta_s));
+    const std::string line =
+        fmt::format("step {}/{} [{}{}] loss {:.3f} | val {} | {:.1f}k tok/s | peak {} | ETA {}", p.step, p.steps,
+                    std::string(done, '='), std::string(width - done, ' '), p.loss, val, p.tokens_per_s / 1000,
+                    bytes_str(p.peak_bytes), duration(p.eta_s));
     if (tty) {
       fmt::print(stderr, "\r\033[K{}", line);
     } else if (p.step == p.steps || p.step - last_line >= std::max<int64_t>(1, p.steps / 20)) {
@@ -169,8 +170,9 @@ int run(TrainFlags& f, CLI::App* app) {
     fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(o.model), o.policy, o.steps,
                o.model.batch * o.model.seq * o.accum * o.dist.world, o.seed);
     if (o.dist.world > 1)
-      fmt::print("  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
-                 o.dist.world, o.accum, o.model.batch, o.zero, bucket_mb, o.dist.master_addr, o.dist.master_port);
+      fmt::print(
+          "  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
+          o.dist.world, o.accum, o.model.batch, o.zero, bucket_mb, o.dist.master_addr, o.dist.master_port);
     fmt::print("  BLAS: {}\n  GEMM: {}\n{}", blas_name(), gemm_name(), describe(gemm_choice));
     if (!resume.empty()) fmt::print("  resuming the run saved in {} at step {}\n", resume, first_step + 1);
     std::fflush(stdout);
@@ -191,8 +193,8 @@ int run(TrainFlags& f, CLI::App* app) {
           ? fmt::format("not modelled for uniform:N; at most {}", bytes_str(r.peak_bound))
           : fmt::format("predicted {}{}", bytes_str(r.predicted_peak),
                         peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
-  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} ({})\n",
-             r.final_val_loss, speed.empty() ? 0.0 : speed[speed.size() / 2] / 1000, bytes_str(peak), against);
+  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} ({})\n", r.final_val_loss,
+             speed.empty() ? 0.0 : speed[speed.size() / 2] / 1000, bytes_str(peak), against);
   if (r.rank_peaks.size() > 1) {
     std::vector<double> reduce, exposed;
     for (const TrainRecord& rec : r.log) {
@@ -202,12 +204,16 @@ int run(TrainFlags& f, CLI::App* app) {
     std::sort(reduce.begin(), reduce.end());
     std::sort(exposed.begin(), exposed.end());
     const double red = reduce[reduce.size() / 2], exp = exposed[exposed.size() / 2];
-    fmt::print("  all-reduce: {} buckets, {:.1f} ms per step (median), {:.1f} ms not hidden by the backward ({:.0f}% hidden)\n",
-               r.buckets, 1e3 * red, 1e3 * exp, red > 0 ? 100.0 * std::max(0.0, 1.0 - exp / red) : 0.0);
+    fmt::print(
+        "  all-reduce: {} buckets, {:.1f} ms per step (median), {:.1f} ms not hidden by the backward ({:.0f}% "
+        "hidden)\n",
+        r.buckets, 1e3 * red, 1e3 * exp, red > 0 ? 100.0 * std::max(0.0, 1.0 - exp / red) : 0.0);
     for (size_t q = 0; q < r.rank_peaks.size(); ++q)
-      fmt::print("  rank {}: peak {} = {} B (predicted {} B{})\n", q, bytes_str(r.rank_peaks[q]), r.rank_peaks[q], r.rank_predicted[q],
-                 r.rank_peaks[q] == r.rank_predicted[q] ? ", equal"
-                                                        : fmt::format(", {:+d} B", r.rank_peaks[q] - r.rank_predicted[q]));
+      fmt::print("  rank {}: peak {} = {} B (predicted {} B{})\n", q, bytes_str(r.rank_peaks[q]), r.rank_peaks[q],
+                 r.rank_predicted[q],
+                 r.rank_peaks[q] == r.rank_predicted[q]
+                     ? ", equal"
+                     : fmt::format(", {:+d} B", r.rank_peaks[q] - r.rank_predicted[q]));
   }
   fmt::print("  weights digest: {}\n", r.weights_digest);
   if (!f.o.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", f.o.save_dir);
@@ -279,8 +285,7 @@ Command add_sample(CLI::App& parent) {
   a->add_option("--top-k", f->o.top_k, "sample from the k likeliest bytes; 0 = all")->capture_default_str();
   a->add_option("--seed", f->o.seed, "sampling seed")->check(seed_check())->capture_default_str();
   f->o.progress = [](int64_t done, int64_t total) { progress(fmt::format("sampling: {} of {} bytes", done, total)); };
-  return {a,
-          [f] { check_sample_options(f->o); },
+  return {a, [f] { check_sample_options(f->o); },
           [f] {
             const std::string text = sample(f->load, f->o);
             end_progress();

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/version.h>
+#include <CLI/CLI.hpp>
 
 #include "cli.h"
 #include "remat/blas_kernel.h"
@@ -28,10 +28,15 @@ namespace {
 // "ModelConfig.kv_heads" -> "--kv-heads": the library names what the API calls a field; the user
 // set it with a flag.
 std::string as_flags(const std::string& message) {
-  static const std::regex field(R"(\b(ModelConfig|BenchOptions|TrainOptions|SampleOptions|Layout|SearchSpace|PlanOptions)\.([a-z_]+))");
-  static const std::vector<std::pair<std::string, std::string>> renamed = {
-      {"engines", "engine"}, {"save_dir", "save"}, {"val_fraction", "val-fraction"}, {"grad_bytes", "grad-dtype"},
-      {"first_layers", "first-stage-layers"}, {"last_layers", "last-stage-layers"}, {"head_size", "head-dim"}};
+  static const std::regex field(
+      R"(\b(ModelConfig|BenchOptions|TrainOptions|SampleOptions|Layout|SearchSpace|PlanOptions)\.([a-z_]+))");
+  static const std::vector<std::pair<std::string, std::string>> renamed = {{"engines", "engine"},
+                                                                           {"save_dir", "save"},
+                                                                           {"val_fraction", "val-fraction"},
+                                                                           {"grad_bytes", "grad-dtype"},
+                                                                           {"first_layers", "first-stage-layers"},
+                                                                           {"last_layers", "last-stage-layers"},
+                                                                           {"head_size", "head-dim"}};
   std::string out;
   auto it = std::sregex_iterator(message.begin(), message.end(), field);
   size_t last = 0;
@@ -46,7 +51,8 @@ std::string as_flags(const std::string& message) {
   }
   out += message.substr(last);
   // Settings named as a whole by their parsers (parse_threads, parse_gemm).
-  for (const auto& [api, flag] : {std::pair<std::string, std::string>{"ThreadConfig", "--threads"}, {"GemmChoice", "--gemm"}})
+  for (const auto& [api, flag] :
+       {std::pair<std::string, std::string>{"ThreadConfig", "--threads"}, {"GemmChoice", "--gemm"}})
     for (size_t at = out.find(api); at != std::string::npos; at = out.find(api)) out.replace(at, api.size(), flag);
   return out;
 }
@@ -56,11 +62,16 @@ std::string as_flags(const std::string& message) {
 std::string one_line(const std::string& message) {
   std::string out;
   for (const char c : message) {
-    if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-    else out += c;
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    else
+      out += c;
   }
   return out;
 }
@@ -115,8 +126,10 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   }
   if (!act) return -1;
   auto again = [&](const char* coretype, const std::string& note) {
-    if (coretype != nullptr) setenv("OPENBLAS_CORETYPE", coretype, 1);
-    else unsetenv("OPENBLAS_CORETYPE");
+    if (coretype != nullptr)
+      setenv("OPENBLAS_CORETYPE", coretype, 1);
+    else
+      unsetenv("OPENBLAS_CORETYPE");
     setenv("REMAT_BLAS_NOTE", note.c_str(), 1);
     std::fflush(stdout);
     execv("/proc/self/exe", argv);
@@ -143,9 +156,9 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   else
     target = mode == loaded ? std::string() : mode;
   if (target.empty()) return -1;
-  const std::string note =
-      mode == "auto" ? fmt::format("chosen by remat: OpenBLAS picked {}, below what this CPU runs", loaded)
-                     : fmt::format("chosen with --blas-kernel; OpenBLAS picked {}", loaded);
+  const std::string note = mode == "auto"
+                               ? fmt::format("chosen by remat: OpenBLAS picked {}, below what this CPU runs", loaded)
+                               : fmt::format("chosen with --blas-kernel; OpenBLAS picked {}", loaded);
   setenv("REMAT_BLAS_TRIED", note.c_str(), 1);
   return again(target.c_str(), note);
 }
@@ -165,7 +178,8 @@ int main(int argc, char** argv) {
     return fmt::format("remat: error: {} (see remat --help)\n", one_line(e.what()));
   });
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
-                                                     remat::cli::add_train(app, argc, argv), remat::cli::add_sample(app)};
+                                                     remat::cli::add_train(app, argc, argv),
+                                                     remat::cli::add_sample(app)};
   std::string blas_kernel = "auto";
   std::string gemm = "auto";
   for (const remat::cli::Command& c : commands) {
@@ -206,7 +220,8 @@ int main(int argc, char** argv) {
     });
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed() && c.check) c.check();  // bad flags are refused before a second start
-    if (const int code = choose_blas_kernel(argv, blas_kernel, !plan || remat::gemm_uses_blas()); code >= 0) return code;
+    if (const int code = choose_blas_kernel(argv, blas_kernel, !plan || remat::gemm_uses_blas()); code >= 0)
+      return code;
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed()) return stdout_written(c.run());
   } catch (const remat::Error& e) {

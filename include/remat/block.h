@@ -30,16 +30,16 @@ namespace remat {
 
 // What a tensor is, independent of its name, so that a preset means the same on every block kind.
 namespace tag {
-constexpr uint32_t kAttnCore = 1u << 0;  // the T x T tensors: scores, probabilities, their dropout
-constexpr uint32_t kMlpAct = 1u << 1;    // the MLP activation output (GELU; the SwiGLU product)
-constexpr uint32_t kMlpInner = 1u << 2;  // the MLP's inner tensors: first linear, activation, its mask
-constexpr uint32_t kNormOut = 1u << 3;   // a normalisation's output (LayerNorm, RMSNorm)
-constexpr uint32_t kNormStat = 1u << 4;  // a normalisation's per-token statistics (mean, rstd)
-constexpr uint32_t kMask = 1u << 5;      // a dropout keep-mask
-constexpr uint32_t kRouter = 1u << 6;    // a mixture of experts' router: logits, probabilities, top-k weights
-constexpr uint32_t kExperts = 1u << 7;   // the routed experts' tensors: dispatched tokens, their MLPs, the combine
-constexpr uint32_t kExpertAct = 1u << 8; // the routed experts' activation (their SwiGLU product)
-constexpr uint32_t kShared = 1u << 9;    // the shared expert's tensors
+constexpr uint32_t kAttnCore = 1u << 0;   // the T x T tensors: scores, probabilities, their dropout
+constexpr uint32_t kMlpAct = 1u << 1;     // the MLP activation output (GELU; the SwiGLU product)
+constexpr uint32_t kMlpInner = 1u << 2;   // the MLP's inner tensors: first linear, activation, its mask
+constexpr uint32_t kNormOut = 1u << 3;    // a normalisation's output (LayerNorm, RMSNorm)
+constexpr uint32_t kNormStat = 1u << 4;   // a normalisation's per-token statistics (mean, rstd)
+constexpr uint32_t kMask = 1u << 5;       // a dropout keep-mask
+constexpr uint32_t kRouter = 1u << 6;     // a mixture of experts' router: logits, probabilities, top-k weights
+constexpr uint32_t kExperts = 1u << 7;    // the routed experts' tensors: dispatched tokens, their MLPs, the combine
+constexpr uint32_t kExpertAct = 1u << 8;  // the routed experts' activation (their SwiGLU product)
+constexpr uint32_t kShared = 1u << 9;     // the shared expert's tensors
 }  // namespace tag
 
 // How attention scores and probabilities are stored, and where q, k and v are.
@@ -56,10 +56,10 @@ constexpr uint32_t kShared = 1u << 9;    // the shared expert's tensors
 // input, where group = heads / kv_heads (grouped-query attention shares K and V).
 struct AttentionLayout {
   int64_t batch = 0, heads = 0, seq = 0;
-  int64_t block = 0;       // query rows per block; == seq when not causal
+  int64_t block = 0;  // query rows per block; == seq when not causal
   bool causal = false;
-  int64_t kv_heads = 0;    // heads of K and V; 0 = heads
-  int64_t head_dim = 0;    // D
+  int64_t kv_heads = 0;  // heads of K and V; 0 = heads
+  int64_t head_dim = 0;  // D
   int64_t q_col = 0, k_col = 0, v_col = 0;
   // Context-parallel ranks (planning): `seq` is this rank's share of the queries, and the keys and
   // values of all `ring` shares pass through in a ring (flash attention only).
@@ -90,13 +90,13 @@ struct Routing {
 };
 
 struct TensorSpec {
-  std::string name;             // unique in the block: "x", "ln1", "probs", ...
-  std::vector<int64_t> shape;   // elements per dimension
+  std::string name;            // unique in the block: "x", "ln1", "probs", ...
+  std::vector<int64_t> shape;  // elements per dimension
   DType dtype = DType::F32;
-  int producer = -1;            // index of the op that produces it; -1 for a block input
+  int producer = -1;              // index of the op that produces it; -1 for a block input
   bool read_by_backward = false;  // false: transient, freed after its last forward use
-  uint32_t tags = 0;            // tag:: bits
-  std::string doc;              // one line for reports: "attention probabilities"
+  uint32_t tags = 0;              // tag:: bits
+  std::string doc;                // one line for reports: "attention probabilities"
 
   int64_t numel() const {
     int64_t n = 1;
@@ -115,14 +115,14 @@ enum class Init : uint8_t {
 };
 
 struct ParamSpec {
-  std::string name;            // unique in its stage: "qkv.weight"
+  std::string name;  // unique in its stage: "qkv.weight"
   std::vector<int64_t> shape;
   Init init = Init::Normal;
-  double std = 0.02;           // Normal, ResidualNormal
-  bool decay = true;           // AdamW's weight decay applies (matrices), or not (biases, norms)
-  std::string tied_to;         // non-empty: this is the model parameter of that name (the LM head
-                               // tied to the stem's "wte"), not a parameter of its own
-  bool expert = false;         // a routed expert's: sharded over the expert-data-parallel ranks
+  double std = 0.02;    // Normal, ResidualNormal
+  bool decay = true;    // AdamW's weight decay applies (matrices), or not (biases, norms)
+  std::string tied_to;  // non-empty: this is the model parameter of that name (the LM head
+                        // tied to the stem's "wte"), not a parameter of its own
+  bool expert = false;  // a routed expert's: sharded over the expert-data-parallel ranks
 
   int64_t numel() const;
 };
@@ -150,31 +150,31 @@ struct TensorParallel {
 
 struct OpNode {
   OpKind kind;
-  std::string name;             // "qkv", "probs_drop", ...
-  std::vector<int> in;          // tensor ids, as the op's definition orders them
-  std::vector<int> out;         // tensor ids
-  std::vector<int> params;      // parameter ids of the stage
-  double p = 0.0;               // dropout: drop probability
-  double eps = 0.0;             // norms: epsilon
-  double theta = 0.0;           // rotary embedding: frequency base
-  AttentionLayout attn;         // attention ops: heads, causal mask, storage
-  int64_t in_col = 0;           // rope: the columns of its input it turns, [in_col, in_col + in_width)
-  int64_t in_width = 0;         //   (q and k of a fused qkv projection); 0: all of them
-  int64_t chunks = 0;           // chunked_cross_entropy: chunks of the tokens it runs one at a time
-  bool upcast = false;          // cross_entropy on bf16/fp16 logits: PyTorch's autograd of logits.float()
-  int64_t rotary_dims = 0;      // rope: the leading dimensions of each head it turns; 0: all (attn.head_dim)
-  Routing routing;              // route, dispatch: the mixture of experts' routing
-  TensorParallel tp;            // how the op is split over tensor-parallel ranks
+  std::string name;         // "qkv", "probs_drop", ...
+  std::vector<int> in;      // tensor ids, as the op's definition orders them
+  std::vector<int> out;     // tensor ids
+  std::vector<int> params;  // parameter ids of the stage
+  double p = 0.0;           // dropout: drop probability
+  double eps = 0.0;         // norms: epsilon
+  double theta = 0.0;       // rotary embedding: frequency base
+  AttentionLayout attn;     // attention ops: heads, causal mask, storage
+  int64_t in_col = 0;       // rope: the columns of its input it turns, [in_col, in_col + in_width)
+  int64_t in_width = 0;     //   (q and k of a fused qkv projection); 0: all of them
+  int64_t chunks = 0;       // chunked_cross_entropy: chunks of the tokens it runs one at a time
+  bool upcast = false;      // cross_entropy on bf16/fp16 logits: PyTorch's autograd of logits.float()
+  int64_t rotary_dims = 0;  // rope: the leading dimensions of each head it turns; 0: all (attn.head_dim)
+  Routing routing;          // route, dispatch: the mixture of experts' routing
+  TensorParallel tp;        // how the op is split over tensor-parallel ranks
 };
 
 struct BlockSpec {
-  std::string kind;                  // "seed", "gpt2", "gpt2.stem", "gpt2.head", "llama.logits", ...
-  DType dtype = DType::F32;          // activations and parameters
-  std::vector<TensorSpec> tensors;   // the table; index = tensor id
-  std::vector<OpNode> ops;           // forward order
+  std::string kind;                 // "seed", "gpt2", "gpt2.stem", "gpt2.head", "llama.logits", ...
+  DType dtype = DType::F32;         // activations and parameters
+  std::vector<TensorSpec> tensors;  // the table; index = tensor id
+  std::vector<OpNode> ops;          // forward order
   std::vector<ParamSpec> params;
-  std::vector<int> inputs;           // tensor ids of the inputs (always kept): x; or x, targets
-  int output = -1;                   // tensor id of the output: y, logits, or the loss
+  std::vector<int> inputs;  // tensor ids of the inputs (always kept): x; or x, targets
+  int output = -1;          // tensor id of the output: y, logits, or the loss
 
   // Tensor id by name, or -1.
   int find(std::string_view name) const;
@@ -210,9 +210,9 @@ struct ModelSpec {
   std::string arch;
   bool has_stem = false;  // token models: tokens -> embedding; seed: the data is the first input
   BlockSpec stem;
-  BlockSpec block;        // repeated `layers` times
-  BlockSpec head;         // final norm, LM head, cross-entropy; seed: MSE
-  BlockSpec logits;       // the head without its loss (sampling); empty kind when the arch has none
+  BlockSpec block;   // repeated `layers` times
+  BlockSpec head;    // final norm, LM head, cross-entropy; seed: MSE
+  BlockSpec logits;  // the head without its loss (sampling); empty kind when the arch has none
   int64_t layers = 0;
 
   // Matmul FLOPs of one forward + backward of the whole model (recompute not counted).

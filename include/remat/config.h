@@ -83,21 +83,21 @@ struct ModelConfig {
   Switch tied = Switch::Default;       // the LM head is the token embedding
   Switch fused_qkv = Switch::Default;  // q, k, v from one linear (GPT-2, Megatron-LM) or three (HF Llama, torchtitan)
   Loss loss = Loss::Default;
-  int64_t loss_chunks = 8;             // Loss::Chunked: chunks of the micro-batch's tokens
-  double rotary_fraction = 1.0;        // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
-  bool parallel_residual = false;      // the MLP reads the block input, not the stream after attention (GPT-NeoX)
-  bool qk_norm = false;                // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
+  int64_t loss_chunks = 8;         // Loss::Chunked: chunks of the micro-batch's tokens
+  double rotary_fraction = 1.0;    // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
+  bool parallel_residual = false;  // the MLP reads the block input, not the stream after attention (GPT-NeoX)
+  bool qk_norm = false;            // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
   // The mixture-of-experts block (arch moe, blocks/moe.cpp): LLaMA's attention, then a router that
   // sends each token to top_k of `experts` SwiGLU MLPs of width `ffn`, and their outputs weighted
   // back together. Ignored by the other kinds.
-  int64_t experts = 8;                 // routed experts E
-  int64_t top_k = 2;                   // experts each token goes to
-  int64_t shared_ffn = 0;              // width of a shared expert every token also passes (DeepSeek, Qwen2-MoE); 0 = none
-  double capacity_factor = 0;          // 0: dropless; c > 0: each expert takes ceil(c * tokens * top_k / E) rows and
-                                       // the tokens past them are dropped, in token order (GShard, Switch)
+  int64_t experts = 8;         // routed experts E
+  int64_t top_k = 2;           // experts each token goes to
+  int64_t shared_ffn = 0;      // width of a shared expert every token also passes (DeepSeek, Qwen2-MoE); 0 = none
+  double capacity_factor = 0;  // 0: dropless; c > 0: each expert takes ceil(c * tokens * top_k / E) rows and
+                               // the tokens past them are dropped, in token order (GShard, Switch)
   Router router = Router::Softmax;
-  bool norm_topk = true;               // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
-  double aux_loss = 0.01;              // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
+  bool norm_topk = true;   // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
+  double aux_loss = 0.01;  // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
   // One rank of an expert-parallel group (planning only): it holds experts / ep of the experts and
   // exchanges the dispatched tokens with the group's other ranks (all-to-all), receiving as many
   // rows as it sent when routing is balanced, `expert_imbalance` times as many on the busiest rank.
@@ -134,11 +134,15 @@ inline bool is_float(DType d) { return d == DType::F32 || d == DType::BF16 || d 
 // Bytes of one element.
 inline int64_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
+    case DType::F32:
+      return 4;
     case DType::BF16:
-    case DType::F16: return 2;
-    case DType::Bool: return 1;
-    case DType::I64: return 8;
+    case DType::F16:
+      return 2;
+    case DType::Bool:
+      return 1;
+    case DType::I64:
+      return 8;
   }
   return 0;
 }

@@ -17,7 +17,7 @@
 namespace remat {
 
 struct OpTime {
-  double forward_ms = 0;   // also the cost of one recompute
+  double forward_ms = 0;  // also the cost of one recompute
   double backward_ms = 0;
 };
 
@@ -27,7 +27,7 @@ struct CostModel {
                               // a stemless model's first block does not compute (may be negative)
   std::string source;         // "measured ..." or "estimated ..."
   bool measured = false;      // timed on this machine (a LayerProbe), not estimated from rates
-  ThreadConfig threads;     // the run these costs describe (sizes some scratch memory)
+  ThreadConfig threads;       // the run these costs describe (sizes some scratch memory)
   // The 1024^3 float32 matmul rate (remat::matmul_gflops) when the costs were taken; 0: not known.
   // Shown beside a run's own rate. Scaling the times by the ratio of the two was tried and made
   // the seed's predictions worse (4 runs, 8 rows: +4..+13% in 7 rows, where the unscaled times

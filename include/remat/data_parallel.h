@@ -27,9 +27,9 @@
 namespace remat {
 
 struct DistConfig {
-  int rank = 0;                      // this process, 0 <= rank < world
-  int world = 1;                     // processes in the group
-  int local_rank = 0;                // on this host (the launcher's numbering)
+  int rank = 0;                           // this process, 0 <= rank < world
+  int world = 1;                          // processes in the group
+  int local_rank = 0;                     // on this host (the launcher's numbering)
   std::string master_addr = "127.0.0.1";  // where rank 0 serves the c10d TCPStore
   int master_port = 29500;
   std::chrono::seconds timeout{60};  // rendezvous and every collective
@@ -121,8 +121,8 @@ class GradientBuckets {
 
   Communicator& comm_;
   int micro_;
-  std::vector<at::Tensor> flat_;                // per bucket
-  std::vector<std::vector<int>> members_;       // per bucket
+  std::vector<at::Tensor> flat_;           // per bucket
+  std::vector<std::vector<int>> members_;  // per bucket
   std::vector<int> bucket_of_, expected_, arrived_, remaining_;
   std::vector<at::Tensor> views_;               // per parameter
   std::vector<Communicator::Pending> pending_;  // per bucket

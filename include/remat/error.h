@@ -18,12 +18,11 @@ namespace remat {
 class Error : public std::runtime_error {
  public:
   enum class Kind {
-    Usage,    // bad input from the user (an option, a policy string, a config, a file): exit code 2
-    Runtime,  // a valid request that failed while running (I/O, a NaN loss, ...): exit code 1
-    Internal, // a broken invariant of remat's own (a bug to report), with its file and line: exit code 1
+    Usage,     // bad input from the user (an option, a policy string, a config, a file): exit code 2
+    Runtime,   // a valid request that failed while running (I/O, a NaN loss, ...): exit code 1
+    Internal,  // a broken invariant of remat's own (a bug to report), with its file and line: exit code 1
   };
-  explicit Error(const std::string& message, Kind kind = Kind::Usage)
-      : std::runtime_error(message), kind_(kind) {}
+  explicit Error(const std::string& message, Kind kind = Kind::Usage) : std::runtime_error(message), kind_(kind) {}
   Kind kind() const { return kind_; }
 
  private:

@@ -25,13 +25,13 @@ namespace remat {
 // Per-op wall time, filled when an ExecOptions::timer is given (the planner's profiling pass and
 // `remat bench --profile`).
 struct OpTimes {
-  std::vector<double> forward_ms;    // by op id, summed over calls
+  std::vector<double> forward_ms;  // by op id, summed over calls
   std::vector<double> recompute_ms;
   std::vector<double> backward_ms;
-  std::vector<int64_t> calls;        // forward calls
+  std::vector<int64_t> calls;  // forward calls
 
-  void resize(size_t ops);           // zeroed, `ops` entries each
-  void zero();                       // keeps the sizes
+  void resize(size_t ops);  // zeroed, `ops` entries each
+  void zero();              // keeps the sizes
 };
 
 struct ExecOptions {
@@ -79,8 +79,8 @@ class BlockExecutor {
   const Schedule& schedule_for(const std::vector<bool>& need) const;
 
   BlockSpec spec_;
-  LayerPolicy policy_;                          // empty when built from a schedule
-  std::shared_ptr<const Schedule> schedule_;    // the variant every input needs a gradient for
+  LayerPolicy policy_;                             // empty when built from a schedule
+  std::shared_ptr<const Schedule> schedule_;       // the variant every input needs a gradient for
   mutable std::shared_ptr<const Schedule> other_;  // another variant, compiled on first use
   ExecOptions options_;
 };
@@ -93,6 +93,7 @@ using GradSink = std::function<void(int param, at::Tensor grad)>;
 // BlockExecutor::backward. With a sink, the parameter gradients go to it (param_ids: the model id
 // of each of `params`). Throws remat::Error on double backward.
 at::Tensor run_stage(std::shared_ptr<const BlockExecutor> exec, at::TensorList inputs, at::TensorList params,
-                     int64_t layer, std::shared_ptr<const GradSink> sink = nullptr, const std::vector<int>* param_ids = nullptr);
+                     int64_t layer, std::shared_ptr<const GradSink> sink = nullptr,
+                     const std::vector<int>* param_ids = nullptr);
 
 }  // namespace remat

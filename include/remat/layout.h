@@ -30,20 +30,20 @@ namespace remat {
 // An accelerator and how it is connected. Vendor figures are peak rates; the efficiencies are
 // assumptions (what a training step reaches of them) and are printed with every plan.
 struct Device {
-  std::string name;            // "a100-80gb"
-  int64_t memory = 0;          // bytes per device, as the driver reports its total
-  double bf16_tflops = 0;      // dense bf16/fp16 matmul peak
-  double fp32_tflops = 0;      // fp32 matmul peak (no TF32)
-  double hbm_gbps = 0;         // memory bandwidth
-  double intra_gbps = 0;       // per device, one direction, inside a node (NVLink)
-  double inter_gbps = 0;       // per device, one direction, between nodes (InfiniBand)
+  std::string name;        // "a100-80gb"
+  int64_t memory = 0;      // bytes per device, as the driver reports its total
+  double bf16_tflops = 0;  // dense bf16/fp16 matmul peak
+  double fp32_tflops = 0;  // fp32 matmul peak (no TF32)
+  double hbm_gbps = 0;     // memory bandwidth
+  double intra_gbps = 0;   // per device, one direction, inside a node (NVLink)
+  double inter_gbps = 0;   // per device, one direction, between nodes (InfiniBand)
   int64_t gpus_per_node = 8;
   double matmul_efficiency = 0.7;  // assumption: share of the matmul peak
   double memory_efficiency = 0.8;  // assumption: share of the memory bandwidth
   double link_efficiency = 0.7;    // assumption: share of the link bandwidth collectives reach
-  std::string source;          // where the figures come from
-  bool engine = false;         // this machine's CPU: remat's own engine and trainer (tp = pp = 1)
-  int sm = 90;                 // CUDA compute capability x 10 (90 Hopper, 80 Ampere): workspace sizes
+  std::string source;              // where the figures come from
+  bool engine = false;             // this machine's CPU: remat's own engine and trainer (tp = pp = 1)
+  int sm = 90;                     // CUDA compute capability x 10 (90 Hopper, 80 Ampere): workspace sizes
 
   // Matmul rate in GFLOP/s for a dtype, after the efficiency.
   double matmul_gflops(DType dtype) const;
@@ -73,7 +73,7 @@ Framework parse_framework(std::string_view text);
 struct Allocation {
   std::string name;  // "cuBLAS workspace (PyTorch)"
   int64_t bytes = 0;
-  std::string why;   // what allocates it, and when
+  std::string why;  // what allocates it, and when
 };
 
 // Bounds on what one plan is asked: sequences per optimizer step (Llama 3 405B trained with 2048
@@ -85,15 +85,15 @@ inline constexpr size_t kMaxPolicies = 64;
 // tensor-parallel first (inside a node), then context-parallel, then data-parallel, then pipeline
 // (Megatron-LM's order).
 struct Layout {
-  int64_t tp = 1;            // tensor-parallel ranks (Megatron's column/row split), inside a node
-  bool sp = false;           // sequence parallelism over the tp ranks
-  int64_t cp = 1;            // context-parallel ranks: the sequence split, attention in a ring
-  int64_t pp = 1;            // pipeline stages (1F1B schedule)
-  int64_t vpp = 1;           // model chunks per pipeline stage (interleaved 1F1B when > 1)
+  int64_t tp = 1;   // tensor-parallel ranks (Megatron's column/row split), inside a node
+  bool sp = false;  // sequence parallelism over the tp ranks
+  int64_t cp = 1;   // context-parallel ranks: the sequence split, attention in a ring
+  int64_t pp = 1;   // pipeline stages (1F1B schedule)
+  int64_t vpp = 1;  // model chunks per pipeline stage (interleaved 1F1B when > 1)
   // An uneven pipeline (vpp 1): the layers of the first and the last stage (Megatron-LM's
   // --decoder-first/last-pipeline-num-layers), the others sharing the rest evenly; 0: all even.
   int64_t first_layers = 0, last_layers = 0;
-  int64_t dp = 1;            // data-parallel replicas
+  int64_t dp = 1;  // data-parallel replicas
   // Expert-parallel ranks (arch moe): the routed experts split over ep of the dp x cp ranks, which
   // exchange their tokens in all-to-alls; the experts' parameters are sharded over the
   // expert-data-parallel ranks, dp x cp / ep (Megatron-LM's EP with expert tensor parallelism 1).
@@ -132,17 +132,17 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device);
 // One pipeline stage: what each of its devices holds and runs.
 struct RankPlan {
   int stage = 0;
-  std::vector<LayerRange> chunks;   // its layers
-  std::string policy;               // the recompute policy of its layers, as a policy string
-  StepMemory memory;                // exact, for its data-parallel rank with the largest shard
-  std::vector<Allocation> fixed;    // the framework's fixed allocations, summed in memory.fixed
-  int64_t params = 0;               // parameters this stage's GPUs hold (their tensor-parallel share)
+  std::vector<LayerRange> chunks;  // its layers
+  std::string policy;              // the recompute policy of its layers, as a policy string
+  StepMemory memory;               // exact, for its data-parallel rank with the largest shard
+  std::vector<Allocation> fixed;   // the framework's fixed allocations, summed in memory.fixed
+  int64_t params = 0;              // parameters this stage's GPUs hold (their tensor-parallel share)
   // memory.allocated_peak and memory.reserved_peak: PyTorch's caching allocator replayed over the
   // stage's step (memory_model.h, StepShape::cuda) for the plans a search reports, and for
   // plan_layout with PlanOptions::all_stages.
-  double micro_ms = 0;              // forward + backward (+ recompute) of one micro-batch, all chunks
-  double backward_ms = 0;           // the backward part of micro_ms
-  double p2p_ms = 0;                // sending and receiving activations and gradients per micro-batch
+  double micro_ms = 0;     // forward + backward (+ recompute) of one micro-batch, all chunks
+  double backward_ms = 0;  // the backward part of micro_ms
+  double p2p_ms = 0;       // sending and receiving activations and gradients per micro-batch
 };
 
 // Where the time of one step goes (seconds), from the device's rates and Device's assumptions.
@@ -162,15 +162,15 @@ struct LayoutTime {
 
 struct LayoutPlan {
   Layout layout;
-  std::string policy;             // as asked: a policy string, or "auto"
-  int64_t budget = 0;             // bytes per device it must fit
-  double margin = 0;              // share of the peak kept free: fits means peak (1 + margin) <= budget
-  int64_t params = 0;             // parameters of the model, each counted once
+  std::string policy;  // as asked: a policy string, or "auto"
+  int64_t budget = 0;  // bytes per device it must fit
+  double margin = 0;   // share of the peak kept free: fits means peak (1 + margin) <= budget
+  int64_t params = 0;  // parameters of the model, each counted once
   // The largest reserved peak of the stages (with the allocator replayed) over the budget, or within
   // kReservedUncertainty of it: the caching allocator may not find room.
   bool reserved_tight = false;
-  std::vector<RankPlan> ranks;    // per pipeline stage (the ones replayed)
-  int worst = 0;                  // index into ranks of the most-loaded stage
+  std::vector<RankPlan> ranks;  // per pipeline stage (the ones replayed)
+  int worst = 0;                // index into ranks of the most-loaded stage
   bool fits = false;
   LayoutTime time;
 
@@ -191,23 +191,23 @@ inline constexpr double kReservedUncertainty = 0.12;
 
 struct PlanOptions {
   Framework framework = Framework::Megatron;
-  bool batch_mask = true;  // Megatron: the dataloader puts a bool (micro-batch, 1, s, s) attention mask on
-                           // the GPU (off: --no-create-attention-mask-in-dataloader)
-  bool fused_wgrad = true; // Megatron: weight GEMMs accumulate into the fp32 gradient buffers directly
-                           // (off: --no-gradient-accumulation-fusion, a bf16 weight gradient first)
-  int64_t cublas_workspace = 0;  // bytes of PyTorch's cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG); 0: its
-                                 // default for the device (32 MiB on Hopper, 8.125 MiB before)
+  bool batch_mask = true;            // Megatron: the dataloader puts a bool (micro-batch, 1, s, s) attention mask on
+                                     // the GPU (off: --no-create-attention-mask-in-dataloader)
+  bool fused_wgrad = true;           // Megatron: weight GEMMs accumulate into the fp32 gradient buffers directly
+                                     // (off: --no-gradient-accumulation-fusion, a bf16 weight gradient first)
+  int64_t cublas_workspace = 0;      // bytes of PyTorch's cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG); 0: its
+                                     // default for the device (32 MiB on Hopper, 8.125 MiB before)
   bool expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   bool pure_dtype = false;           // no fp32 copies: weights, gradients and Adam state in the model's dtype
                                      // (torchtune's and others' pure bf16 training)
-  int64_t reserve = -1;  // bytes per device outside PyTorch's allocator; -1: outside_allocator()'s named terms
-                         // on a GPU (the CUDA context, NCCL's buffers), 2 GiB kept for the system on the CPU
-  int64_t budget = 0;    // bytes per device a stage's peak may reach; 0 = device memory - reserve
-  double margin = -1;    // share of a stage's peak kept free for what the model misses; -1:
-                         // kAllocatedUncertainty on a GPU (kExpertUncertainty for arch moe), 0 on
-                         // this machine's engine (exact)
-  bool all_stages = true;              // replay every pipeline stage (false: the first two and the last,
-                                       // which hold the most; the search's shortcut, NOTE [Parallel layouts])
+  int64_t reserve = -1;    // bytes per device outside PyTorch's allocator; -1: outside_allocator()'s named terms
+                           // on a GPU (the CUDA context, NCCL's buffers), 2 GiB kept for the system on the CPU
+  int64_t budget = 0;      // bytes per device a stage's peak may reach; 0 = device memory - reserve
+  double margin = -1;      // share of a stage's peak kept free for what the model misses; -1:
+                           // kAllocatedUncertainty on a GPU (kExpertUncertainty for arch moe), 0 on
+                           // this machine's engine (exact)
+  bool all_stages = true;  // replay every pipeline stage (false: the first two and the last,
+                           // which hold the most; the search's shortcut, NOTE [Parallel layouts])
 };
 
 // The plan of one layout: every stage's memory and the step time. `policy` is a policy string for
@@ -219,8 +219,8 @@ LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Devic
 
 // What search_layouts tries.
 struct SearchSpace {
-  int64_t gpus = 0;                 // devices in all
-  int64_t global_batch = 0;         // sequences per step
+  int64_t gpus = 0;          // devices in all
+  int64_t global_batch = 0;  // sequences per step
   std::vector<std::string> policies = {"none", "attn", "attn+mlp-act", "full", "auto"};
   std::vector<int> zero = {0, 1, 2, 3};
   std::vector<int64_t> micro_batches = {1, 2, 4, 8};
@@ -228,19 +228,19 @@ struct SearchSpace {
   int64_t max_vpp = 4;
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
-  int64_t ep = 0;                   // expert-parallel ranks, arch moe (0: searched over the experts' divisors)
-  int64_t cp = 1;                   // context-parallel ranks (not searched)
+  int64_t ep = 0;  // expert-parallel ranks, arch moe (0: searched over the experts' divisors)
+  int64_t cp = 1;  // context-parallel ranks (not searched)
   int64_t first_layers = 0, last_layers = 0;  // an uneven pipeline's first and last stages (Layout)
-  bool fsdp = false;                // every layout shards with FSDP2 (zero 0)
+  bool fsdp = false;                          // every layout shards with FSDP2 (zero 0)
   int zero_fixed = -1, sp_fixed = -1;
 };
 
 struct SearchResult {
-  std::vector<LayoutPlan> best;     // the fastest that fit, fastest first, each replayed in full
-  int64_t evaluated = 0;            // stage memory replays run (memoized ones not counted)
-  int64_t candidates = 0;           // layouts that pass validate()
-  std::string refused;              // the first refusal of validate() in the space searched, if any
-  LayoutPlan least;                 // when none fits: the one with the smallest per-device peak
+  std::vector<LayoutPlan> best;  // the fastest that fit, fastest first, each replayed in full
+  int64_t evaluated = 0;         // stage memory replays run (memoized ones not counted)
+  int64_t candidates = 0;        // layouts that pass validate()
+  std::string refused;           // the first refusal of validate() in the space searched, if any
+  LayoutPlan least;              // when none fits: the one with the smallest per-device peak
 };
 
 // Every layout of `space` on `device` (tp dividing the heads and within a node; pp any count up to the

@@ -26,17 +26,17 @@ namespace remat {
 // Adam moments 8 bytes per parameter. bf16/fp16 (planning only; mixed precision as Megatron):
 // weights 2, gradients 2, fp32 master weights and Adam moments 12.
 struct StepMemory {
-  int64_t params = 0;      // weights
-  int64_t grads = 0;       // parameter gradients: alive from the backward to the next step, or (data
-                           // parallelism) the persistent buckets, counted in `buffers`
-  int64_t optimizer = 0;   // optimizer state (with ZeRO-1: this rank's share)
-  int64_t data = 0;        // one batch: input and target
-  int64_t buffers = 0;     // persistent communication buffers (data parallelism: gradient buckets)
-  int64_t fixed = 0;       // a GPU framework's fixed allocations (workspaces, the batch: layout.h,
-                           // RankPlan::fixed names them); 0 for remat's own engine
-  int64_t saved = 0;       // live after the forward, above base()
-  int64_t peak = 0;        // highest live during the step, above base()
-  std::string peak_at;     // where the peak falls: "backward of layer 5, op 'fc'"
+  int64_t params = 0;     // weights
+  int64_t grads = 0;      // parameter gradients: alive from the backward to the next step, or (data
+                          // parallelism) the persistent buckets, counted in `buffers`
+  int64_t optimizer = 0;  // optimizer state (with ZeRO-1: this rank's share)
+  int64_t data = 0;       // one batch: input and target
+  int64_t buffers = 0;    // persistent communication buffers (data parallelism: gradient buckets)
+  int64_t fixed = 0;      // a GPU framework's fixed allocations (workspaces, the batch: layout.h,
+                          // RankPlan::fixed names them); 0 for remat's own engine
+  int64_t saved = 0;      // live after the forward, above base()
+  int64_t peak = 0;       // highest live during the step, above base()
+  std::string peak_at;    // where the peak falls: "backward of layer 5, op 'fc'"
   // With StepShape::cuda: PyTorch's caching allocator over two steps (caching_allocator.h): the
   // peak of the blocks it hands out (each request rounded, unsplit tails included) and of the
   // segments it reserves. 0 otherwise.
@@ -68,12 +68,12 @@ struct StepShape {
   // Ranks the routed experts' parameters are sharded over instead (Megatron-LM's expert-data-parallel
   // group: world / ep); 0: world.
   int expert_world = 0;
-  int64_t extra_buffers = 0; // other persistent buffers of the trainer (the loss's all-reduce)
-  bool grad_buffers = false; // gradients go to persistent buffers even with world 1 (Megatron's main_grad)
-  int grad_bytes = 0;        // bytes per element of the gradient buffers; 0: the weights' dtype
-  int stages = 1;            // pipeline ranks
-  int stage = 0;             // this rank's pipeline stage
-  int chunks = 1;            // model chunks per pipeline rank (StepPlan::chunks)
+  int64_t extra_buffers = 0;  // other persistent buffers of the trainer (the loss's all-reduce)
+  bool grad_buffers = false;  // gradients go to persistent buffers even with world 1 (Megatron's main_grad)
+  int grad_bytes = 0;         // bytes per element of the gradient buffers; 0: the weights' dtype
+  int stages = 1;             // pipeline ranks
+  int stage = 0;              // this rank's pipeline stage
+  int chunks = 1;             // model chunks per pipeline rank (StepPlan::chunks)
   // Linear weight gradients are accumulated by their GEMM straight into the gradient buffers
   // (Megatron-LM's gradient_accumulation_fusion): no weight-gradient tensor is made for them.
   bool fused_wgrad = false;
@@ -94,9 +94,9 @@ struct StepShape {
   bool cuda = false;
   bool expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   std::vector<int64_t> fixed_blocks;
-  bool op_by_op = false;     // with gradient buffers: replay every op of every micro-batch instead
-                             // of folding the pipeline order over each chunk's passes (the same
-                             // bytes, for the tests that say so)
+  bool op_by_op = false;  // with gradient buffers: replay every op of every micro-batch instead
+                          // of folding the pipeline order over each chunk's passes (the same
+                          // bytes, for the tests that say so)
 
   bool bucketed() const { return world > 1 || grad_buffers || stages > 1; }
 };
@@ -119,8 +119,8 @@ std::vector<PipelineStep> pipeline_order(int stages, int stage, int chunks, int 
 struct MemoryTrace {
   std::vector<int64_t> fwd_start, fwd_peak;  // per layer
   std::vector<int64_t> bwd_start, bwd_peak;  // per layer
-  int64_t head_peak = 0;  // forward and backward of the head: grows with every layer's saved bytes
-  int64_t stem_peak = 0;  // forward and backward of the stem: no layer's saved bytes are alive
+  int64_t head_peak = 0;                     // forward and backward of the head: grows with every layer's saved bytes
+  int64_t stem_peak = 0;                     // forward and backward of the stem: no layer's saved bytes are alive
 };
 
 // Replays one step of `plan`: forward of every stage, backward in reverse (each micro-batch, in

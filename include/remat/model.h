@@ -80,8 +80,8 @@ class GPTImpl : public torch::nn::Module {
   ResolvedPolicy policy_;
   StepPlan plan_;
   ExecOptions options_;
-  std::vector<at::Tensor> params_;                          // by model parameter id
-  std::vector<std::shared_ptr<const BlockExecutor>> execs_; // by stage
+  std::vector<at::Tensor> params_;                           // by model parameter id
+  std::vector<std::shared_ptr<const BlockExecutor>> execs_;  // by stage
   std::shared_ptr<const GradSink> sink_;
   // Eval mode: the same stages without dropout, keeping everything; and the logits head.
   StepPlan eval_plan_;

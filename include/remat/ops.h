@@ -56,8 +56,8 @@ struct BlockSpec;
 struct OpNode;
 struct ThreadConfig;
 namespace detail {
-class OpEnv;           // the executor's view of one stage run (src/ops/op_env.h)
-struct OpTestCase;     // a reference and a tiny example for the op tests (src/ops/op_testing.h)
+class OpEnv;        // the executor's view of one stage run (src/ops/op_env.h)
+struct OpTestCase;  // a reference and a tiny example for the op tests (src/ops/op_testing.h)
 }  // namespace detail
 
 constexpr int kMaxOpInputs = 3;
@@ -65,9 +65,9 @@ constexpr int kMaxOpInputs = 3;
 struct OpDef {
   const char* name = "";
   int n_in = 0, n_out = 0;
-  int max_params = 0;          // parameters it takes at most (a bias-free linear takes one)
-  unsigned bwd_reads_in = 0;   // bit i set: the backward reads input i
-  unsigned bwd_reads_out = 0;  // bit i set: the backward reads output i
+  int max_params = 0;                   // parameters it takes at most (a bias-free linear takes one)
+  unsigned bwd_reads_in = 0;            // bit i set: the backward reads input i
+  unsigned bwd_reads_out = 0;           // bit i set: the backward reads output i
   GradKind grad_in[kMaxOpInputs] = {};  // GradKind::None each
   // The kind of a node whose kind depends on the node (rope on a column slice of its input adds into
   // that input's gradient slot; on the whole input it writes over dy); null: grad_in.

@@ -13,12 +13,12 @@
 namespace remat {
 
 struct AdamOptions {
-  double lr = 1e-3;            // learning rate
-  double beta1 = 0.9;          // first-moment decay
-  double beta2 = 0.999;        // second-moment decay
-  double eps = 1e-8;           // added to sqrt(v_hat)
-  double weight_decay = 0.0;   // 0 = none
-  bool decoupled = false;      // true: AdamW (p -= lr * wd * p); false: L2 added to the gradient
+  double lr = 1e-3;           // learning rate
+  double beta1 = 0.9;         // first-moment decay
+  double beta2 = 0.999;       // second-moment decay
+  double eps = 1e-8;          // added to sqrt(v_hat)
+  double weight_decay = 0.0;  // 0 = none
+  bool decoupled = false;     // true: AdamW (p -= lr * wd * p); false: L2 added to the gradient
 };
 
 class Adam {

@@ -45,13 +45,13 @@ std::vector<BlockOption> block_frontier_brute_force(const BlockSpec& block, cons
 
 struct Plan {
   bool fits = false;
-  int64_t budget = 0;          // total bytes asked for
-  int64_t min_budget = 0;      // when !fits: the smallest total peak any plan reaches
-  ResolvedPolicy policy;       // per layer
-  std::string policy_text;     // the same as a policy string: "layers:0-3=drop:probs,...,4-5=none"
-  StepMemory memory;           // simulated
-  StepMemory none_memory;      // simulated, for `none`
-  double step_ms = 0;          // predicted
+  int64_t budget = 0;       // total bytes asked for
+  int64_t min_budget = 0;   // when !fits: the smallest total peak any plan reaches
+  ResolvedPolicy policy;    // per layer
+  std::string policy_text;  // the same as a policy string: "layers:0-3=drop:probs,...,4-5=none"
+  StepMemory memory;        // simulated
+  StepMemory none_memory;   // simulated, for `none`
+  double step_ms = 0;       // predicted
   double none_step_ms = 0;
   std::vector<BlockOption> frontier;
 };

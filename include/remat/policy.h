@@ -131,8 +131,8 @@ class Policy {
     std::string token;               // as written, for errors
   };
   struct Rule {
-    int64_t first = 0, last = 0;     // inclusive layer range (Layers)
-    std::vector<Term> terms;         // the preset, parsed
+    int64_t first = 0, last = 0;  // inclusive layer range (Layers)
+    std::vector<Term> terms;      // the preset, parsed
     std::string token;
   };
   enum class Form : uint8_t { All, Every, Block, Uniform, Layers, Budget };
@@ -142,9 +142,9 @@ class Policy {
 
   std::string text_;
   Form form_ = Form::All;
-  int64_t n_ = 0;                    // K for every, N for block and uniform
-  std::vector<Rule> rules_;          // All/Every/Block/Budget: one rule; Layers: one per range
-  Budget budget_;                    // Budget
+  int64_t n_ = 0;            // K for every, N for block and uniform
+  std::vector<Rule> rules_;  // All/Every/Block/Budget: one rule; Layers: one per range
+  Budget budget_;            // Budget
 };
 
 // Splits a list of policies as --policies takes it. Separators are ';', or ',' when the next piece

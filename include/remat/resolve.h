@@ -18,18 +18,18 @@
 namespace remat {
 
 struct ResolveOptions {
-  CostSource costs = CostSource::Auto;   // how a budget's plan gets op costs (costs.h)
-  const CostModel* given = nullptr;      // use these costs instead (the bench measures them once)
-  ThreadConfig threads = default_threads();  // the run's threads: scratch sizes, measured costs
+  CostSource costs = CostSource::Auto;               // how a budget's plan gets op costs (costs.h)
+  const CostModel* given = nullptr;                  // use these costs instead (the bench measures them once)
+  ThreadConfig threads = default_threads();          // the run's threads: scratch sizes, measured costs
   std::function<void(const std::string&)> progress;  // told when planning starts; may be empty
 };
 
 struct Resolution {
-  ResolvedPolicy policy;               // per layer
-  std::string text;                    // the policy as given, or a budget's plan as a policy string
-  std::optional<Plan> plan;            // budget policies
-  StepMemory memory;                   // the predicted bytes of one step under `policy`
-  std::optional<CostModel> costs;      // budget policies: the op costs the plan was made with
+  ResolvedPolicy policy;           // per layer
+  std::string text;                // the policy as given, or a budget's plan as a policy string
+  std::optional<Plan> plan;        // budget policies
+  StepMemory memory;               // the predicted bytes of one step under `policy`
+  std::optional<CostModel> costs;  // budget policies: the op costs the plan was made with
 };
 
 // Resolves `policy` for `cfg`: a budget through the planner, anything else through

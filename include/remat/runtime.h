@@ -111,8 +111,8 @@ double matmul_gflops(int n = 1024, int reps = 9, std::string_view gemm = {});
 // The same rate on every GEMM this build has, each in turn: what a step's matmul floor is measured
 // at (the fastest of them), since no step's products can run faster than the fastest GEMM here.
 struct FastestMatmul {
-  double gflops = 0;                                   // the fastest's rate
-  std::string gemm;                                    // and its name: "blas-threads"
+  double gflops = 0;                                  // the fastest's rate
+  std::string gemm;                                   // and its name: "blas-threads"
   std::vector<std::pair<std::string, double>> rates;  // every GEMM's, in the order tried
 };
 FastestMatmul fastest_matmul_gflops(int n = 1024, int reps = 5);
@@ -125,6 +125,5 @@ struct PeakRate {
   std::string how;  // "AVX2 FMA, 8 lanes, 12 chains, on 2 threads at once"
 };
 PeakRate peak_gflops(int threads);
-
 
 }  // namespace remat

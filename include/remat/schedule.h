@@ -70,11 +70,11 @@ struct Step {
 
 struct Schedule {
   std::vector<Step> forward;
-  std::vector<Step> backward;    // backward steps with no gradient to propagate are left out
-  std::vector<bool> saved;       // per tensor id: kept from the forward to the backward
-  std::vector<int> recomputed;   // op ids rerun in the backward, in order
-  std::vector<bool> need_input_grad;  // per stage input: the variant this schedule was compiled for
-  std::vector<bool> input_grad_is_dy; // per stage input: its gradient is the stage's incoming dy itself
+  std::vector<Step> backward;          // backward steps with no gradient to propagate are left out
+  std::vector<bool> saved;             // per tensor id: kept from the forward to the backward
+  std::vector<int> recomputed;         // op ids rerun in the backward, in order
+  std::vector<bool> need_input_grad;   // per stage input: the variant this schedule was compiled for
+  std::vector<bool> input_grad_is_dy;  // per stage input: its gradient is the stage's incoming dy itself
 
   // Bytes of the saved tensors that are not stage inputs: what the stage adds to memory between
   // its forward and its backward (its output is counted by whoever keeps it).
@@ -89,8 +89,8 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
 struct StagePlan {
   enum class Role : uint8_t { Stem, Block, Head };
   Role role = Role::Block;
-  int64_t layer = 0;           // blocks: 0..layers-1; the stem -1; the head `layers`
-  const BlockSpec* spec = nullptr;              // points into StepPlan::model
+  int64_t layer = 0;                // blocks: 0..layers-1; the stem -1; the head `layers`
+  const BlockSpec* spec = nullptr;  // points into StepPlan::model
   std::shared_ptr<const Schedule> schedule;
   std::vector<int> params;     // model parameter id of each of the stage's parameters
   std::vector<bool> external;  // per stage input: data owned by the caller (needs no gradient)
@@ -99,9 +99,9 @@ struct StagePlan {
 
 // A parameter of the model, once (a tied parameter is one entry used by two stages).
 struct ModelParam {
-  std::string name;            // "wte", "h0.qkv.weight", "lnf.weight"
+  std::string name;  // "wte", "h0.qkv.weight", "lnf.weight"
   const ParamSpec* spec = nullptr;
-  int uses = 0;                // stages that read it: 2 for a tied parameter
+  int uses = 0;  // stages that read it: 2 for a tied parameter
 };
 
 // Consecutive layers [first, end) of a model: one pipeline rank's model chunk.

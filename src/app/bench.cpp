@@ -10,14 +10,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
-#include <nlohmann/json.hpp>
 #include <torch/version.h>
+#include <nlohmann/json.hpp>
 
 #include "app/report.h"
 #include "remat/blas_kernel.h"
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "remat/memory_model.h"
 #include "remat/model.h"
 #include "remat/module_model.h"
 #include "remat/optim.h"
@@ -26,7 +27,6 @@
 #include "remat/resolve.h"
 #include "remat/runtime.h"
 #include "remat/schedule.h"
-#include "remat/memory_model.h"
 #include "remat/units.h"
 #include "util/gemm.h"
 #include "util/timing.h"
@@ -41,7 +41,6 @@ using detail::ms_since;
 
 // The matmul floor: a step's FLOPs at a matmul rate, in milliseconds.
 double floor_ms_at(int64_t flops, double gflops) { return static_cast<double>(flops) / (gflops * 1e9) * 1e3; }
-
 
 // A model, its fixed batch and its loss, behind one interface so that every engine is measured by
 // the same loop.
@@ -91,8 +90,10 @@ class OpsSubject final : public Subject {
 std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, const Policy& policy,
                                       const ResolvedPolicy& resolved, uint64_t seed, ExecOptions options = {}) {
   switch (engine) {
-    case Engine::Module: return std::make_unique<ModuleSubject>(cfg, policy, seed);
-    case Engine::Ops: return std::make_unique<OpsSubject>(cfg, resolved, seed, std::move(options));
+    case Engine::Module:
+      return std::make_unique<ModuleSubject>(cfg, policy, seed);
+    case Engine::Ops:
+      return std::make_unique<OpsSubject>(cfg, resolved, seed, std::move(options));
   }
   fail("unknown engine");
 }
@@ -161,8 +162,10 @@ std::string row_name(const BenchRow& r, bool several) {
 
 std::string_view to_string(Engine e) {
   switch (e) {
-    case Engine::Module: return "module";
-    case Engine::Ops: return "ops";
+    case Engine::Module:
+      return "module";
+    case Engine::Ops:
+      return "ops";
   }
   return "?";
 }
@@ -225,9 +228,10 @@ void check_bench_options(const BenchOptions& o) {
       const int64_t need = simulate_memory(compile_step(spec, keep), o.threads).total_peak();
       const int64_t have = available_memory();
       if (have > 0 && need > have / 10 * 9)
-        fail("with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
-             "available: try --attention flash, a shorter --seq or a smaller --batch",
-             to_string(a), bytes_str(need), bytes_str(have));
+        fail(
+            "with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
+            "available: try --attention flash, a shorter --seq or a smaller --batch",
+            to_string(a), bytes_str(need), bytes_str(have));
     }
   }
 }
@@ -345,7 +349,8 @@ BenchResult run_bench(const BenchOptions& o) {
         const std::string& text = o.policies[i];
         if (engine == Engine::Ops && !v.resolved[i]) continue;
         if (engine == Engine::Module && !module_runs(v.cfg, policy)) {
-          result.notes.push_back(fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
+          result.notes.push_back(
+              fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
           continue;
         }
         say(fmt::format("{} {}: gradient check", to_string(engine), text));
@@ -438,8 +443,9 @@ BenchResult run_bench(const BenchOptions& o) {
         const int64_t available = available_memory();
         fail_runtime("out of memory in a step of {} '{}': {}; {}; plan for this machine with --policies budget:{}MiB",
                      to_string(e.row.engine), e.row.policy, x.detail(),
-                     e.row.predicted_peak_bytes >= 0 ? "its predicted peak is " + bytes_str(before + e.row.predicted_peak_bytes)
-                                                     : "its peak is not predicted",
+                     e.row.predicted_peak_bytes >= 0
+                         ? "its predicted peak is " + bytes_str(before + e.row.predicted_peak_bytes)
+                         : "its peak is not predicted",
                      available * 6 / 10 >> 20);
       }
       e.adam->step();
@@ -542,8 +548,9 @@ std::string BenchResult::markdown() const {
   bool timed_predictions = false;
   for (const BenchRow& r : rows) timed_predictions = timed_predictions || r.predicted_step_ms >= 0;
   const bool several = !rows.empty() && several_attentions(rows);
-  t.header = {"policy", "engine", "step ms", "min-max ms", "fwd ms", "bwd ms", "time vs none", "saved MiB",
-              "predicted", "peak MiB", "predicted", "peak vs none", "step / floor", "per round", "grad diff"};
+  t.header = {"policy",    "engine",       "step ms",      "min-max ms", "fwd ms",
+              "bwd ms",    "time vs none", "saved MiB",    "predicted",  "peak MiB",
+              "predicted", "peak vs none", "step / floor", "per round",  "grad diff"};
   t.numeric = {false, false, true, true, true, true, true, true, true, true, true, true, true, true, true};
   if (timed_predictions) {
     t.header.insert(t.header.begin() + 3, {"predicted", "time error"});
@@ -557,18 +564,26 @@ std::string BenchResult::markdown() const {
   for (const BenchRow& r : rows) {
     const BenchRow* none = find_none(rows, r.engine, r.attention);
     std::vector<std::string> row = {
-        r.policy, std::string(to_string(r.engine)), fmt_ms(r.step_ms_median),
-        fmt::format("{:.0f}-{:.0f}", r.step_ms_min, r.step_ms_max), fmt_ms(r.fwd_ms_median), fmt_ms(r.bwd_ms_median),
-        none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-", fmt_mib(r.saved_bytes),
-        or_dash(r.predicted_saved_bytes >= 0, fmt_mib(r.predicted_saved_bytes)), fmt_mib(r.peak_bytes),
+        r.policy,
+        std::string(to_string(r.engine)),
+        fmt_ms(r.step_ms_median),
+        fmt::format("{:.0f}-{:.0f}", r.step_ms_min, r.step_ms_max),
+        fmt_ms(r.fwd_ms_median),
+        fmt_ms(r.bwd_ms_median),
+        none ? fmt_ratio(r.step_ms_median / none->step_ms_median) : "-",
+        fmt_mib(r.saved_bytes),
+        or_dash(r.predicted_saved_bytes >= 0, fmt_mib(r.predicted_saved_bytes)),
+        fmt_mib(r.peak_bytes),
         or_dash(r.predicted_peak_bytes >= 0, fmt_mib(r.predicted_peak_bytes)),
         none ? fmt_ratio(static_cast<double>(r.peak_bytes) / static_cast<double>(none->peak_bytes)) : "-",
-        fmt_ratio(r.floor_ratio), fmt::format("{:.2f}-{:.2f}", r.floor_ratio_min, r.floor_ratio_max),
+        fmt_ratio(r.floor_ratio),
+        fmt::format("{:.2f}-{:.2f}", r.floor_ratio_min, r.floor_ratio_max),
         fmt::format("{:g}", r.grad_max_abs_diff)};
     if (timed_predictions) {
       const bool p = r.predicted_step_ms >= 0;
-      row.insert(row.begin() + 3, {or_dash(p, fmt_ms(r.predicted_step_ms)),
-                                   or_dash(p, fmt::format("{:+.1f}%", 100.0 * (r.predicted_step_ms / r.step_ms_median - 1)))});
+      row.insert(row.begin() + 3,
+                 {or_dash(p, fmt_ms(r.predicted_step_ms)),
+                  or_dash(p, fmt::format("{:+.1f}%", 100.0 * (r.predicted_step_ms / r.step_ms_median - 1)))});
     }
     if (several) row.insert(row.begin() + 1, std::string(to_string(r.attention)));
     t.rows.push_back(std::move(row));
@@ -630,9 +645,9 @@ std::string BenchResult::csv() const {
       "policy,engine,attention,step_ms_median,step_ms_min,step_ms_max,fwd_ms_median,bwd_ms_median,saved_bytes,"
       "predicted_saved_bytes,peak_bytes,grad_max_abs_diff,flops_per_step,floor_ratio,floor_ratio_min,floor_ratio_max\n";
   for (const BenchRow& r : rows)
-    s += fmt::format("\"{}\",{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f},{:.4f},{:.4f}\n", r.policy,
-                     to_string(r.engine), to_string(r.attention), r.step_ms_median, r.step_ms_min, r.step_ms_max,
-                     r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
+    s += fmt::format("\"{}\",{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{},{},{},{:g},{},{:.4f},{:.4f},{:.4f}\n",
+                     r.policy, to_string(r.engine), to_string(r.attention), r.step_ms_median, r.step_ms_min,
+                     r.step_ms_max, r.fwd_ms_median, r.bwd_ms_median, r.saved_bytes,
                      r.predicted_saved_bytes >= 0 ? std::to_string(r.predicted_saved_bytes) : "", r.peak_bytes,
                      r.grad_max_abs_diff, r.flops_per_step, r.floor_ratio, r.floor_ratio_min, r.floor_ratio_max);
   return s;
@@ -641,21 +656,37 @@ std::string BenchResult::csv() const {
 std::string BenchResult::json() const {
   const ModelConfig& m = options.model;
   nlohmann::json config = {
-      {"arch", m.arch},              {"layers", m.layers},
-      {"dim", m.dim},                {"heads", m.heads},
+      {"arch", m.arch},
+      {"layers", m.layers},
+      {"dim", m.dim},
+      {"heads", m.heads},
       {"kv_heads", m.kv()},
-      {"batch", m.batch},            {"seq", m.seq},
-      {"hidden", m.hidden()},        {"dtype", to_string(m.dtype)},
-      {"vocab", m.vocab},            {"dropout", m.dropout},
-      {"steps", options.steps},      {"warmup", options.warmup},
-      {"seed", options.seed},        {"lr", options.lr},
+      {"batch", m.batch},
+      {"seq", m.seq},
+      {"hidden", m.hidden()},
+      {"dtype", to_string(m.dtype)},
+      {"vocab", m.vocab},
+      {"dropout", m.dropout},
+      {"steps", options.steps},
+      {"warmup", options.warmup},
+      {"seed", options.seed},
+      {"lr", options.lr},
       {"threads", to_string(options.threads)},
-      {"blas", blas}, {"blas_kernel", blas::loaded_kernel()}, {"gemm", gemm}, {"gemm_record", gemm_record},
-      {"floor_gemm", floor_gemm}, {"matmul_gflops", matmul_gflops},
-      {"peak_gflops", peak.gflops}, {"peak_how", peak.how},
-      {"round_gflops", round_gflops}, {"sampled_gflops", sampled_gflops},
-      {"flops_per_step", flops_per_step}, {"floor_ms", floor_ms},
-      {"costs", costs}, {"costs_in_run", costs_in_run},              {"costs_matmul_gflops", costs_gflops},
+      {"blas", blas},
+      {"blas_kernel", blas::loaded_kernel()},
+      {"gemm", gemm},
+      {"gemm_record", gemm_record},
+      {"floor_gemm", floor_gemm},
+      {"matmul_gflops", matmul_gflops},
+      {"peak_gflops", peak.gflops},
+      {"peak_how", peak.how},
+      {"round_gflops", round_gflops},
+      {"sampled_gflops", sampled_gflops},
+      {"flops_per_step", flops_per_step},
+      {"floor_ms", floor_ms},
+      {"costs", costs},
+      {"costs_in_run", costs_in_run},
+      {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},
   };
   nlohmann::json engines = nlohmann::json::array();
@@ -675,33 +706,33 @@ std::string BenchResult::json() const {
   }
   nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}, {"notes", notes}};
   for (const BenchRow& r : rows) {
-    out["rows"].push_back({{"policy", r.policy},
-                           {"engine", to_string(r.engine)},
-                           {"attention", to_string(r.attention)},
-                           {"step_ms_median", r.step_ms_median},
-                           {"step_ms_min", r.step_ms_min},
-                           {"step_ms_max", r.step_ms_max},
-                           {"step_ms", r.step_ms},
-                           {"step_gflops", r.step_gflops},
-                           {"fwd_ms_median", r.fwd_ms_median},
-                           {"bwd_ms_median", r.bwd_ms_median},
-                           {"saved_bytes", r.saved_bytes},
-                           {"predicted_saved_bytes", r.predicted_saved_bytes >= 0
-                                                         ? nlohmann::json(r.predicted_saved_bytes)
-                                                         : nlohmann::json(nullptr)},
-                           {"peak_bytes", r.peak_bytes},
-                           {"grad_max_abs_diff", std::isnan(r.grad_max_abs_diff) ? nlohmann::json("nan")
-                                                                                  : nlohmann::json(r.grad_max_abs_diff)},
-                           {"flops_per_step", r.flops_per_step},
-                           {"floor_ratio", r.floor_ratio},
-                           {"floor_ratio_min", r.floor_ratio_min},
-                           {"floor_ratio_max", r.floor_ratio_max},
-                           {"verified", r.verified},
-                           {"predicted_peak_bytes", r.predicted_peak_bytes >= 0 ? nlohmann::json(r.predicted_peak_bytes)
-                                                                                : nlohmann::json(nullptr)},
-                           {"predicted_step_ms", r.predicted_step_ms >= 0 ? nlohmann::json(r.predicted_step_ms)
-                                                                          : nlohmann::json(nullptr)},
-                           {"plan", r.plan}});
+    out["rows"].push_back(
+        {{"policy", r.policy},
+         {"engine", to_string(r.engine)},
+         {"attention", to_string(r.attention)},
+         {"step_ms_median", r.step_ms_median},
+         {"step_ms_min", r.step_ms_min},
+         {"step_ms_max", r.step_ms_max},
+         {"step_ms", r.step_ms},
+         {"step_gflops", r.step_gflops},
+         {"fwd_ms_median", r.fwd_ms_median},
+         {"bwd_ms_median", r.bwd_ms_median},
+         {"saved_bytes", r.saved_bytes},
+         {"predicted_saved_bytes",
+          r.predicted_saved_bytes >= 0 ? nlohmann::json(r.predicted_saved_bytes) : nlohmann::json(nullptr)},
+         {"peak_bytes", r.peak_bytes},
+         {"grad_max_abs_diff",
+          std::isnan(r.grad_max_abs_diff) ? nlohmann::json("nan") : nlohmann::json(r.grad_max_abs_diff)},
+         {"flops_per_step", r.flops_per_step},
+         {"floor_ratio", r.floor_ratio},
+         {"floor_ratio_min", r.floor_ratio_min},
+         {"floor_ratio_max", r.floor_ratio_max},
+         {"verified", r.verified},
+         {"predicted_peak_bytes",
+          r.predicted_peak_bytes >= 0 ? nlohmann::json(r.predicted_peak_bytes) : nlohmann::json(nullptr)},
+         {"predicted_step_ms",
+          r.predicted_step_ms >= 0 ? nlohmann::json(r.predicted_step_ms) : nlohmann::json(nullptr)},
+         {"plan", r.plan}});
   }
   return out.dump(2) + "\n";
 }

@@ -34,14 +34,14 @@ struct BenchOptions {
   // Attention implementations to run each policy with, round-robin in the same run; empty: the
   // model's. A policy that has nothing to drop under one (attn under flash) is left out there.
   std::vector<AttentionImpl> attentions;
-  int steps = 5;              // timed steps per policy
-  int warmup = 2;             // untimed steps before them
-  uint64_t seed = 1234;       // weights and data
-  double lr = 1e-4;           // Adam learning rate
+  int steps = 5;         // timed steps per policy
+  int warmup = 2;        // untimed steps before them
+  uint64_t seed = 1234;  // weights and data
+  double lr = 1e-4;      // Adam learning rate
   ThreadConfig threads = default_threads();
-  bool verify = false;        // ops engine: one extra step checking every recompute bitwise
-  bool profile = false;       // ops engine: per-op forward / recompute / backward times
-  bool frontier = false;      // ops engine: measure op costs and draw the planner's frontier
+  bool verify = false;                               // ops engine: one extra step checking every recompute bitwise
+  bool profile = false;                              // ops engine: per-op forward / recompute / backward times
+  bool frontier = false;                             // ops engine: measure op costs and draw the planner's frontier
   std::function<void(const std::string&)> progress;  // one line per event; may be empty
   // How the engine's GEMM was chosen (choose_gemm's rates), when it was measured; recorded in the
   // JSON beside the choice itself (gemm_record).
@@ -56,20 +56,20 @@ struct BenchRow {
   std::vector<double> step_ms;      // every timed step, in order
   std::vector<double> step_gflops;  // the 1024^3 rate sampled just before each timed step
   double fwd_ms_median = 0, bwd_ms_median = 0;
-  int64_t saved_bytes = 0;          // measured: live after forward - live before
-  int64_t predicted_saved_bytes = -1;  // ops engine: from the tensor table; -1 when not predicted
-  int64_t predicted_peak_bytes = -1;   // ops engine: the planner's memory model; -1 when not predicted
-  double predicted_step_ms = -1;       // ops engine: the cost model's step time (costs timed in the
-                                       // bench's rounds where they are measured); -1 when not predicted
-  std::string plan;                    // budget policies: the plan the planner chose
-  int64_t peak_bytes = 0;           // measured: peak in the step - live before
-  double grad_max_abs_diff = 0;     // against `none` on the same engine, first step
-  int64_t flops_per_step = 0;       // model matmul FLOPs, recompute not counted
-  double floor_ratio = 0;           // step_ms_median / floor_ms (the math-attention model's FLOPs)
+  int64_t saved_bytes = 0;                          // measured: live after forward - live before
+  int64_t predicted_saved_bytes = -1;               // ops engine: from the tensor table; -1 when not predicted
+  int64_t predicted_peak_bytes = -1;                // ops engine: the planner's memory model; -1 when not predicted
+  double predicted_step_ms = -1;                    // ops engine: the cost model's step time (costs timed in the
+                                                    // bench's rounds where they are measured); -1 when not predicted
+  std::string plan;                                 // budget policies: the plan the planner chose
+  int64_t peak_bytes = 0;                           // measured: peak in the step - live before
+  double grad_max_abs_diff = 0;                     // against `none` on the same engine, first step
+  int64_t flops_per_step = 0;                       // model matmul FLOPs, recompute not counted
+  double floor_ratio = 0;                           // step_ms_median / floor_ms (the math-attention model's FLOPs)
   double floor_ratio_min = 0, floor_ratio_max = 0;  // of each timed round's step over that round's
                                                     // floor (round_gflops): the ratio's own spread
-  bool verified = false;            // --verify passed for this row
-  std::string note;                 // e.g. why a row is missing on an engine
+  bool verified = false;                            // --verify passed for this row
+  std::string note;                                 // e.g. why a row is missing on an engine
 };
 
 // Per-op times of one ops-engine row, per step, summed over layers (--profile).
@@ -85,18 +85,18 @@ struct OpProfile {
 struct BenchResult {
   BenchOptions options;
   std::string blas;
-  std::string gemm;                 // the engine's GEMM (gemm_name)
-  std::string gemm_record;          // and as a saved run keeps it (gemm_record): the bits depend on it
+  std::string gemm;         // the engine's GEMM (gemm_name)
+  std::string gemm_record;  // and as a saved run keeps it (gemm_record): the bits depend on it
   // The floor's GEMM: the fastest this build has on the 1024^3 product, tried before the rounds
   // (floor_gemm_rates), then sampled beside every step. No step's products run faster than it.
   std::string floor_gemm;
   std::vector<std::pair<std::string, double>> floor_gemm_rates;
-  PeakRate peak;                    // the CPU's FMA peak on the run's threads: what no GEMM can beat
-  double matmul_gflops = 0;           // 1024^3 float32 rate of floor_gemm: median of sampled_gflops
-  std::vector<double> sampled_gflops; // the rate sampled before every timed step, round by round
-  std::vector<double> round_gflops;   // each timed round's median sample, in order: the floor's own spread
-  int64_t flops_per_step = 0;       // of the model with math attention: what any row must compute
-  double floor_ms = 0;              // flops_per_step at the matmul rate
+  PeakRate peak;                       // the CPU's FMA peak on the run's threads: what no GEMM can beat
+  double matmul_gflops = 0;            // 1024^3 float32 rate of floor_gemm: median of sampled_gflops
+  std::vector<double> sampled_gflops;  // the rate sampled before every timed step, round by round
+  std::vector<double> round_gflops;    // each timed round's median sample, in order: the floor's own spread
+  int64_t flops_per_step = 0;          // of the model with math attention: what any row must compute
+  double floor_ms = 0;                 // flops_per_step at the matmul rate
   std::vector<BenchRow> rows;
   std::vector<OpProfile> profiles;  // --profile
   std::string costs;                // the source of the costs the plans were made with
@@ -107,12 +107,12 @@ struct BenchResult {
     int64_t peak_bytes;  // above the step's start, as peak_bytes
   };
   std::vector<FrontierPoint> frontier;  // the planner's predicted (time, peak) curve
-  std::vector<std::string> notes;   // lines printed under the table
+  std::vector<std::string> notes;       // lines printed under the table
 
-  std::string markdown() const;     // the table `remat bench` prints
+  std::string markdown() const;          // the table `remat bench` prints
   std::string profile_markdown() const;  // --profile: one table per policy
   std::string csv() const;
-  std::string json() const;         // {"config": {...}, "rows": [{...}, ...]}
+  std::string json() const;                         // {"config": {...}, "rows": [{...}, ...]}
   void write_chart(const std::string& path) const;  // peak memory against step time
 };
 

@@ -77,8 +77,8 @@ Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   if (!enough(n)) {
     int64_t least = static_cast<int64_t>(static_cast<double>(seq + 1) / val_fraction);
     while (!enough(least)) ++least;
-    fail("--data '{}' has {} bytes; with --seq {} and {:g}% held out it needs at least {}", path.empty() ? kFortunes : path,
-         n, seq, 100 * val_fraction, least);
+    fail("--data '{}' has {} bytes; with --seq {} and {:g}% held out it needs at least {}",
+         path.empty() ? kFortunes : path, n, seq, 100 * val_fraction, least);
   }
   Corpus c;
   c.train = text.substr(0, n - val);
@@ -114,6 +114,5 @@ std::pair<at::Tensor, at::Tensor> train_batch(const Corpus& c, const ModelConfig
   for (int64_t& s : starts) s = pick(rng);
   return windows(c.train, starts, m.seq);
 }
-
 
 }  // namespace remat

@@ -45,7 +45,8 @@ int free_port() {
 }
 
 std::string how_it_ended(int status) {
-  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return fmt::format("exited with code {}", WEXITSTATUS(status));
 }
 
@@ -70,8 +71,10 @@ void forward(Rank& r, bool quiet) {
   while ((at = r.partial.find('\n')) != std::string::npos) {
     std::string line = r.partial.substr(0, at);
     r.partial.erase(0, at + 1);
-    if (line.rfind(kError, 0) == 0) r.last_error = line.substr(kError.size());
-    else if (!quiet) fmt::print(stderr, "{}\n", line);
+    if (line.rfind(kError, 0) == 0)
+      r.last_error = line.substr(kError.size());
+    else if (!quiet)
+      fmt::print(stderr, "{}\n", line);
   }
 }
 
@@ -108,8 +111,10 @@ int reap(std::vector<Rank>& ranks) {
   for (Rank& r : ranks) {
     if (r.status) continue;
     int status = 0;
-    if (::waitpid(r.pid, &status, WNOHANG) == r.pid) r.status = status;
-    else ++running;
+    if (::waitpid(r.pid, &status, WNOHANG) == r.pid)
+      r.status = status;
+    else
+      ++running;
   }
   return running;
 }
@@ -159,7 +164,8 @@ int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::s
     ranks[k].err = pipe_fds[0];
   }
   // Ctrl-C, kill and a closed terminal stop the ranks too; the last saved state stays as it was.
-  struct sigaction sa {}, old_int{}, old_term{}, old_hup{};
+  struct sigaction sa {
+  }, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = on_stop;
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
@@ -209,8 +215,8 @@ int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::s
     if (cause == nullptr && failed(r) && !(WIFSIGNALED(*r.status) && WTERMSIG(*r.status) == SIGTERM)) cause = &r;
   if (cause == nullptr) return 0;
   const int k = static_cast<int>(cause - ranks.data());
-  say(fmt::format("rank {} (pid {}) {}{}; the other {} rank(s) were stopped", k, cause->pid, how_it_ended(*cause->status),
-                  cause->last_error.empty() ? "" : ": " + cause->last_error, nproc - 1));
+  say(fmt::format("rank {} (pid {}) {}{}; the other {} rank(s) were stopped", k, cause->pid,
+                  how_it_ended(*cause->status), cause->last_error.empty() ? "" : ": " + cause->last_error, nproc - 1));
   return WIFEXITED(*cause->status) ? WEXITSTATUS(*cause->status) : 1;
 }
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -73,8 +73,7 @@ RunResult run_program(const std::vector<std::string>& argv, const std::string& i
   }
   ::close(out[0]);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
@@ -137,7 +136,8 @@ void render_chart(const Chart& chart, const std::string& path) {
   const bool png = extension(path) == ".png";
   // gnuplot writes into a folder of our own; the bytes then go to `path` as every output does.
   std::string dir = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/remat-chart-XXXXXX";
-  if (::mkdtemp(dir.data()) == nullptr) fail_runtime("cannot draw '{}': no temporary folder ({})", path, std::strerror(errno));
+  if (::mkdtemp(dir.data()) == nullptr)
+    fail_runtime("cannot draw '{}': no temporary folder ({})", path, std::strerror(errno));
   const std::string tmp = dir + (png ? "/chart.png" : "/chart.svg");
   std::string script;
   script += png ? "set terminal pngcairo size 960,640 font 'Sans,11'\n"

@@ -25,9 +25,9 @@ struct ChartPoint {
 };
 
 struct ChartSeries {
-  std::string title;               // legend entry
+  std::string title;  // legend entry
   std::vector<ChartPoint> points;
-  bool line = false;               // true: joined by a line (a frontier); false: labelled points
+  bool line = false;  // true: joined by a line (a frontier); false: labelled points
 };
 
 struct Chart {

@@ -20,8 +20,8 @@ std::string read(const std::string& path) {
 
 std::string temp_dir() {
   const auto dir = std::filesystem::temp_directory_path() /
-                   ("remat_report_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-                    "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+                   ("remat_report_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::create_directories(dir);
   return dir.string();
 }

@@ -48,23 +48,53 @@ Switch parse_switch(const std::string& s, const char* on) {
 
 Json options_json(const TrainOptions& o, const std::string& corpus_id) {
   const ModelConfig& m = o.model;
-  return {{"norm", to_string(m.norm)}, {"positions", to_string(m.positions)}, {"mlp", to_string(m.mlp)},
-          {"bias", switch_name(m.bias, "on", "off")}, {"qkv-bias", m.qkv_bias}, {"tied", switch_name(m.tied, "on", "off")},
-          {"qkv", switch_name(m.fused_qkv, "fused", "separate")}, {"loss", to_string(m.loss, m.loss_chunks)},
-          {"arch", m.arch},     {"kv-heads", m.kv_heads}, {"attention", std::string(to_string(m.attention))},
-          {"layers", m.layers}, {"dim", m.dim},   {"heads", m.heads},
-          {"batch", m.batch},   {"seq", m.seq},   {"ffn", m.ffn},
-          {"dropout", m.dropout}, {"attn-block", m.attn_block},
-          {"head-dim", m.head_size}, {"experts", m.experts}, {"top-k", m.top_k}, {"shared-ffn", m.shared_ffn},
-          {"capacity-factor", m.capacity_factor}, {"router", std::string(to_string(m.router))},
-          {"norm-topk", m.norm_topk}, {"aux-loss", m.aux_loss},
-          {"steps", o.steps},   {"accum", o.accum}, {"lr", o.lr},
-          {"min-lr", o.min_lr}, {"warmup", o.warmup}, {"weight-decay", o.weight_decay},
-          {"beta1", o.beta1},   {"beta2", o.beta2}, {"clip", o.clip},
-          {"val-fraction", o.val_fraction}, {"seed", o.seed}, {"data", corpus_id},
-          {"policy", o.policy}, {"eval-every", o.eval_every}, {"eval-batches", o.eval_batches},
-          {"save-every", o.save_every}, {"nproc", o.dist.world}, {"zero", o.zero},
-          {"bucket-mb", static_cast<double>(o.bucket_bytes) / (1 << 20)}, {"aten-threads", o.threads.aten},
+  return {{"norm", to_string(m.norm)},
+          {"positions", to_string(m.positions)},
+          {"mlp", to_string(m.mlp)},
+          {"bias", switch_name(m.bias, "on", "off")},
+          {"qkv-bias", m.qkv_bias},
+          {"tied", switch_name(m.tied, "on", "off")},
+          {"qkv", switch_name(m.fused_qkv, "fused", "separate")},
+          {"loss", to_string(m.loss, m.loss_chunks)},
+          {"arch", m.arch},
+          {"kv-heads", m.kv_heads},
+          {"attention", std::string(to_string(m.attention))},
+          {"layers", m.layers},
+          {"dim", m.dim},
+          {"heads", m.heads},
+          {"batch", m.batch},
+          {"seq", m.seq},
+          {"ffn", m.ffn},
+          {"dropout", m.dropout},
+          {"attn-block", m.attn_block},
+          {"head-dim", m.head_size},
+          {"experts", m.experts},
+          {"top-k", m.top_k},
+          {"shared-ffn", m.shared_ffn},
+          {"capacity-factor", m.capacity_factor},
+          {"router", std::string(to_string(m.router))},
+          {"norm-topk", m.norm_topk},
+          {"aux-loss", m.aux_loss},
+          {"steps", o.steps},
+          {"accum", o.accum},
+          {"lr", o.lr},
+          {"min-lr", o.min_lr},
+          {"warmup", o.warmup},
+          {"weight-decay", o.weight_decay},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"clip", o.clip},
+          {"val-fraction", o.val_fraction},
+          {"seed", o.seed},
+          {"data", corpus_id},
+          {"policy", o.policy},
+          {"eval-every", o.eval_every},
+          {"eval-batches", o.eval_batches},
+          {"save-every", o.save_every},
+          {"nproc", o.dist.world},
+          {"zero", o.zero},
+          {"bucket-mb", static_cast<double>(o.bucket_bytes) / (1 << 20)},
+          {"aten-threads", o.threads.aten},
           {"gemm", gemm_record()},
           {"blas-kernel", blas::loaded_kernel()}};
 }
@@ -84,14 +114,17 @@ bool may_change(const std::string& key) {
 // flag that restores it.
 void check_same_arithmetic(const Json& was, const TrainOptions& o, const std::string& dir) {
   if (was.contains("aten-threads") && was.at("aten-threads").get<int>() != o.threads.aten)
-    fail("the run in '{}' was trained with {} ATen thread(s); resume it with --threads {}/{} (its gradients are "
-         "summed in that order)",
-         dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), o.threads.blas);
+    fail(
+        "the run in '{}' was trained with {} ATen thread(s); resume it with --threads {}/{} (its gradients are "
+        "summed in that order)",
+        dir, was.at("aten-threads").get<int>(), was.at("aten-threads").get<int>(), o.threads.blas);
   // (An explicit --gemm that differs was refused with the other flags that change the trajectory.)
   if (was.contains("gemm")) restore_gemm(was.at("gemm").get<std::string>());
-  if (gemm_uses_blas() && was.contains("blas-kernel") && was.at("blas-kernel").get<std::string>() != blas::loaded_kernel())
+  if (gemm_uses_blas() && was.contains("blas-kernel") &&
+      was.at("blas-kernel").get<std::string>() != blas::loaded_kernel())
     fail("the run in '{}' was trained on OpenBLAS kernel {}; resume it with --blas-kernel {} (this process runs {})",
-         dir, was.at("blas-kernel").get<std::string>(), was.at("blas-kernel").get<std::string>(), blas::loaded_kernel());
+         dir, was.at("blas-kernel").get<std::string>(), was.at("blas-kernel").get<std::string>(),
+         blas::loaded_kernel());
 }
 
 }  // namespace
@@ -114,15 +147,33 @@ TrainOptions options_from(const Json& j, TrainOptions o) {
   if (text("loss") != "default") parse_loss(text("loss"), m);
   // The mixture of experts (absent from states before 0.5: the defaults).
   if (j.contains("experts")) {
-    m.experts = j.at("experts"); m.top_k = j.at("top-k"); m.shared_ffn = j.at("shared-ffn");
-    m.capacity_factor = j.at("capacity-factor"); m.router = parse_router(j.at("router").get<std::string>());
-    m.norm_topk = j.at("norm-topk"); m.aux_loss = j.at("aux-loss");
+    m.experts = j.at("experts");
+    m.top_k = j.at("top-k");
+    m.shared_ffn = j.at("shared-ffn");
+    m.capacity_factor = j.at("capacity-factor");
+    m.router = parse_router(j.at("router").get<std::string>());
+    m.norm_topk = j.at("norm-topk");
+    m.aux_loss = j.at("aux-loss");
   }
-  m.layers = j.at("layers"); m.dim = j.at("dim"); m.heads = j.at("heads"); m.batch = j.at("batch");
-  m.seq = j.at("seq"); m.ffn = j.at("ffn"); m.dropout = j.at("dropout"); m.attn_block = j.at("attn-block");
-  o.steps = j.at("steps"); o.accum = j.at("accum"); o.lr = j.at("lr"); o.min_lr = j.at("min-lr");
-  o.warmup = j.at("warmup"); o.weight_decay = j.at("weight-decay"); o.beta1 = j.at("beta1"); o.beta2 = j.at("beta2");
-  o.clip = j.at("clip"); o.val_fraction = j.at("val-fraction"); o.seed = j.at("seed");
+  m.layers = j.at("layers");
+  m.dim = j.at("dim");
+  m.heads = j.at("heads");
+  m.batch = j.at("batch");
+  m.seq = j.at("seq");
+  m.ffn = j.at("ffn");
+  m.dropout = j.at("dropout");
+  m.attn_block = j.at("attn-block");
+  o.steps = j.at("steps");
+  o.accum = j.at("accum");
+  o.lr = j.at("lr");
+  o.min_lr = j.at("min-lr");
+  o.warmup = j.at("warmup");
+  o.weight_decay = j.at("weight-decay");
+  o.beta1 = j.at("beta1");
+  o.beta2 = j.at("beta2");
+  o.clip = j.at("clip");
+  o.val_fraction = j.at("val-fraction");
+  o.seed = j.at("seed");
   return o;
 }
 
@@ -175,12 +226,12 @@ struct Run {
   TrainOptions o;
   Corpus corpus;
   GPT model{nullptr};
-  std::vector<at::Tensor> params;  // model->parameters(), in plan order
-  std::vector<std::string> names;  // their registered names
+  std::vector<at::Tensor> params;     // model->parameters(), in plan order
+  std::vector<std::string> names;     // their registered names
   std::unique_ptr<ShardedAdam> adam;  // this rank's share (all of them in one process or without ZeRO)
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<GradientBuckets> buckets;
-  at::Tensor loss_sum;             // data parallelism: the all-reduced loss, one float64
+  at::Tensor loss_sum;  // data parallelism: the all-reduced loss, one float64
   int64_t step = 0;
   ResolvedPolicy policy;
   std::string policy_text;
@@ -291,8 +342,10 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
   // This rank's share of the moments, from the full ones.
   for (const ShardedAdam::Slice& sl : r.adam->slices()) {
     const int64_t n = sl.end - sl.begin, off = sl.flat - r.adam->first();
-    r.adam->exp_avg().narrow(0, off, n).copy_(s.tensor("adam.m:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
-    r.adam->exp_avg_sq().narrow(0, off, n).copy_(s.tensor("adam.v:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
+    r.adam->exp_avg().narrow(0, off, n).copy_(
+        s.tensor("adam.m:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
+    r.adam->exp_avg_sq().narrow(0, off, n).copy_(
+        s.tensor("adam.v:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
   }
   r.adam->set_steps(s.header.at("adam_steps").get<int64_t>());
 }
@@ -335,7 +388,8 @@ std::string plan_that_fits(const Run& r, int64_t limit) {
     ro.costs = CostSource::Estimated;
     ro.threads = r.o.threads;
     const Resolution fit = resolve_policy(Policy::parse(fmt::format("budget:{}", budget)), r.o.model, ro);
-    return fmt::format("--policy budget:{}MiB fits (peak {}): {}", budget >> 20, bytes_str(fit.memory.total_peak()), fit.text);
+    return fmt::format("--policy budget:{}MiB fits (peak {}): {}", budget >> 20, bytes_str(fit.memory.total_peak()),
+                       fit.text);
   } catch (const Error& e) {
     return fmt::format("no policy fits {}: {}", bytes_str(budget), e.what());
   }
@@ -355,7 +409,8 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     // Without --data, the saved run's text: its id is "PATH:BYTES:HASH" ("fortunes:..." for the default).
     if (std::find(explicit_flags.begin(), explicit_flags.end(), "data") == explicit_flags.end()) {
       const std::string id = was.at("data").get<std::string>();
-      const size_t hash = id.rfind(':'), bytes = hash == std::string::npos || hash == 0 ? hash : id.rfind(':', hash - 1);
+      const size_t hash = id.rfind(':'),
+                   bytes = hash == std::string::npos || hash == 0 ? hash : id.rfind(':', hash - 1);
       if (bytes == std::string::npos) fail("train state '{}' names no data ('{}'); give --data", resume_dir, id);
       const std::string path = id.substr(0, bytes);
       r.o.data = path == "fortunes" ? std::string() : path;
@@ -405,9 +460,10 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
   if (r.parallel()) {
     if (r.policy.chunk > 0)
-      fail("policy '{}' checkpoints chunks of layers, whose gradients reach autograd only; data parallelism takes "
-           "every other policy",
-           r.o.policy);
+      fail(
+          "policy '{}' checkpoints chunks of layers, whose gradients reach autograd only; data parallelism takes "
+          "every other policy",
+          r.o.policy);
     r.comm = std::make_unique<Communicator>(r.o.dist);
     r.buckets = std::make_unique<GradientBuckets>(r.model->step_plan(), r.params, r.o.bucket_bytes,
                                                   static_cast<int>(r.o.accum), *r.comm);
@@ -434,11 +490,13 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       fail("policy '{}' peaks at {} per step{}, over TrainOptions.memory_limit {}; {}", r.o.policy, bytes_str(needs),
            outside > 0 ? " with " + bytes_str(outside) + " held before" : std::string(), bytes_str(r.o.memory_limit),
            plan_that_fits(r, r.o.memory_limit - outside));
-  } else if (const int64_t available = available_memory(); available > 0 && needs * r.o.dist.world > available * 9 / 10) {
-    fail("policy '{}' needs {} {} per step on each of {} process(es) and this machine has {} available; try "
-         "--policy budget:{}MiB (the planner then recomputes what it must)",
-         r.o.policy, r.policy.chunk == 0 ? "about" : "at most", bytes_str(needs), r.o.dist.world,
-         bytes_str(available), available * 6 / 10 / r.o.dist.world / (1 << 20));
+  } else if (const int64_t available = available_memory();
+             available > 0 && needs * r.o.dist.world > available * 9 / 10) {
+    fail(
+        "policy '{}' needs {} {} per step on each of {} process(es) and this machine has {} available; try "
+        "--policy budget:{}MiB (the planner then recomputes what it must)",
+        r.o.policy, r.policy.chunk == 0 ? "about" : "at most", bytes_str(needs), r.o.dist.world, bytes_str(available),
+        available * 6 / 10 / r.o.dist.world / (1 << 20));
   }
   struct Limit {  // the allocator's limit for this run only
     explicit Limit(int64_t bytes) : before(MemoryTracker::limit()) { MemoryTracker::set_limit(bytes); }
@@ -478,17 +536,17 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     for (at::Tensor& p : r.params) p.mutable_grad() = at::Tensor();
     double loss = 0;
     try {
-    for (int64_t micro = 0; micro < r.o.accum; ++micro) {
-      // Micro-batch `global` of the step: its data and its dropout are pure functions of
-      // (seed, step, global), whichever rank runs it.
-      const int64_t global = r.o.dist.rank * r.o.accum + micro;
-      auto [x, y] = train_batch(r.corpus, r.o.model, r.o.seed, r.step, global);
-      at::manual_seed(dropout_seed(r.o.seed, r.step, global));
-      at::Tensor l = r.model->forward(x, y);
-      if (micro_per_step > 1) l = l / static_cast<double>(micro_per_step);
-      l.backward();
-      loss += l.item<double>();
-    }
+      for (int64_t micro = 0; micro < r.o.accum; ++micro) {
+        // Micro-batch `global` of the step: its data and its dropout are pure functions of
+        // (seed, step, global), whichever rank runs it.
+        const int64_t global = r.o.dist.rank * r.o.accum + micro;
+        auto [x, y] = train_batch(r.corpus, r.o.model, r.o.seed, r.step, global);
+        at::manual_seed(dropout_seed(r.o.seed, r.step, global));
+        at::Tensor l = r.model->forward(x, y);
+        if (micro_per_step > 1) l = l / static_cast<double>(micro_per_step);
+        l.backward();
+        loss += l.item<double>();
+      }
     } catch (const OutOfMemory& e) {
       const int64_t limit = (e.limit() > 0 ? e.limit() : available_memory()) - outside;
       fail_runtime("out of memory in step {} under policy '{}': {}; the step {}; {}", r.step + 1, r.policy_text,
@@ -513,11 +571,12 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       loss = r.loss_sum.item<double>();
     }
     if (!std::isfinite(loss)) {
-      const std::string kept = r.o.save_dir.empty()    ? "no train state was being saved"
-                               : last_saved >= 0 ? fmt::format("the last good state (step {}) is kept in '{}'", last_saved, r.o.save_dir)
-                                                 : "no state had been saved yet";
-      fail_runtime("loss is {} at step {} (lr {:.3g}); stopped before the update; {}; lower --lr or set --clip",
-                   loss, r.step + 1, lr, kept);
+      const std::string kept =
+          r.o.save_dir.empty() ? "no train state was being saved"
+          : last_saved >= 0    ? fmt::format("the last good state (step {}) is kept in '{}'", last_saved, r.o.save_dir)
+                               : "no state had been saved yet";
+      fail_runtime("loss is {} at step {} (lr {:.3g}); stopped before the update; {}; lower --lr or set --clip", loss,
+                   r.step + 1, lr, kept);
     }
     std::vector<at::Tensor> grads;
     if (r.buckets) {

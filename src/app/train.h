@@ -28,7 +28,7 @@ struct TrainProgress {
   double loss = 0;
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // the latest, NaN before the first
   double tokens_per_s = 0;
-  int64_t peak_bytes = 0;   // this step's true peak: weights, optimizer, activations, gradients
+  int64_t peak_bytes = 0;  // this step's true peak: weights, optimizer, activations, gradients
   double eta_s = 0;
 };
 
@@ -43,19 +43,19 @@ struct TrainOptions {
   int64_t warmup = 100;         // linear warm-up steps
   double weight_decay = 0.1;    // AdamW, on weight matrices only
   double beta1 = 0.9, beta2 = 0.95;
-  double clip = 1.0;            // global gradient-norm clip; 0 = off
-  int64_t eval_every = 100;     // validation loss every N steps and at the end; 0 = only at the end
-  int64_t eval_batches = 8;     // batches of the held-out text per validation
-  double val_fraction = 0.1;    // the corpus tail held out for validation
-  uint64_t seed = 1234;         // weights, batches, dropout
-  std::string save_dir;         // where the train state goes ("" = nowhere)
-  int64_t save_every = 0;       // steps between saves; 0 = only at the end
+  double clip = 1.0;          // global gradient-norm clip; 0 = off
+  int64_t eval_every = 100;   // validation loss every N steps and at the end; 0 = only at the end
+  int64_t eval_batches = 8;   // batches of the held-out text per validation
+  double val_fraction = 0.1;  // the corpus tail held out for validation
+  uint64_t seed = 1234;       // weights, batches, dropout
+  std::string save_dir;       // where the train state goes ("" = nowhere)
+  int64_t save_every = 0;     // steps between saves; 0 = only at the end
   ThreadConfig threads = default_threads();
   // Data parallelism: this process is rank dist.rank of dist.world (world 1: one process). Each rank
   // trains on its own micro-batches of every step, `accum` of them, and the gradients are summed
   // over ranks: world ranks with accum 1 take the steps one process takes with accum = world.
   DistConfig dist;
-  int zero = 0;                  // 1: ZeRO-1, each rank keeps the Adam moments of its share only
+  int zero = 0;                    // 1: ZeRO-1, each rank keeps the Adam moments of its share only
   int64_t bucket_bytes = 2 << 20;  // gradient buckets close at the first stage boundary past this
   // Bytes of tensor storage this process may hold (MemoryTracker::set_limit), as a GPU's memory
   // would bound it; 0 = this machine's memory. A policy whose exact prediction is over it is refused
@@ -72,9 +72,9 @@ struct TrainOptions {
 ModelConfig default_train_model();
 
 struct TrainRecord {
-  int64_t step = 0;             // optimizer steps done
+  int64_t step = 0;  // optimizer steps done
   double lr = 0;
-  double loss = 0;              // mean over the step's micro-batches, of every rank
+  double loss = 0;  // mean over the step's micro-batches, of every rank
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
@@ -87,12 +87,12 @@ struct TrainRecord {
 struct TrainResult {
   std::vector<TrainRecord> log;  // one record per step run in this call
   double final_val_loss = 0;
-  std::string weights_digest;    // remat::digest of the final weights
-  std::string policy_text;       // the policy as resolved (a budget shows the plan)
-  int64_t predicted_peak = 0;    // the memory model's total peak for one step, of this rank; 0 when
-                                 // the policy is uniform:N, which the model does not cover
-  int64_t peak_bound = 0;        // uniform:N: an upper bound on that peak (none's step plus its
-                                 // activations again), which the memory guard used
+  std::string weights_digest;           // remat::digest of the final weights
+  std::string policy_text;              // the policy as resolved (a budget shows the plan)
+  int64_t predicted_peak = 0;           // the memory model's total peak for one step, of this rank; 0 when
+                                        // the policy is uniform:N, which the model does not cover
+  int64_t peak_bound = 0;               // uniform:N: an upper bound on that peak (none's step plus its
+                                        // activations again), which the memory guard used
   std::vector<int64_t> rank_peaks;      // measured peak of each rank (its largest step), on rank 0
   std::vector<int64_t> rank_predicted;  // and predicted
   int buckets = 0;                      // gradient buckets (data parallelism)
@@ -104,8 +104,8 @@ struct TrainResult {
 
 // Throws remat::Error naming the first bad option (a count, a rate, a policy that does not parse, a
 // float-data arch, a ZeRO stage for the world size, a --save folder this process cannot write or
-// that holds another saved run than `resume_dir`: checked before any step). train() calls it; the CLI also calls it before it may re-execute
-// itself for the BLAS kernel.
+// that holds another saved run than `resume_dir`: checked before any step). train() calls it; the CLI also calls it
+// before it may re-execute itself for the BLAS kernel.
 void check_train_options(const TrainOptions& options, const std::string& resume_dir = "");
 
 // Bounds on counts that multiply a step's work: micro-batches per step and validation batches.
@@ -132,10 +132,10 @@ TrainOptions options_from(const nlohmann::json& saved, TrainOptions base);
 inline constexpr int64_t kMaxSampleTokens = 1000000;
 
 struct SampleOptions {
-  std::string prompt;           // "" starts from a newline
-  int64_t tokens = 300;         // bytes to generate, 0..kMaxSampleTokens
-  double temperature = 0.8;     // > 0
-  int64_t top_k = 40;           // 0 = all 256
+  std::string prompt;        // "" starts from a newline
+  int64_t tokens = 300;      // bytes to generate, 0..kMaxSampleTokens
+  double temperature = 0.8;  // > 0
+  int64_t top_k = 40;        // 0 = all 256
   uint64_t seed = 1;
   // Called about once a second with the bytes generated so far and the total; may be empty.
   std::function<void(int64_t done, int64_t total)> progress;

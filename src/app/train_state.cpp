@@ -47,10 +47,14 @@ at::ScalarType dtype_of(const std::string& name, const std::string& file) {
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "float32";
-    case at::kByte: return "uint8";
-    case at::kLong: return "int64";
-    default: fail_runtime("train state: cannot store dtype {}", c10::toString(t));
+    case at::kFloat:
+      return "float32";
+    case at::kByte:
+      return "uint8";
+    case at::kLong:
+      return "int64";
+    default:
+      fail_runtime("train state: cannot store dtype {}", c10::toString(t));
   }
 }
 
@@ -105,8 +109,11 @@ void save_train_state(const std::string& dir, const TrainState& state) {
   std::vector<at::Tensor> contiguous;
   for (const auto& [name, t] : state.tensors) {
     at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    header["tensors"].push_back({{"name", name}, {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()},
-                                 {"offset", offset}, {"bytes", c.nbytes()}});
+    header["tensors"].push_back({{"name", name},
+                                 {"dtype", dtype_name(c.scalar_type())},
+                                 {"shape", c.sizes().vec()},
+                                 {"offset", offset},
+                                 {"bytes", c.nbytes()}});
     offset += c.nbytes();
     contiguous.push_back(std::move(c));
   }
@@ -136,7 +143,8 @@ RunLock::RunLock(const std::string& dir) {
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    if (err == EWOULDBLOCK) fail("another remat train is saving into '{}'; wait for it to end or --save elsewhere", dir);
+    if (err == EWOULDBLOCK)
+      fail("another remat train is saving into '{}'; wait for it to end or --save elsewhere", dir);
     fail_runtime("cannot lock the run folder '{}': {}", dir, std::strerror(err));
   }
   // A writer killed mid-save leaves "state.bin.tmp.PID" (write_file_atomic); no writer is alive now.

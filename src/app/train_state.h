@@ -18,7 +18,7 @@
 namespace remat {
 
 struct TrainState {
-  nlohmann::json header;                                   // config, options, step, data, digest
+  nlohmann::json header;                                    // config, options, step, data, digest
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // name -> CPU tensor
 
   // The tensor named `name`; throws remat::Error naming the file when missing.

@@ -11,13 +11,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "app/train_state.h"
+#include "remat/block.h"
 #include "remat/error.h"
 #include "remat/memory.h"
-#include "remat/block.h"
+#include "remat/memory_model.h"
 #include "remat/policy.h"
 #include "remat/units.h"
-#include "remat/memory_model.h"
-#include "app/train_state.h"
 #include "test_util.h"
 
 #include <nlohmann/json.hpp>
@@ -33,8 +33,8 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 std::string corpus_file(const std::string& dir) {
   const std::string path = dir + "/text.txt";
   std::ofstream out(path);
-  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "then",
-                         "sleeps", "under", "tree", "while", "birds", "sing"};
+  const char* words[] = {"the", "quick", "brown",  "fox",   "jumps", "over",  "a",     "lazy", "dog",
+                         "and", "then",  "sleeps", "under", "tree",  "while", "birds", "sing"};
   uint32_t x = 12345;
   for (int i = 0; i < 4000; ++i) {
     x = x * 1664525u + 1013904223u;
@@ -274,7 +274,10 @@ TEST(TrainState, ForgedHeadersAreRefused) {
   EXPECT_EQ(again([](nlohmann::json&) {}), "");  // the forger's checksum is valid
   EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["offset"] = -8; }), "negative or non-integer"));
   EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["offset"] = 1ULL << 62; }), "past the end"));
-  EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["shape"] = {1 << 30, 1 << 30}; }), "shape dimension"));
+  EXPECT_TRUE(contains(again([](nlohmann::json& h) {
+                         h["tensors"][0]["shape"] = {1 << 30, 1 << 30};
+                       }),
+                       "shape dimension"));
   EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["shape"] = {-1}; }), "shape dimension"));
   EXPECT_TRUE(contains(again([](nlohmann::json& h) { h["tensors"][0]["name"] = 7; }), "malformed tensor list"));
   EXPECT_TRUE(contains(again([](nlohmann::json& h) { h.erase("tensors"); }), "no tensor list"));

@@ -31,9 +31,8 @@ TEST(Block, SeedKeepsWhatItsBackwardsRead) {
 TEST(Block, Gpt2WithDropoutHasMasks) {
   const BlockSpec b = make_block(tiny("gpt2", 0.1));
   EXPECT_EQ(names(b, b.choosable()),
-            (std::vector<std::string>{"ln1", "ln1_mean", "ln1_rstd", "qkv", "probs", "probs_mask", "probs_drop",
-                                      "atty", "proj_mask", "x2", "ln2", "ln2_mean", "ln2_rstd", "fc", "act",
-                                      "mlp_mask"}));
+            (std::vector<std::string>{"ln1", "ln1_mean", "ln1_rstd", "qkv", "probs", "probs_mask", "probs_drop", "atty",
+                                      "proj_mask", "x2", "ln2", "ln2_mean", "ln2_rstd", "fc", "act", "mlp_mask"}));
   EXPECT_EQ(b.tensors[b.find("probs_mask")].dtype, DType::Bool);
   EXPECT_EQ(b.tensors[b.find("ln1_mean")].dtype, DType::F32);
 }
@@ -62,7 +61,8 @@ TEST(Block, FlashAttentionStoresNoTxTTensor) {
   EXPECT_EQ(b.find("probs"), -1);
   EXPECT_EQ(b.find("probs_mask"), -1);
   EXPECT_EQ(b.tensors[b.find("lse")].shape, (std::vector<int64_t>{2, 4, 8}));
-  EXPECT_EQ(names(b, b.bwd_reads(b.tensors[b.find("atty")].producer)), (std::vector<std::string>{"qkv", "atty", "lse"}));
+  EXPECT_EQ(names(b, b.bwd_reads(b.tensors[b.find("atty")].producer)),
+            (std::vector<std::string>{"qkv", "atty", "lse"}));
 }
 
 TEST(Block, MatmulFlopsOfTheSeedBlock) {
@@ -80,8 +80,8 @@ TEST(Block, ParamsInModuleOrder) {
   const BlockSpec b = make_block(tiny("seed"));
   std::vector<std::string> p;
   for (const ParamSpec& s : b.params) p.push_back(s.name);
-  EXPECT_EQ(p, (std::vector<std::string>{"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "fc.weight",
-                                         "fc.bias", "mlp.weight", "mlp.bias"}));
+  EXPECT_EQ(p, (std::vector<std::string>{"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "fc.weight", "fc.bias",
+                                         "mlp.weight", "mlp.bias"}));
   EXPECT_EQ(b.param_numel(), 12 * 16 * 16 + 3 * 16 + 16 + 64 + 16);
 }
 
@@ -138,7 +138,7 @@ TEST(Block, LlamaSharesKeysAndValuesAcrossQueryHeads) {
   c.kv_heads = 2;
   const BlockSpec b = make_block(c);
   EXPECT_EQ(b.tensors[b.find("q_rot")].shape, (std::vector<int64_t>{2, 8, 16}));  // 4 q heads of 4
-  EXPECT_EQ(b.tensors[b.find("k_rot")].shape, (std::vector<int64_t>{2, 8, 8}));  // 2 k heads
+  EXPECT_EQ(b.tensors[b.find("k_rot")].shape, (std::vector<int64_t>{2, 8, 8}));   // 2 k heads
   EXPECT_EQ(b.tensors[b.find("v")].shape, (std::vector<int64_t>{2, 8, 8}));
   EXPECT_EQ(b.tensors[b.find("q")].read_by_backward, false);  // rope's backward reads nothing
   EXPECT_EQ(b.tensors[b.find("k")].read_by_backward, false);

@@ -15,7 +15,8 @@ int64_t rotary_dims(const ModelConfig& c) {
 }
 
 int norm(Builder& b, const DecoderStyle& s, const std::string& which, int x, const std::string& doc) {
-  return s.rms_norm ? rms_norm(b, "rms" + which, x, "RMSNorm " + doc) : layer_norm(b, "ln" + which, x, "LayerNorm " + doc);
+  return s.rms_norm ? rms_norm(b, "rms" + which, x, "RMSNorm " + doc)
+                    : layer_norm(b, "ln" + which, x, "LayerNorm " + doc);
 }
 
 // A rotary embedding of `x`'s columns [col, col + width) (all of them when width is 0).
@@ -39,7 +40,8 @@ int attention(Builder& b, const DecoderStyle& s, int n1) {
   const bool bias = s.bias || s.qkv_bias;
   const bool rope_on = s.positions == Positions::Rope;
   if (s.fused_qkv) {
-    const int qkv = linear(b, "qkv", n1, q_all + 2 * kv_all, 0, "q, k, v projections", bias, Init::Normal, Split::Column);
+    const int qkv =
+        linear(b, "qkv", n1, q_all + 2 * kv_all, 0, "q, k, v projections", bias, Init::Normal, Split::Column);
     if (!rope_on)
       return core_attention(b, qkv, qkv, qkv, attention_layout(c, /*causal=*/true, 0, q_rank, q_rank + kv_rank));
     // Rotated q and k are new tensors; v stays in the projection, which it keeps alive.
@@ -64,15 +66,17 @@ int attention(Builder& b, const DecoderStyle& s, int n1) {
 int mlp_activation(Builder& b, const DecoderStyle& s, int n2) {
   const ModelConfig& c = b.cfg();
   if (!s.swiglu) {
-    const int fc = linear(b, "fc", n2, c.hidden(), tag::kMlpInner, "MLP first linear (GELU input)", s.bias, Init::Normal,
-                          Split::Column);
+    const int fc = linear(b, "fc", n2, c.hidden(), tag::kMlpInner, "MLP first linear (GELU input)", s.bias,
+                          Init::Normal, Split::Column);
     return unary(b, OpKind::Gelu, "act", fc, tag::kMlpAct | tag::kMlpInner, "MLP activation (GELU output)");
   }
-  const int gate = linear(b, "gate", n2, c.hidden(), tag::kMlpInner, "MLP gate projection", s.bias, Init::Normal,
-                          Split::Column);
-  const int up = linear(b, "up", n2, c.hidden(), tag::kMlpInner, "MLP up projection", s.bias, Init::Normal, Split::Column);
-  return b.op(OpKind::Swiglu, "act", {gate, up},
-              {{"act", b.btc(c.rank_hidden()), c.dtype, tag::kMlpAct | tag::kMlpInner, "SwiGLU output silu(gate) * up"}})[0];
+  const int gate =
+      linear(b, "gate", n2, c.hidden(), tag::kMlpInner, "MLP gate projection", s.bias, Init::Normal, Split::Column);
+  const int up =
+      linear(b, "up", n2, c.hidden(), tag::kMlpInner, "MLP up projection", s.bias, Init::Normal, Split::Column);
+  return b.op(
+      OpKind::Swiglu, "act", {gate, up},
+      {{"act", b.btc(c.rank_hidden()), c.dtype, tag::kMlpAct | tag::kMlpInner, "SwiGLU output silu(gate) * up"}})[0];
 }
 
 }  // namespace
@@ -98,7 +102,9 @@ void check_decoder(const ModelConfig& c, const DecoderStyle& s) {
   if (s.positions == Positions::Rope && rotary_dims(c) == 0)
     fail("ModelConfig.rotary_fraction {} turns no pair of the head's {} dimensions", c.rotary_fraction, c.head_dim());
   if (c.qk_norm && s.fused_qkv)
-    fail("ModelConfig.qk_norm normalises q's and k's heads as separate projections; give fused_qkv off (--qkv separate)");
+    fail(
+        "ModelConfig.qk_norm normalises q's and k's heads as separate projections; give fused_qkv off (--qkv "
+        "separate)");
   if (c.rotary_fraction != 1.0 && s.positions != Positions::Rope)
     fail("ModelConfig.rotary_fraction {} is for rotary positions; this block has positions {}", c.rotary_fraction,
          to_string(s.positions));

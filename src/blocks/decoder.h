@@ -21,13 +21,13 @@ namespace remat::blocks {
 
 // Every choice of a decoder, resolved.
 struct DecoderStyle {
-  bool rms_norm = false;      // RMSNorm, else LayerNorm
+  bool rms_norm = false;                     // RMSNorm, else LayerNorm
   Positions positions = Positions::Learned;  // Learned, Rope or None (never Default)
-  bool swiglu = false;        // SwiGLU MLP (gate, up), else GELU (fc)
-  bool bias = true;           // biases on every linear
-  bool qkv_bias = false;      // biases on q, k and v
-  bool tied = true;           // the LM head is wte
-  bool fused_qkv = true;      // one qkv linear
+  bool swiglu = false;                       // SwiGLU MLP (gate, up), else GELU (fc)
+  bool bias = true;                          // biases on every linear
+  bool qkv_bias = false;                     // biases on q, k and v
+  bool tied = true;                          // the LM head is wte
+  bool fused_qkv = true;                     // one qkv linear
 };
 
 // `kind`'s defaults with what `cfg` sets over them.

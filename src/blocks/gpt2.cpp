@@ -12,8 +12,8 @@
 namespace remat::blocks {
 namespace {
 
-const DecoderStyle kGpt2Style{/*rms_norm=*/false, Positions::Learned, /*swiglu=*/false, /*bias=*/true,
-                              /*qkv_bias=*/false, /*tied=*/true, /*fused_qkv=*/true};
+const DecoderStyle kGpt2Style{/*rms_norm=*/false, Positions::Learned, /*swiglu=*/false,  /*bias=*/true,
+                              /*qkv_bias=*/false, /*tied=*/true,      /*fused_qkv=*/true};
 
 DecoderStyle style(const ModelConfig& c) { return resolve_style(c, kGpt2Style); }
 BlockSpec stem(const ModelConfig& c) { return decoder_stem(c, style(c), "gpt2"); }
@@ -23,7 +23,12 @@ void check(const ModelConfig& c) { check_decoder(c, style(c)); }
 
 }  // namespace
 
-extern const BlockKind kGpt2{"gpt2", "GPT-2: pre-LayerNorm, causal attention, GELU MLP, tied LM head, dropout",
-                             stem, block, head, check, /*has_logits=*/true};
+extern const BlockKind kGpt2{"gpt2",
+                             "GPT-2: pre-LayerNorm, causal attention, GELU MLP, tied LM head, dropout",
+                             stem,
+                             block,
+                             head,
+                             check,
+                             /*has_logits=*/true};
 
 }  // namespace remat::blocks

@@ -75,13 +75,14 @@ void validate(const ModelConfig& c) {
   // The largest tensors: (B, T, widest) activations, (B, H, T, T) attention scores and the weight
   // matrices, counted in doubles so that nothing wraps; 2^60 bytes is an exabyte.
   const double b = static_cast<double>(c.batch), t = static_cast<double>(c.seq), d = static_cast<double>(c.dim);
-  const double widest = std::max({3 * d, 2 * static_cast<double>(c.ffn > 0 ? c.ffn : 4 * c.dim),
-                                  static_cast<double>(c.vocab)});
+  const double widest =
+      std::max({3 * d, 2 * static_cast<double>(c.ffn > 0 ? c.ffn : 4 * c.dim), static_cast<double>(c.vocab)});
   const double largest = 8 * std::max({b * t * widest, b * static_cast<double>(c.heads) * t * t, widest * d});
   if (largest > std::ldexp(1.0, 60))
-    fail("ModelConfig batch {} x seq {} x dim {} (heads {}, vocab {}) makes tensors of {:.3g} bytes, over 2^60: "
-         "shrink the batch, sequence or width",
-         c.batch, c.seq, c.dim, c.heads, c.vocab, largest);
+    fail(
+        "ModelConfig batch {} x seq {} x dim {} (heads {}, vocab {}) makes tensors of {:.3g} bytes, over 2^60: "
+        "shrink the batch, sequence or width",
+        c.batch, c.seq, c.dim, c.heads, c.vocab, largest);
   if (c.head_size < 0 || c.head_size > 65536)
     fail("ModelConfig.head_size must be in 0..65536 (0: dim / heads), got {}", c.head_size);
   if (c.head_size == 0 && c.dim % c.heads != 0)
@@ -98,8 +99,10 @@ void validate(const ModelConfig& c) {
   if (c.tp < 1) fail("ModelConfig.tp must be a positive integer, got {}", c.tp);
   if (c.tp > 1) {
     if (c.heads % c.tp != 0 || c.kv() % c.tp != 0)
-      fail("ModelConfig.tp {} must divide the attention heads ({}) and key/value heads ({}): each rank takes whole heads",
-           c.tp, c.heads, c.kv());
+      fail(
+          "ModelConfig.tp {} must divide the attention heads ({}) and key/value heads ({}): each rank takes whole "
+          "heads",
+          c.tp, c.heads, c.kv());
     if (c.hidden() % c.tp != 0)
       fail("ModelConfig.tp {} must divide the MLP width ({}): the first MLP linear is split by columns", c.tp,
            c.hidden());
@@ -110,13 +113,15 @@ void validate(const ModelConfig& c) {
     fail("ModelConfig.seq {} is not divisible by ModelConfig.cp {}: each context-parallel rank holds seq / cp tokens",
          c.seq, c.cp);
   if (c.cp > 1 && c.attention != AttentionImpl::Flash)
-    fail("ModelConfig.cp {} runs attention in a ring over the ranks' keys and values, which math attention's T x T "
-         "tensors cannot; use --attention flash",
-         c.cp);
+    fail(
+        "ModelConfig.cp {} runs attention in a ring over the ranks' keys and values, which math attention's T x T "
+        "tensors cannot; use --attention flash",
+        c.cp);
   if (c.sp && c.local_seq() % c.tp != 0)
-    fail("ModelConfig.seq {} is not divisible by ModelConfig.tp {} (x cp {}); sequence parallelism gives each rank "
-         "seq / (cp tp) tokens",
-         c.seq, c.tp, c.cp);
+    fail(
+        "ModelConfig.seq {} is not divisible by ModelConfig.tp {} (x cp {}); sequence parallelism gives each rank "
+        "seq / (cp tp) tokens",
+        c.seq, c.tp, c.cp);
   if (c.ep != 1 && !kind.routes)
     fail("ModelConfig.ep {} splits experts over ranks; a {} block has none (use arch moe)", c.ep, c.arch);
   if (kind.validate) kind.validate(c);

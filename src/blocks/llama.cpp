@@ -15,8 +15,8 @@
 namespace remat::blocks {
 namespace {
 
-const DecoderStyle kLlamaStyle{/*rms_norm=*/true, Positions::Rope, /*swiglu=*/true, /*bias=*/false,
-                               /*qkv_bias=*/false, /*tied=*/false, /*fused_qkv=*/false};
+const DecoderStyle kLlamaStyle{/*rms_norm=*/true,  Positions::Rope, /*swiglu=*/true,    /*bias=*/false,
+                               /*qkv_bias=*/false, /*tied=*/false,  /*fused_qkv=*/false};
 
 DecoderStyle style(const ModelConfig& c) { return resolve_style(c, kLlamaStyle); }
 BlockSpec stem(const ModelConfig& c) { return decoder_stem(c, style(c), "llama"); }
@@ -26,7 +26,12 @@ void check(const ModelConfig& c) { check_decoder(c, style(c)); }
 
 }  // namespace
 
-extern const BlockKind kLlama{"llama", "LLaMA: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases",
-                              stem, block, head, check, /*has_logits=*/true};
+extern const BlockKind kLlama{"llama",
+                              "LLaMA: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases",
+                              stem,
+                              block,
+                              head,
+                              check,
+                              /*has_logits=*/true};
 
 }  // namespace remat::blocks

@@ -1,7 +1,7 @@
 // moe: a mixture-of-experts decoder (Mixtral, Qwen3-MoE): LLaMA's attention (any decoder choice:
-// blocks/decoder.h), then instead of one MLP a router sends each token to top_k of E SwiGLU experts (ModelConfig.experts, .top_k, .ffn
-// each) and weights their outputs back together; an optional shared expert (.shared_ffn) every
-// token passes too (DeepSeek, Qwen2-MoE). Routing is dropless, or capped at a capacity per expert
+// blocks/decoder.h), then instead of one MLP a router sends each token to top_k of E SwiGLU experts
+// (ModelConfig.experts, .top_k, .ffn each) and weights their outputs back together; an optional shared expert
+// (.shared_ffn) every token passes too (DeepSeek, Qwen2-MoE). Routing is dropless, or capped at a capacity per expert
 // (.capacity_factor, GShard/Switch). Every size is known before the step: the dispatch buffer has
 // tokens x top_k rows (dropless) or E x capacity, whatever the routing.
 //   stem   x = drop(wte[tokens])
@@ -22,8 +22,8 @@
 namespace remat::blocks {
 namespace {
 
-const DecoderStyle kMoeStyle{/*rms_norm=*/true, Positions::Rope, /*swiglu=*/true, /*bias=*/false,
-                             /*qkv_bias=*/false, /*tied=*/false, /*fused_qkv=*/false};
+const DecoderStyle kMoeStyle{/*rms_norm=*/true,  Positions::Rope, /*swiglu=*/true,    /*bias=*/false,
+                             /*qkv_bias=*/false, /*tied=*/false,  /*fused_qkv=*/false};
 
 DecoderStyle style(const ModelConfig& c) { return resolve_style(c, kMoeStyle); }
 
@@ -54,8 +54,8 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
   const ModelConfig& c = b.cfg();
   const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
   const int64_t rows = c.dispatch_rows(), f = c.hidden();
-  const Routing routing{c.experts, c.top_k, c.expert_capacity(), c.router == Router::Sigmoid,
-                        c.norm_topk, c.aux_loss, c.ep};
+  const Routing routing{c.experts,  c.top_k, c.expert_capacity(), c.router == Router::Sigmoid, c.norm_topk,
+                        c.aux_loss, c.ep};
   const int logits = linear(b, "router", n2, c.experts, tag::kRouter, "router logits", false);
   const std::vector<int> routed =
       b.op(OpKind::Route, "route", {logits},
@@ -77,14 +77,17 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
     const int gate = expert_linear(b, "gate", xs, row_expert, f, kInner, "experts' gate projections");
     const int up = expert_linear(b, "up", xs, row_expert, f, kInner, "experts' up projections");
     act = b.op(OpKind::Swiglu, "act", {gate, up},
-               {{"act", {rows, f}, c.dtype, kInner | tag::kExpertAct | tag::kMlpAct,
+               {{"act",
+                 {rows, f},
+                 c.dtype,
+                 kInner | tag::kExpertAct | tag::kMlpAct,
                  "experts' SwiGLU output silu(gate) * up"}})[0];
   } else {
     const int fc = expert_linear(b, "fc", xs, row_expert, f, kInner, "experts' first linears (GELU input)");
     act = unary(b, OpKind::Gelu, "act", fc, kInner | tag::kExpertAct | tag::kMlpAct, "experts' GELU output");
   }
-  const int down = expert_linear(b, "down", act, row_expert, c.dim, kInner, "experts' down projections",
-                                 Init::ResidualNormal);
+  const int down =
+      expert_linear(b, "down", act, row_expert, c.dim, kInner, "experts' down projections", Init::ResidualNormal);
   int out = b.op(OpKind::Combine, "combine", {down, routed[0], slots},
                  {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
   b.last().routing = routing;
@@ -99,7 +102,8 @@ BlockSpec block(const ModelConfig& c) {
   Builder b(c, "moe");
   const int x = b.input("x", b.res(c.dim), c.dtype, "block input (residual stream)");
   const int x2 = decoder_attention(b, s, x);
-  const int out = dropout(b, "mlp", experts(b, s, decoder_norm2(b, s, x, x2)), tag::kMlpInner, "mixture-of-experts output");
+  const int out =
+      dropout(b, "mlp", experts(b, s, decoder_norm2(b, s, x, x2)), tag::kMlpInner, "mixture-of-experts output");
   return b.finish(add(b, "y", x2, out, "block output"));
 }
 
@@ -115,8 +119,7 @@ void check(const ModelConfig& c) {
   if (!(c.capacity_factor >= 0 && c.capacity_factor <= 1024))
     fail("ModelConfig.capacity_factor must be 0 (dropless) or in (0, 1024], got {}", c.capacity_factor);
   if (!(c.aux_loss >= 0 && c.aux_loss <= 1e3)) fail("ModelConfig.aux_loss must be in [0, 1000], got {}", c.aux_loss);
-  if (c.tp > 1)
-    fail("ModelConfig.tp {}: the moe block has no tensor-parallel split of its experts; give tp 1", c.tp);
+  if (c.tp > 1) fail("ModelConfig.tp {}: the moe block has no tensor-parallel split of its experts; give tp 1", c.tp);
   if (c.cp > 1) fail("ModelConfig.cp {}: the moe block is not modelled under context parallelism; give cp 1", c.cp);
   if (c.ep < 1 || c.experts % c.ep != 0)
     fail("ModelConfig.ep {} must divide the experts ({}): each expert-parallel rank holds whole experts", c.ep,
@@ -131,6 +134,11 @@ void check(const ModelConfig& c) {
 extern const BlockKind kMoe{"moe",
                             "mixture of experts: LLaMA's attention, top-k routing to SwiGLU experts (dropless or a "
                             "capacity), an optional shared expert",
-                            stem, block, head, check, /*has_logits=*/true, /*routes=*/true};
+                            stem,
+                            block,
+                            head,
+                            check,
+                            /*has_logits=*/true,
+                            /*routes=*/true};
 
 }  // namespace remat::blocks

@@ -84,7 +84,8 @@ RouteRun run_route(const at::Tensor& logits, int64_t k, double aux, const at::Te
   const int z = b.input("logits", logits.sizes().vec(), DType::F32, "router logits");
   std::vector<int64_t> per_token = logits.sizes().vec();
   per_token.back() = k;
-  b.op(OpKind::Route, "route", {z}, {{"weights", per_token}, {"experts", per_token, DType::I64}, {"probs", logits.sizes().vec()}});
+  b.op(OpKind::Route, "route", {z},
+       {{"weights", per_token}, {"experts", per_token, DType::I64}, {"probs", logits.sizes().vec()}});
   b.last().routing = {logits.size(-1), k, 0, false, true, aux};
   const BlockSpec spec = b.finish(b.last().out[0]);
   BlockExecutor exec(spec, keep_everything(spec));
@@ -100,8 +101,7 @@ TEST(Moe, TiedScoresPickTheLowestExperts) {
   const at::Tensor logits = at::zeros({3, 6}, at::kDouble);
   logits[1][4] = 1.0;  // one clear winner, then ties
   const RouteRun r = run_route(logits, 3, 0.0, at::ones({3, 3}, at::kDouble));
-  EXPECT_TRUE(at::equal(r.experts, at::tensor({0, 1, 2, 4, 0, 1, 0, 1, 2}, at::kLong).reshape({3, 3})))
-      << r.experts;
+  EXPECT_TRUE(at::equal(r.experts, at::tensor({0, 1, 2, 4, 0, 1, 0, 1, 2}, at::kLong).reshape({3, 3}))) << r.experts;
 }
 
 // The load-balancing loss c E sum_e f_e P_e: with no gradient from the weights, the router's

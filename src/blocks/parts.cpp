@@ -44,11 +44,12 @@ int layer_norm(Builder& b, const std::string& name, int x, const std::string& do
   std::vector<int64_t> stat = b.tensor(x).shape;
   stat.back() = 1;
   const int64_t width = b.tensor(x).shape.back();
-  const int y = b.op(OpKind::LayerNorm, name, {x},
-                     {{name, b.tensor(x).shape, c.dtype, tag::kNormOut, doc},
-                      {name + "_mean", stat, DType::F32, tag::kNormStat, "LayerNorm mean per token"},
-                      {name + "_rstd", stat, DType::F32, tag::kNormStat, "LayerNorm 1/std per token"}},
-                     {{name + ".weight", {width}, Init::Ones, 0.0, false}, {name + ".bias", {width}, Init::Zeros, 0.0, false}})[0];
+  const int y = b.op(
+      OpKind::LayerNorm, name, {x},
+      {{name, b.tensor(x).shape, c.dtype, tag::kNormOut, doc},
+       {name + "_mean", stat, DType::F32, tag::kNormStat, "LayerNorm mean per token"},
+       {name + "_rstd", stat, DType::F32, tag::kNormStat, "LayerNorm 1/std per token"}},
+      {{name + ".weight", {width}, Init::Ones, 0.0, false}, {name + ".bias", {width}, Init::Zeros, 0.0, false}})[0];
   b.last().eps = c.norm_eps;
   return y;
 }
@@ -74,10 +75,11 @@ int dropout(Builder& b, const std::string& name, int x, uint32_t tags, const std
   const ModelConfig& c = b.cfg();
   if (c.dropout <= 0.0) return x;
   const std::vector<int64_t> shape = b.tensor(x).shape;
-  const int mask =
-      b.op(OpKind::DropoutMask, name + "_mask", {}, {{name + "_mask", shape, DType::Bool, tags | tag::kMask, "dropout keep-mask of " + what}})[0];
+  const int mask = b.op(OpKind::DropoutMask, name + "_mask", {},
+                        {{name + "_mask", shape, DType::Bool, tags | tag::kMask, "dropout keep-mask of " + what}})[0];
   b.last().p = c.dropout;
-  const int y = b.op(OpKind::Dropout, name + "_drop", {x, mask}, {{name + "_drop", shape, c.dtype, tags, what + " after dropout"}})[0];
+  const int y = b.op(OpKind::Dropout, name + "_drop", {x, mask},
+                     {{name + "_drop", shape, c.dtype, tags, what + " after dropout"}})[0];
   b.last().p = c.dropout;
   return y;
 }
@@ -109,20 +111,22 @@ int core_attention(Builder& b, int q, int k, int v, const AttentionLayout& layou
     // One fused op: no T x T tensor is stored; the backward reruns the scores from q, k and the
     // per-row log-sum-exp. Attention dropout happens inside, replayed from a seed: no mask. The
     // layout (math attention's) addresses the mask, so both draw the same one.
-    const int atty = b.op(OpKind::FlashAttention, "atty", {q, k, v},
-                          {{"atty", btc, c.dtype, 0, "attention output, heads merged"},
-                           {"lse", {c.batch, c.rank_heads(), c.local_seq()}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
+    const int atty =
+        b.op(OpKind::FlashAttention, "atty", {q, k, v},
+             {{"atty", btc, c.dtype, 0, "attention output, heads merged"},
+              {"lse", {c.batch, c.rank_heads(), c.local_seq()}, DType::F32, 0, "softmax log-sum-exp per row"}})[0];
     b.last().attn = layout;
     b.last().p = c.dropout;
     return atty;
   }
-  const int scores =
-      b.op(OpKind::Scores, "scores", {q, k}, {{"scores", layout.shape(), c.dtype, tag::kAttnCore, "attention scores q k^T / sqrt(D)"}})[0];
+  const int scores = b.op(OpKind::Scores, "scores", {q, k},
+                          {{"scores", layout.shape(), c.dtype, tag::kAttnCore, "attention scores q k^T / sqrt(D)"}})[0];
   b.last().attn = layout;
   int probs = unary(b, OpKind::Softmax, "probs", scores, tag::kAttnCore, "attention probabilities");
   b.last().attn = layout;
   probs = dropout(b, "probs", probs, tag::kAttnCore, "attention probabilities");
-  const int atty = b.op(OpKind::AttnValues, "atty", {probs, v}, {{"atty", btc, c.dtype, 0, "attention output, heads merged"}})[0];
+  const int atty =
+      b.op(OpKind::AttnValues, "atty", {probs, v}, {{"atty", btc, c.dtype, 0, "attention output, heads merged"}})[0];
   b.last().attn = layout;
   return atty;
 }

@@ -30,8 +30,9 @@ BlockSpec head(const ModelConfig& c, bool) {
 
 void check(const ModelConfig& c) {
   if (c.dropout > 0.0)
-    fail("ModelConfig.dropout {} is not available for arch seed (the seed block has no dropout); use arch gpt2 or llama",
-         c.dropout);
+    fail(
+        "ModelConfig.dropout {} is not available for arch seed (the seed block has no dropout); use arch gpt2 or llama",
+        c.dropout);
   if (c.kv() != c.heads)
     fail("ModelConfig.kv_heads {} is for grouped-query attention, which seed blocks do not have; use arch llama",
          c.kv_heads);
@@ -41,13 +42,19 @@ void check(const ModelConfig& c) {
   if (c.norm != Norm::Default || c.positions != Positions::Default || c.mlp != Mlp::Default ||
       c.bias != Switch::Default || c.qkv_bias || c.tied != Switch::Default || c.fused_qkv != Switch::Default ||
       c.loss != Loss::Default || c.rotary_fraction != 1.0 || c.parallel_residual || c.qk_norm)
-    fail("ModelConfig.norm, positions, mlp, bias, tied, fused_qkv and loss shape the token kinds (gpt2, llama); the "
-         "seed block has none of them");
+    fail(
+        "ModelConfig.norm, positions, mlp, bias, tied, fused_qkv and loss shape the token kinds (gpt2, llama); the "
+        "seed block has none of them");
 }
 
 }  // namespace
 
-extern const BlockKind kSeed{"seed", "the seed note's block: attention + Linear/ReLU/Linear FFN, residuals, no norm",
-                             nullptr, block, head, check, /*has_logits=*/false};
+extern const BlockKind kSeed{"seed",
+                             "the seed note's block: attention + Linear/ReLU/Linear FFN, residuals, no norm",
+                             nullptr,
+                             block,
+                             head,
+                             check,
+                             /*has_logits=*/false};
 
 }  // namespace remat::blocks

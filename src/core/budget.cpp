@@ -26,8 +26,8 @@ Budget parse_budget(std::string_view text) {
     return b;
   }
   static const std::pair<const char*, double> units[] = {
-      {"", 1},           {"B", 1},          {"KB", 1e3},          {"MB", 1e6},          {"GB", 1e9},
-      {"TB", 1e12},      {"KiB", 1024.0},   {"MiB", 1048576.0},   {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   for (const auto& [name, scale] : units)
     if (unit == name) {
       const double bytes = v * scale;

@@ -25,8 +25,8 @@ std::vector<int> Builder::op(OpKind kind, std::string name, std::vector<int> in,
   const OpDef& def = op_def(kind);
   if (static_cast<int>(in.size()) != def.n_in || static_cast<int>(outs.size()) != def.n_out ||
       static_cast<int>(params.size()) > def.max_params)
-    REMAT_INTERNAL("op '{}' ({}) takes {} inputs, {} outputs, at most {} parameters; got {}, {}, {}", name,
-                 def.name, def.n_in, def.n_out, def.max_params, in.size(), outs.size(), params.size());
+    REMAT_INTERNAL("op '{}' ({}) takes {} inputs, {} outputs, at most {} parameters; got {}, {}, {}", name, def.name,
+                   def.n_in, def.n_out, def.max_params, in.size(), outs.size(), params.size());
   OpNode node;
   node.kind = kind;
   node.name = std::move(name);

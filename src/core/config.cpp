@@ -9,11 +9,16 @@ namespace remat {
 
 std::string_view to_string(DType t) {
   switch (t) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-    case DType::Bool: return "bool";
-    case DType::I64: return "int64";
+    case DType::F32:
+      return "fp32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "fp16";
+    case DType::Bool:
+      return "bool";
+    case DType::I64:
+      return "int64";
   }
   return "?";
 }
@@ -35,17 +40,25 @@ AttentionImpl parse_attention(std::string_view s) {
 
 std::string_view to_string(Norm n) { return n == Norm::Layer ? "layer" : n == Norm::Rms ? "rms" : "default"; }
 std::string_view to_string(Positions p) {
-  return p == Positions::Learned ? "learned" : p == Positions::Rope ? "rope" : p == Positions::None ? "none" : "default";
+  return p == Positions::Learned ? "learned"
+         : p == Positions::Rope  ? "rope"
+         : p == Positions::None  ? "none"
+                                 : "default";
 }
 std::string_view to_string(Mlp m) { return m == Mlp::Gelu ? "gelu" : m == Mlp::Swiglu ? "swiglu" : "default"; }
 std::string_view to_string(Router r) { return r == Router::Sigmoid ? "sigmoid" : "softmax"; }
 std::string to_string(Loss l, int64_t chunks) {
   switch (l) {
-    case Loss::Default: return "default";
-    case Loss::Fp32: return "fp32";
-    case Loss::Upcast: return "upcast";
-    case Loss::Model: return "model";
-    case Loss::Chunked: return fmt::format("chunked:{}", chunks);
+    case Loss::Default:
+      return "default";
+    case Loss::Fp32:
+      return "fp32";
+    case Loss::Upcast:
+      return "upcast";
+    case Loss::Model:
+      return "model";
+    case Loss::Chunked:
+      return fmt::format("chunked:{}", chunks);
   }
   return "?";
 }
@@ -78,8 +91,8 @@ Router parse_router(std::string_view s) {
 int64_t ModelConfig::expert_capacity() const {
   if (capacity_factor <= 0) return 0;
   // Over the tokens of the whole expert-parallel group, as GShard counts them.
-  const double rows = std::ceil(capacity_factor * static_cast<double>(batch * rank_seq() * top_k * ep) /
-                                static_cast<double>(experts));
+  const double rows =
+      std::ceil(capacity_factor * static_cast<double>(batch * rank_seq() * top_k * ep) / static_cast<double>(experts));
   return std::max<int64_t>(1, static_cast<int64_t>(rows));
 }
 

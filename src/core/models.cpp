@@ -30,7 +30,8 @@ std::vector<NamedModel> presets() {
   add("gpt3-175b", shape("gpt2", 96, 12288, 96, 0, 0, 2048, 50257, 0.1), 1536, 0,
       "Brown et al. 2020, Table 2.1: 96 layers of 12288, 96 heads, 1536 sequences of 2048 (3.2M tokens)");
   ModelConfig llama2 = shape("llama", 32, 4096, 32, 0, 11008, 4096, 32000, 0.0);
-  add("llama2-7b", llama2, 1024, 6738415616, "Touvron et al. 2023 (Llama 2): 4M tokens per step; meta-llama/Llama-2-7b-hf");
+  add("llama2-7b", llama2, 1024, 6738415616,
+      "Touvron et al. 2023 (Llama 2): 4M tokens per step; meta-llama/Llama-2-7b-hf");
   llama2.layers = 40, llama2.dim = 5120, llama2.heads = 40, llama2.ffn = 13824;
   add("llama2-13b", llama2, 1024, 13015864320, "Touvron et al. 2023 (Llama 2); meta-llama/Llama-2-13b-hf");
   llama2.layers = 80, llama2.dim = 8192, llama2.heads = 64, llama2.kv_heads = 8, llama2.ffn = 28672;
@@ -100,10 +101,11 @@ const NamedModel& named_model(std::string_view name) {
   for (const NamedModel& m : named_models())
     if (m.name == name) return m;
   if (name == "deepseek-v3" || name == "deepseek-v3-671b")
-    fail("model '{}' is not modelled: its multi-head latent attention (keys and values compressed to a 512-wide "
-         "latent) and its first 3 dense layers are not a remat block kind; the moe block has LLaMA's attention and "
-         "every layer routed. The presets are: {}",
-         name, names());
+    fail(
+        "model '{}' is not modelled: its multi-head latent attention (keys and values compressed to a 512-wide "
+        "latent) and its first 3 dense layers are not a remat block kind; the moe block has LLaMA's attention and "
+        "every layer routed. The presets are: {}",
+        name, names());
   fail("unknown model '{}'; the presets are: {}", name, names());
 }
 
@@ -144,7 +146,8 @@ ModelConfig read_model_config(const std::string& path) {
       if (field<std::string>(j, "hidden_act", "silu") != "silu")
         refuse("hidden_act '" + field<std::string>(j, "hidden_act", "") + "': the llama block's MLP is SwiGLU (silu)");
       if (field<bool>(j, "mlp_bias", false)) refuse("mlp_bias: biases on the MLP alone are not modelled");
-      if (arch == "Qwen2ForCausalLM") c.qkv_bias = true;  // modeling_qwen2.py: q/k/v biased, o_proj not
+      if (arch == "Qwen2ForCausalLM")
+        c.qkv_bias = true;  // modeling_qwen2.py: q/k/v biased, o_proj not
       else if (field<bool>(j, "attention_bias", false))
         refuse("attention_bias: biases on o_proj too are not modelled (q/k/v biases alone are: Qwen2)");
       if (arch == "Qwen3ForCausalLM") c.qk_norm = true;
@@ -193,11 +196,13 @@ ModelConfig read_model_config(const std::string& path) {
         c.norm_topk = field<bool>(j, "norm_topk_prob", false);
         if (field<int64_t>(j, "decoder_sparse_step", 1) != 1 ||
             (j.contains("mlp_only_layers") && j.at("mlp_only_layers").is_array() && !j.at("mlp_only_layers").empty()))
-          refuse("dense layers among the experts' (decoder_sparse_step, mlp_only_layers): every layer of a model is one "
-                 "block kind");
+          refuse(
+              "dense layers among the experts' (decoder_sparse_step, mlp_only_layers): every layer of a model is one "
+              "block kind");
       }
       if (field<std::string>(j, "hidden_act", "silu") != "silu")
-        refuse("hidden_act '" + field<std::string>(j, "hidden_act", "") + "': the moe block's experts are SwiGLU (silu)");
+        refuse("hidden_act '" + field<std::string>(j, "hidden_act", "") +
+               "': the moe block's experts are SwiGLU (silu)");
     } else if (arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV2ForCausalLM" || arch == "Qwen2MoeForCausalLM") {
       refuse(arch == "Qwen2MoeForCausalLM"
                  ? "a gated shared expert (shared_expert_gate) and q/k/v biases are not modelled"
@@ -205,9 +210,11 @@ ModelConfig read_model_config(const std::string& path) {
                    "first_k_dense_replace dense layers are not modelled; the moe block has LLaMA's attention and "
                    "every layer routed");
     } else {
-      fail("--model-config '{}': architecture '{}' is not modelled; remat reads LlamaForCausalLM, MistralForCausalLM, "
-           "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel and GPTNeoXForCausalLM",
-           path, arch.empty() ? "(none named)" : arch);
+      fail(
+          "--model-config '{}': architecture '{}' is not modelled; remat reads LlamaForCausalLM, MistralForCausalLM, "
+          "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel and "
+          "GPTNeoXForCausalLM",
+          path, arch.empty() ? "(none named)" : arch);
     }
     const int64_t head_dim = field<int64_t>(j, "head_dim", c.heads > 0 ? c.dim / c.heads : 0);
     if (c.heads > 0 && head_dim != c.dim / c.heads) c.head_size = head_dim;  // Qwen3: 128 whatever the width

@@ -28,7 +28,8 @@ TEST(Models, PresetsHoldTheirPublishedParameterCounts) {
 class ConfigFile : public ::testing::Test {
  protected:
   std::string write(const std::string& json) {
-    path_ = (std::filesystem::temp_directory_path() / ("remat-config-" + std::to_string(::getpid()) + ".json")).string();
+    path_ =
+        (std::filesystem::temp_directory_path() / ("remat-config-" + std::to_string(::getpid()) + ".json")).string();
     std::ofstream(path_) << json;
     return path_;
   }
@@ -53,7 +54,8 @@ TEST_F(ConfigFile, Qwen2BiasesQkvAndQwen3NormalisesTheirHeads) {
   const ModelConfig q2 = read_model_config(write(R"({"architectures": ["Qwen2ForCausalLM"], )" + shape + "}"));
   EXPECT_TRUE(q2.qkv_bias);
   EXPECT_GE(make_block(q2).find("q"), 0);
-  const ModelConfig q3 = read_model_config(write(R"({"architectures": ["Qwen3ForCausalLM"], "head_dim": 16, )" + shape + "}"));
+  const ModelConfig q3 =
+      read_model_config(write(R"({"architectures": ["Qwen3ForCausalLM"], "head_dim": 16, )" + shape + "}"));
   EXPECT_TRUE(q3.qk_norm);
   EXPECT_GE(make_block(q3).find("q_norm"), 0);
 }
@@ -104,7 +106,8 @@ TEST_F(ConfigFile, WhatIsNotModelledIsRefusedByName) {
   EXPECT_NE(message(R"({"architectures": ["FalconForCausalLM"]})").find("'FalconForCausalLM' is not modelled"),
             std::string::npos);
   EXPECT_NE(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
-    "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 8, "attention_bias": true})").find("o_proj"),
+    "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 8, "attention_bias": true})")
+                .find("o_proj"),
             std::string::npos);
   EXPECT_NE(message("{ not json").find("is not JSON"), std::string::npos);
 }

@@ -18,7 +18,7 @@ struct PresetDef {
   const char* doc;
   uint32_t tags;
   bool all = false;
-  const char* missing = "";  // what a block without such tensors lacks, for the error
+  const char* missing = "";       // what a block without such tensors lacks, for the error
   bool matmul_save_list = false;  // torchtitan-op: by op, not by tag (save_list_of)
 };
 
@@ -46,7 +46,8 @@ const std::vector<PresetDef>& presets() {
 }
 
 constexpr const char* kAllowed =
-    "none, full, attn, mlp-act, norm, mlp, moe-act, moe, shared, torchtitan-op, save:NAMES, keep:NAMES, drop:NAMES, every:K[=PRESET], "
+    "none, full, attn, mlp-act, norm, mlp, moe-act, moe, shared, torchtitan-op, save:NAMES, keep:NAMES, drop:NAMES, "
+    "every:K[=PRESET], "
     "block:N[=PRESET], uniform:N, layers:I-J=PRESET[,...], budget:SIZE";
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -61,9 +62,7 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   return parts;
 }
 
-bool starts_with(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 bool is_digits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -83,13 +82,11 @@ int64_t positive(std::string_view s, std::string_view form, std::string_view tex
   return v;
 }
 
-void merge(TensorPolicy& cur, Choice choice, Strength strength, std::string_view tensor,
-           std::string_view token) {
+void merge(TensorPolicy& cur, Choice choice, Strength strength, std::string_view tensor, std::string_view token) {
   if (strength > cur.strength) {
     cur = {choice, strength};
   } else if (strength == cur.strength && choice != cur.choice) {
-    if (strength == Strength::Must)
-      fail("tensor '{}' is pinned both to save and to recompute in '{}'", tensor, token);
+    if (strength == Strength::Must) fail("tensor '{}' is pinned both to save and to recompute in '{}'", tensor, token);
     cur.choice = Choice::Recompute;  // two presets: the union of what they drop
   }
 }
@@ -148,9 +145,12 @@ std::vector<Policy::Term> Policy::parse_preset(std::string_view text, std::strin
     const size_t colon = piece.find(':');
     if (colon != std::string_view::npos) {
       const std::string_view head = piece.substr(0, colon);
-      if (head == "save") term.kind = TermKind::Save;
-      else if (head == "keep") term.kind = TermKind::Keep;
-      else if (head == "drop") term.kind = TermKind::Drop;
+      if (head == "save")
+        term.kind = TermKind::Save;
+      else if (head == "keep")
+        term.kind = TermKind::Keep;
+      else if (head == "drop")
+        term.kind = TermKind::Drop;
       else if (head == "every" || head == "block" || head == "uniform" || head == "layers" || head == "budget")
         fail("'{}' cannot appear inside a preset in '{}'; per-layer forms do not nest", piece, context);
       else
@@ -161,8 +161,7 @@ std::vector<Policy::Term> Policy::parse_preset(std::string_view text, std::strin
       }
     } else {
       const auto& table = presets();
-      const auto it = std::find_if(table.begin(), table.end(),
-                                   [&](const PresetDef& p) { return piece == p.name; });
+      const auto it = std::find_if(table.begin(), table.end(), [&](const PresetDef& p) { return piece == p.name; });
       if (it == table.end()) {
         if (piece == "every" || piece == "block" || piece == "uniform" || piece == "layers")
           fail("'{}' needs a number in policy '{}' (e.g. {}:2)", piece, context, piece);
@@ -223,13 +222,14 @@ Policy Policy::parse(std::string_view text) {
       const size_t eq = piece.find('=');
       const std::string_view range = piece.substr(0, eq);
       const size_t dash = range.find('-');
-      const bool starts_rule =
-          eq != std::string_view::npos && is_digits(range.substr(0, dash)) &&
-          (dash == std::string_view::npos || is_digits(range.substr(dash + 1)));
+      const bool starts_rule = eq != std::string_view::npos && is_digits(range.substr(0, dash)) &&
+                               (dash == std::string_view::npos || is_digits(range.substr(dash + 1)));
       if (!starts_rule) {
         if (p.rules_.empty() || piece.empty() || piece.find('=') != std::string_view::npos)
-          fail("bad layer assignment '{}' in policy '{}'; write I=PRESET or I-J=PRESET, "
-               "e.g. layers:0-3=attn,4-5=full", piece, text);
+          fail(
+              "bad layer assignment '{}' in policy '{}'; write I=PRESET or I-J=PRESET, "
+              "e.g. layers:0-3=attn,4-5=full",
+              piece, text);
         p.rules_.back().token += "," + std::string(piece);
         continue;
       }
@@ -270,14 +270,12 @@ LayerPolicy Policy::apply(const BlockSpec& spec, const std::vector<Term>& terms,
 
   auto lookup = [&](const std::string& name, std::string_view term) {
     const int t = spec.find(name);
-    if (t >= 0 && spec.is_input(t))
-      fail("'{}' in '{}' is the block input; it is always kept", name, term);
+    if (t >= 0 && spec.is_input(t)) fail("'{}' in '{}' is the block input; it is always kept", name, term);
     if (t >= 0 && !spec.tensors[t].read_by_backward)
-      fail("'{}' in '{}' is never read by a backward, so it is never kept; a {} block can keep: {}",
-           name, term, spec.kind, spec.choosable_names());
+      fail("'{}' in '{}' is never read by a backward, so it is never kept; a {} block can keep: {}", name, term,
+           spec.kind, spec.choosable_names());
     if (t < 0)
-      fail("unknown tensor '{}' in '{}'; a {} block can keep: {}", name, term, spec.kind,
-           spec.choosable_names());
+      fail("unknown tensor '{}' in '{}'; a {} block can keep: {}", name, term, spec.kind, spec.choosable_names());
     return t;
   };
 
@@ -289,10 +287,12 @@ LayerPolicy Policy::apply(const BlockSpec& spec, const std::vector<Term>& terms,
           const std::vector<int> kept = save_list_of(spec);
           for (int t : choosable) {
             const bool keep = std::find(kept.begin(), kept.end(), t) != kept.end();
-            merge(lp.tensors[t], keep ? Choice::Save : Choice::Recompute, Strength::Prefer, spec.tensors[t].name, token);
+            merge(lp.tensors[t], keep ? Choice::Save : Choice::Recompute, Strength::Prefer, spec.tensors[t].name,
+                  token);
           }
           for (int t : kept)
-            if (!spec.is_input(t) && !spec.tensors[t].read_by_backward) lp.tensors[t] = {Choice::Save, Strength::Prefer, true};
+            if (!spec.is_input(t) && !spec.tensors[t].read_by_backward)
+              lp.tensors[t] = {Choice::Save, Strength::Prefer, true};
           break;
         }
         int named = 0;
@@ -311,16 +311,16 @@ LayerPolicy Policy::apply(const BlockSpec& spec, const std::vector<Term>& terms,
         for (const std::string& n : term.names) named.push_back(lookup(n, term.token));
         for (int t : choosable) {
           const bool keep = std::find(named.begin(), named.end(), t) != named.end();
-          merge(lp.tensors[t], keep ? Choice::Save : Choice::Recompute,
-                keep ? Strength::Must : Strength::Prefer, spec.tensors[t].name, token);
+          merge(lp.tensors[t], keep ? Choice::Save : Choice::Recompute, keep ? Strength::Must : Strength::Prefer,
+                spec.tensors[t].name, token);
         }
         break;
       }
       case TermKind::Keep:
       case TermKind::Drop:
         for (const std::string& n : term.names)
-          merge(lp.tensors[lookup(n, term.token)],
-                term.kind == TermKind::Keep ? Choice::Save : Choice::Recompute, Strength::Must, n, token);
+          merge(lp.tensors[lookup(n, term.token)], term.kind == TermKind::Keep ? Choice::Save : Choice::Recompute,
+                Strength::Must, n, token);
         break;
     }
   }
@@ -380,8 +380,8 @@ ResolvedPolicy Policy::resolve(const BlockSpec& spec, int64_t layers) const {
     case Form::Layers:
       for (const Rule& rule : rules_) {
         if (rule.last >= layers)
-          fail("layer range '{}' in policy '{}' exceeds the model's {} layers (0-{})", rule.token, text_,
-               layers, layers - 1);
+          fail("layer range '{}' in policy '{}' exceeds the model's {} layers (0-{})", rule.token, text_, layers,
+               layers - 1);
         const LayerPolicy lp = apply(spec, rule.terms, rule.token);
         for (int64_t i = rule.first; i <= rule.last; ++i) r.layers[i] = lp;
       }
@@ -396,9 +396,8 @@ std::vector<std::string> split_policy_list(std::string_view list) {
   // typo is reported as itself.
   auto is_name = [](std::string_view s) {
     return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-             return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-           }) &&
-           std::none_of(presets().begin(), presets().end(), [&](const PresetDef& p) { return s == p.name; });
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    }) && std::none_of(presets().begin(), presets().end(), [&](const PresetDef& p) { return s == p.name; });
   };
   auto continues = [&](const std::string& prev, std::string_view piece) {
     const std::string_view last_term = std::string_view(prev).substr(prev.rfind('+') + 1);
@@ -413,8 +412,10 @@ std::vector<std::string> split_policy_list(std::string_view list) {
   for (std::string_view group : split(list, ';')) {
     std::vector<std::string> pieces;
     for (std::string_view piece : split(group, ',')) {
-      if (!pieces.empty() && continues(pieces.back(), piece)) pieces.back() += "," + std::string(piece);
-      else pieces.emplace_back(piece);
+      if (!pieces.empty() && continues(pieces.back(), piece))
+        pieces.back() += "," + std::string(piece);
+      else
+        pieces.emplace_back(piece);
     }
     for (std::string& p : pieces) {
       if (p.empty())

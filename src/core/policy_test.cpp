@@ -32,7 +32,9 @@ std::string error_of(F f) {
   return "";
 }
 
-std::string parse_error(const std::string& text) { return error_of([&] { Policy::parse(text); }); }
+std::string parse_error(const std::string& text) {
+  return error_of([&] { Policy::parse(text); });
+}
 
 std::string resolve_error(const std::string& text, const BlockSpec& b = gpt2()) {
   return error_of([&] { Policy::parse(text).resolve(b, 6); });
@@ -152,18 +154,24 @@ TEST(PolicyErrors, UnknownPreset) {
   EXPECT_TRUE(contains(e, "allowed: none, full, attn")) << e;
 }
 TEST(PolicyErrors, UnknownPrefix) { EXPECT_TRUE(contains(parse_error("ckpt:2"), "'ckpt:2'")); }
-TEST(PolicyErrors, EveryZero) { EXPECT_TRUE(contains(parse_error("every:0"), "every:K needs a positive integer, got '0'")); }
+TEST(PolicyErrors, EveryZero) {
+  EXPECT_TRUE(contains(parse_error("every:0"), "every:K needs a positive integer, got '0'"));
+}
 TEST(PolicyErrors, EveryNegative) { EXPECT_TRUE(contains(parse_error("every:-2"), "got '-2'")); }
 TEST(PolicyErrors, EveryNotANumber) { EXPECT_TRUE(contains(parse_error("every:two"), "got 'two'")); }
 TEST(PolicyErrors, BlockZero) { EXPECT_TRUE(contains(parse_error("block:0"), "block:N needs a positive integer")); }
-TEST(PolicyErrors, UniformMissingNumber) { EXPECT_TRUE(contains(parse_error("uniform:"), "uniform:N needs a positive integer, got ''")); }
+TEST(PolicyErrors, UniformMissingNumber) {
+  EXPECT_TRUE(contains(parse_error("uniform:"), "uniform:N needs a positive integer, got ''"));
+}
 TEST(PolicyErrors, FormWithoutNumber) { EXPECT_TRUE(contains(parse_error("every"), "'every' needs a number")); }
 TEST(PolicyErrors, EmptyTerm) { EXPECT_TRUE(contains(parse_error("attn+"), "empty term in 'attn+'")); }
 TEST(PolicyErrors, EmptyPresetAfterEquals) { EXPECT_TRUE(contains(parse_error("every:2="), "empty preset")); }
 TEST(PolicyErrors, EmptyNameList) { EXPECT_TRUE(contains(parse_error("save:"), "empty tensor name in 'save:'")); }
 TEST(PolicyErrors, EmptyNameInList) { EXPECT_TRUE(contains(parse_error("save:ln1,"), "empty tensor name")); }
 TEST(PolicyErrors, ReversedRange) { EXPECT_TRUE(contains(parse_error("layers:3-1=full"), "bad layer range '3-1'")); }
-TEST(PolicyErrors, RangeWithoutPreset) { EXPECT_TRUE(contains(parse_error("layers:0-2"), "bad layer assignment '0-2'")); }
+TEST(PolicyErrors, RangeWithoutPreset) {
+  EXPECT_TRUE(contains(parse_error("layers:0-2"), "bad layer assignment '0-2'"));
+}
 TEST(PolicyErrors, EmptyLayerList) { EXPECT_TRUE(contains(parse_error("layers:"), "bad layer assignment ''")); }
 TEST(PolicyErrors, OverlappingRanges) {
   EXPECT_TRUE(contains(parse_error("layers:0-3=attn,2-5=full"), "layer ranges '0-3=attn' and '2-5=full' overlap"));
@@ -173,7 +181,9 @@ TEST(PolicyErrors, UnknownTensorName) {
   const std::string e = resolve_error("save:ln3");
   EXPECT_TRUE(contains(e, "unknown tensor 'ln3' in 'save:ln3'; a gpt2 block can keep: ln1, ln1_mean")) << e;
 }
-TEST(PolicyErrors, BlockInputIsNotChoosable) { EXPECT_TRUE(contains(resolve_error("drop:x"), "'x' in 'drop:x' is the block input")); }
+TEST(PolicyErrors, BlockInputIsNotChoosable) {
+  EXPECT_TRUE(contains(resolve_error("drop:x"), "'x' in 'drop:x' is the block input"));
+}
 TEST(PolicyErrors, TransientTensorIsNotChoosable) {
   EXPECT_TRUE(contains(resolve_error("keep:scores"), "'scores' in 'keep:scores' is never read by a backward"));
 }
@@ -183,7 +193,9 @@ TEST(PolicyErrors, ConflictingPins) {
 TEST(PolicyErrors, RangeBeyondLastLayer) {
   EXPECT_TRUE(contains(resolve_error("layers:4-7=full"), "exceeds the model's 6 layers (0-5)"));
 }
-TEST(PolicyErrors, BlockBeyondLastLayer) { EXPECT_TRUE(contains(resolve_error("block:7"), "block:7 exceeds the model's 6 layers")); }
+TEST(PolicyErrors, BlockBeyondLastLayer) {
+  EXPECT_TRUE(contains(resolve_error("block:7"), "block:7 exceeds the model's 6 layers"));
+}
 TEST(PolicyErrors, PresetWithNothingToDropInThisBlock) {
   EXPECT_TRUE(contains(resolve_error("norm", seed()), "preset 'norm' in 'norm' drops nothing in a seed block"));
 }

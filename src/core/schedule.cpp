@@ -55,8 +55,7 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
   const int n_tensors = static_cast<int>(spec.tensors.size());
   const int n_ops = static_cast<int>(spec.ops.size());
   if (static_cast<int>(policy.tensors.size()) != n_tensors)
-    REMAT_INTERNAL("policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors,
-                 spec.kind);
+    REMAT_INTERNAL("policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors, spec.kind);
   if (need.empty())
     for (int in : spec.inputs) need.push_back(is_float(spec.tensors[in].dtype));
   if (need.size() != spec.inputs.size())
@@ -273,15 +272,16 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
     st.chunk = chunk;
     // Data the caller owns: the model's first input (tokens, or the seed block's x), and the head's
     // targets. A pipeline rank's received activations are its own, and need their gradient.
-    const bool model_first = role == StagePlan::Role::Stem || (!m.has_stem && role == StagePlan::Role::Block && layer == 0);
+    const bool model_first =
+        role == StagePlan::Role::Stem || (!m.has_stem && role == StagePlan::Role::Block && layer == 0);
     for (size_t k = 0; k < spec.inputs.size(); ++k)
       st.external.push_back((model_first && k == 0) || (role == StagePlan::Role::Head && k > 0));
     std::vector<bool> need;
     for (size_t k = 0; k < spec.inputs.size(); ++k)
       need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
     // Consecutive layers mostly choose alike: reuse the last block's schedule without a lookup.
-    const bool same = role == StagePlan::Role::Block && last_block && need == last_need &&
-                      last_policy->same_choices(lp);
+    const bool same =
+        role == StagePlan::Role::Block && last_block && need == last_need && last_policy->same_choices(lp);
     st.schedule = same ? last_block : sc.get(spec, lp, need);
     if (role == StagePlan::Role::Block) last_block = st.schedule, last_policy = &lp, last_need = need;
     const bool block = role == StagePlan::Role::Block;
@@ -294,8 +294,7 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
       int id = found == ids.end() ? -1 : found->second;
       if (!p.tied_to.empty() && id < 0 && stem)
         REMAT_INTERNAL("'{}' in '{}' is tied to '{}', which no earlier stage has", p.name, spec.kind, p.tied_to);
-      if (p.tied_to.empty() && id >= 0)
-        REMAT_INTERNAL("two parameters of the model are named '{}'", name);
+      if (p.tied_to.empty() && id >= 0) REMAT_INTERNAL("two parameters of the model are named '{}'", name);
       if (id < 0) {  // (a tied parameter without the stem: this rank's copy)
         id = static_cast<int>(plan.params.size());
         if (!block) ids.emplace(name, id);
@@ -308,7 +307,8 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
   };
   for (size_t c = 0; c < chunks.size(); ++c) {
     const int chunk = static_cast<int>(c);
-    if (chunks[c].first == 0 && m.has_stem) add_stage(StagePlan::Role::Stem, m.stem, -1, keep_everything(m.stem), chunk);
+    if (chunks[c].first == 0 && m.has_stem)
+      add_stage(StagePlan::Role::Stem, m.stem, -1, keep_everything(m.stem), chunk);
     for (int64_t l = chunks[c].first; l < chunks[c].end; ++l)
       add_stage(StagePlan::Role::Block, m.block, l, policy.layers[l], chunk);
     if (chunks[c].end == m.layers) add_stage(StagePlan::Role::Head, m.head, m.layers, keep_everything(m.head), chunk);

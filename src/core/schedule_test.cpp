@@ -20,9 +20,7 @@ std::vector<std::string> recomputed(const BlockSpec& b, const std::string& polic
 
 using Names = std::vector<std::string>;
 
-TEST(Schedule, NoneRecomputesNothing) {
-  EXPECT_EQ(recomputed(make_block(tiny("gpt2", 0.1)), "none"), Names{});
-}
+TEST(Schedule, NoneRecomputesNothing) { EXPECT_EQ(recomputed(make_block(tiny("gpt2", 0.1)), "none"), Names{}); }
 
 TEST(Schedule, FullNeverRecomputesTheLastMatmul) {
   // The seed block's backward never reads the FFN's second linear output or the block output.
@@ -93,10 +91,14 @@ TEST(Schedule, NeverReadsAFreedTensorAndEndsHoldingNothing) {
           EXPECT_TRUE(held[st.index]) << p << ": frees '" << b.tensors[st.index].name << "' twice";
           held[st.index] = false;
         } else if (st.kind == Step::Kind::Forward || st.kind == Step::Kind::Recompute) {
-          for (int t : b.ops[st.index].in) EXPECT_TRUE(held[t]) << p << ": op '" << b.ops[st.index].name << "' reads freed '" << b.tensors[t].name << "'";
+          for (int t : b.ops[st.index].in)
+            EXPECT_TRUE(held[t]) << p << ": op '" << b.ops[st.index].name << "' reads freed '" << b.tensors[t].name
+                                 << "'";
           for (int t : b.ops[st.index].out) held[t] = true;
         } else if (st.kind == Step::Kind::Backward) {
-          for (int t : b.bwd_reads(st.index)) EXPECT_TRUE(held[t]) << p << ": backward of '" << b.ops[st.index].name << "' reads freed '" << b.tensors[t].name << "'";
+          for (int t : b.bwd_reads(st.index))
+            EXPECT_TRUE(held[t]) << p << ": backward of '" << b.ops[st.index].name << "' reads freed '"
+                                 << b.tensors[t].name << "'";
           // An input the gradient is written over becomes that gradient: no Free drops it.
           const OpNode& op = b.ops[st.index];
           for (size_t i = 0; i < op.in.size(); ++i)
@@ -106,7 +108,8 @@ TEST(Schedule, NeverReadsAFreedTensorAndEndsHoldingNothing) {
     };
     run(s.forward);
     held[b.output] = false;  // returned to the caller
-    for (size_t t = 0; t < held.size(); ++t) EXPECT_EQ(held[t], s.saved[t]) << p << ": after forward, " << b.tensors[t].name;
+    for (size_t t = 0; t < held.size(); ++t)
+      EXPECT_EQ(held[t], s.saved[t]) << p << ": after forward, " << b.tensors[t].name;
     run(s.backward);
     for (size_t t = 0; t < held.size(); ++t) EXPECT_FALSE(held[t]) << p << ": after backward, " << b.tensors[t].name;
   }

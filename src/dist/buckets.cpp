@@ -65,8 +65,10 @@ std::function<void(int, at::Tensor)> GradientBuckets::sink() {
 
 void GradientBuckets::take(int param, at::Tensor grad) {
   at::Tensor& view = views_[param];
-  if (arrived_[param] == 0) view.copy_(grad);  // the first of the step: what autograd would steal
-  else view.add_(grad);                       // then summed in arrival order, as autograd does
+  if (arrived_[param] == 0)
+    view.copy_(grad);  // the first of the step: what autograd would steal
+  else
+    view.add_(grad);  // then summed in arrival order, as autograd does
   grad = at::Tensor();
   if (++arrived_[param] < expected_[param]) return;
   if (--remaining_[bucket_of_[param]] == 0) launch(bucket_of_[param]);
@@ -79,8 +81,7 @@ void GradientBuckets::launch(int b) {
 
 void GradientBuckets::wait() {
   for (size_t b = 0; b < pending_.size(); ++b) {
-    if (remaining_[b] != 0)
-      REMAT_INTERNAL("bucket {} is waiting for {} gradient(s) that never came", b, remaining_[b]);
+    if (remaining_[b] != 0) REMAT_INTERNAL("bucket {} is waiting for {} gradient(s) that never came", b, remaining_[b]);
     pending_[b].wait();
     timings_[b].finished = pending_[b].finished_at;
     pending_[b] = Communicator::Pending();

@@ -21,7 +21,8 @@ int env_int(const char* name, int fallback, int lo, int hi) {
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < lo || x > hi) fail("environment variable {}='{}' must be an integer in [{}, {}]", name, v, lo, hi);
+  if (*end != '\0' || x < lo || x > hi)
+    fail("environment variable {}='{}' must be an integer in [{}, {}]", name, v, lo, hi);
   return static_cast<int>(x);
 }
 
@@ -45,8 +46,10 @@ DistConfig dist_config_from_env() {
 
 void validate(const DistConfig& d) {
   if (d.world < 1) fail("DistConfig.world must be >= 1, got {}", d.world);
-  if (d.rank < 0 || d.rank >= d.world) fail("DistConfig.rank {} must be in [0, {}) for world size {}", d.rank, d.world, d.world);
-  if (d.master_port <= 0 || d.master_port > 65535) fail("DistConfig.master_port must be in 1..65535, got {}", d.master_port);
+  if (d.rank < 0 || d.rank >= d.world)
+    fail("DistConfig.rank {} must be in [0, {}) for world size {}", d.rank, d.world, d.world);
+  if (d.master_port <= 0 || d.master_port > 65535)
+    fail("DistConfig.master_port must be in 1..65535, got {}", d.master_port);
   if (d.timeout.count() <= 0) fail("DistConfig.timeout must be positive, got {} s", d.timeout.count());
   if (d.master_addr.empty()) fail("DistConfig.master_addr is empty; give the address rank 0 listens on");
 }
@@ -87,9 +90,7 @@ Communicator::Communicator(const DistConfig& config) : impl_(std::make_unique<Im
 
 Communicator::~Communicator() = default;
 
-double Communicator::now() const {
-  return std::chrono::duration<double>(Clock::now() - impl_->start).count();
-}
+double Communicator::now() const { return std::chrono::duration<double>(Clock::now() - impl_->start).count(); }
 
 void Communicator::Pending::wait() {
   if (!state_) return;

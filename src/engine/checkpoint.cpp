@@ -97,8 +97,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
  public:
   // Arguments: closure, inputs..., params... Backward returns one gradient per argument (each
   // TensorList element counts), undefined for the closure.
-  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Closure> closure,
-                               at::TensorList inputs, at::TensorList params) {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Closure> closure, at::TensorList inputs,
+                               at::TensorList params) {
     bool on_cuda = false;
     for (const at::Tensor& t : inputs) on_cuda = on_cuda || (t.defined() && t.is_cuda());
     if (closure->options.preserve_rng_state) closure->rng = RngState::capture(on_cuda);
@@ -123,8 +123,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     if (at::GradMode::is_enabled())
-      fail("remat::checkpoint does not support double backward (create_graph=true); "
-           "compute higher-order gradients without checkpointing");
+      fail(
+          "remat::checkpoint does not support double backward (create_graph=true); "
+          "compute higher-order gradients without checkpointing");
     auto closure = c10::static_intrusive_pointer_cast<Closure>(ctx->saved_data["closure"].toCapsule());
     const variable_list saved = ctx->get_saved_variables();
     const size_t n_in = closure->n_inputs;

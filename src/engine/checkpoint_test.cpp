@@ -54,8 +54,8 @@ void expect_bitwise_equal(const Grads& a, const Grads& b) {
   for (size_t i = 0; i < a.g.size(); ++i) {
     ASSERT_TRUE(a.g[i].defined()) << "plain grad " << i << " missing";
     ASSERT_TRUE(b.g[i].defined()) << "checkpointed grad " << i << " missing";
-    EXPECT_TRUE(at::equal(a.g[i], b.g[i])) << "grad " << i << " differs by "
-                                           << (a.g[i] - b.g[i]).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(a.g[i], b.g[i]))
+        << "grad " << i << " differs by " << (a.g[i] - b.g[i]).abs().max().item<double>();
   }
   EXPECT_TRUE(at::equal(a.next_random, b.next_random)) << "outer RNG stream moved";
 }

@@ -64,8 +64,8 @@ const Schedule& BlockExecutor::schedule_for(const std::vector<bool>& need) const
 at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx,
                                   int64_t layer) const {
   if (inputs.size() != spec_.inputs.size() || params.size() != spec_.params.size())
-    REMAT_INTERNAL("'{}' stage takes {} inputs and {} params, got {} and {}", spec_.kind,
-                 spec_.inputs.size(), spec_.params.size(), inputs.size(), params.size());
+    REMAT_INTERNAL("'{}' stage takes {} inputs and {} params, got {} and {}", spec_.kind, spec_.inputs.size(),
+                   spec_.params.size(), inputs.size(), params.size());
   const Schedule& s = *schedule_;
   ctx.tensors.assign(spec_.tensors.size(), at::Tensor());
   ctx.seeds.assign(spec_.ops.size(), 0);

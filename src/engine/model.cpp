@@ -24,10 +24,14 @@ std::string module_name(const std::string& name) {
 
 at::Tensor init_param(const ParamSpec& p, int64_t layers) {
   switch (p.init) {
-    case Init::Zeros: return at::zeros(p.shape);
-    case Init::Ones: return at::ones(p.shape);
-    case Init::Normal: return at::randn(p.shape).mul_(p.std);
-    case Init::ResidualNormal: return at::randn(p.shape).mul_(p.std / std::sqrt(2.0 * static_cast<double>(layers)));
+    case Init::Zeros:
+      return at::zeros(p.shape);
+    case Init::Ones:
+      return at::ones(p.shape);
+    case Init::Normal:
+      return at::randn(p.shape).mul_(p.std);
+    case Init::ResidualNormal:
+      return at::randn(p.shape).mul_(p.std / std::sqrt(2.0 * static_cast<double>(layers)));
   }
   return at::Tensor();
 }
@@ -92,7 +96,7 @@ void GPTImpl::build_executors() {
   for (size_t i = 0; i < eval_plan_.params.size(); ++i)
     if (eval_plan_.params[i].name != plan_.params[i].name)
       REMAT_INTERNAL("the dropout-free model's parameter {} is '{}', not '{}'", i, eval_plan_.params[i].name,
-                   plan_.params[i].name);
+                     plan_.params[i].name);
   for (const StagePlan& st : eval_plan_.stages)
     eval_execs_.push_back(std::make_shared<BlockExecutor>(*st.spec, st.schedule, untimed));
   if (!eval_spec->logits.kind.empty())
@@ -159,8 +163,11 @@ at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
       chunk_execs.push_back(execs[j]);
       layers.push_back(plan.stages[j].layer);
     }
-    if (sink_) fail("uniform:{} chunks run under remat::checkpoint, which returns parameter gradients to autograd; "
-                    "data parallelism takes every other policy", plan.chunk);
+    if (sink_)
+      fail(
+          "uniform:{} chunks run under remat::checkpoint, which returns parameter gradients to autograd; "
+          "data parallelism takes every other policy",
+          plan.chunk);
     x = checkpoint(
         [chunk_execs, per_stage, layers](const at::Tensor& h) {
           at::Tensor t = h;

@@ -82,8 +82,8 @@ class EngineKinds : public ::testing::TestWithParam<testing::EngineCase> {
 TEST_P(EngineKinds, EveryPresetAndFormGivesBitwiseEqualGradients) {
   const ModelConfig c = cfg();
   const Outcome none = run(c, "none");
-  for (const char* p : {"full", "mlp-act", "mlp", "every:2", "block:2", "uniform:2", "uniform:4",
-                        "layers:0-1=mlp,2=full,3=mlp-act"})
+  for (const char* p :
+       {"full", "mlp-act", "mlp", "every:2", "block:2", "uniform:2", "uniform:4", "layers:0-1=mlp,2=full,3=mlp-act"})
     expect_bitwise(none, run(c, p), p);
   for (const char* p : {"attn", "attn+mlp-act", "every:3=attn", "norm", "moe-act", "moe", "shared", "every:2=moe"})
     // where the kind has such tensors
@@ -203,7 +203,8 @@ TEST(Engine, SeedBlockComputesTheModulePathsFunction) {
   engine_loss.backward();
   EXPECT_NEAR(module_loss.item<double>(), engine_loss.item<double>(), 1e-6);
   const auto mp = module.parameters(), ep = engine->parameters();
-  for (size_t i = 0; i < mp.size(); ++i) EXPECT_TRUE(testing::close(ep[i].grad(), mp[i].grad(), 1e-5)) << "parameter " << i;
+  for (size_t i = 0; i < mp.size(); ++i)
+    EXPECT_TRUE(testing::close(ep[i].grad(), mp[i].grad(), 1e-5)) << "parameter " << i;
 }
 
 TEST(Engine, TrainsWithTorchOptim) {

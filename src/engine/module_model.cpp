@@ -25,8 +25,9 @@ struct SeedBlockImpl : torch::nn::Module {
   }
 
   std::vector<at::Tensor> params() const {
-    return {attn->in_proj_weight, attn->in_proj_bias, attn->out_proj->weight, attn->out_proj->bias,
-            fc1->weight,          fc1->bias,          fc2->weight,            fc2->bias};
+    return {attn->in_proj_weight, attn->in_proj_bias, attn->out_proj->weight,
+            attn->out_proj->bias, fc1->weight,        fc1->bias,
+            fc2->weight,          fc2->bias};
   }
 
   torch::nn::MultiheadAttention attn;
@@ -55,9 +56,10 @@ std::vector<Run> plan_runs(const ModelConfig& cfg, const Policy& policy) {
     for (int64_t i = 0; i < cfg.layers; ++i) {
       const LayerPolicy& lp = resolved.layers[i];
       if (!lp.keeps_all(spec) && !lp.drops_all(spec))
-        fail("policy '{}' recomputes only some tensors of layer {} ({}); the module path checkpoints "
-             "whole layers (none, full, every:K, block:N, uniform:N); run it on the ops engine",
-             policy.text(), i, lp.dropped_names(spec));
+        fail(
+            "policy '{}' recomputes only some tensors of layer {} ({}); the module path checkpoints "
+            "whole layers (none, full, every:K, block:N, uniform:N); run it on the ops engine",
+            policy.text(), i, lp.dropped_names(spec));
       runs.push_back({i, i, lp.drops_all(spec)});
     }
   }
@@ -75,8 +77,7 @@ void ModuleModel::check(const ModelConfig& cfg, const Policy& policy) { plan_run
 
 ModuleModel::ModuleModel(const ModelConfig& cfg, const Policy& policy) : impl_(std::make_unique<Impl>()) {
   impl_->runs = plan_runs(cfg, policy);
-  for (int64_t i = 0; i < cfg.layers; ++i)
-    impl_->blocks.push_back(SeedBlock(cfg.dim, cfg.heads, cfg.hidden()));
+  for (int64_t i = 0; i < cfg.layers; ++i) impl_->blocks.push_back(SeedBlock(cfg.dim, cfg.heads, cfg.hidden()));
 }
 
 ModuleModel::~ModuleModel() = default;

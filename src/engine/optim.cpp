@@ -10,8 +10,7 @@
 
 namespace remat {
 
-Adam::Adam(std::vector<at::Tensor> params, const AdamOptions& options)
-    : params_(std::move(params)), options_(options) {
+Adam::Adam(std::vector<at::Tensor> params, const AdamOptions& options) : params_(std::move(params)), options_(options) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     if (p.scalar_type() != at::kFloat || !p.is_contiguous())
@@ -42,9 +41,9 @@ namespace {
 
 // No FMA in any clone (avx2 does not imply it, and avx512f is not offered): the bits are those of
 // the plain x86-64 loop on every CPU.
-__attribute__((target_clones("avx2", "default")))
-void adam_range(const AdamStep& s, float* __restrict w, const float* __restrict g, float* __restrict m,
-                float* __restrict v, int64_t n) {
+__attribute__((target_clones("avx2", "default"))) void adam_range(const AdamStep& s, float* __restrict w,
+                                                                  const float* __restrict g, float* __restrict m,
+                                                                  float* __restrict v, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     const float gj = g[j] + s.l2 * w[j];
     const float mj = s.b1 * m[j] + (1.0f - s.b1) * gj;
@@ -60,8 +59,7 @@ void adam_range(const AdamStep& s, float* __restrict w, const float* __restrict 
 // Elementwise, so any split over remat's kernel threads gives the same bits: 18.9 M parameters of
 // the seed model are ~530 MB of traffic a step, which one core does not stream at full speed.
 void adam_update(const AdamStep& s, float* w, const float* g, float* m, float* v, int64_t n) {
-  parallel_chunks(n, int64_t{1} << 16,
-                  [&](int64_t b, int64_t e) { adam_range(s, w + b, g + b, m + b, v + b, e - b); });
+  parallel_chunks(n, int64_t{1} << 16, [&](int64_t b, int64_t e) { adam_range(s, w + b, g + b, m + b, v + b, e - b); });
 }
 
 }  // namespace detail

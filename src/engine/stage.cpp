@@ -24,8 +24,8 @@ struct StageClosure : torch::CustomClassHolder {
 
 class StageFunction : public torch::autograd::Function<StageFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<StageClosure> closure,
-                               at::TensorList inputs, at::TensorList params) {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<StageClosure> closure, at::TensorList inputs,
+                               at::TensorList params) {
     std::vector<at::Tensor> in;
     for (const at::Tensor& t : inputs) in.push_back(t.detach());
     std::vector<at::Tensor> ps;
@@ -51,8 +51,10 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
     BlockExecutor::Grads g = closure->exec->backward(grad_outputs[0], params, closure->ctx, need, closure->layer);
     for (int64_t i = 0; i < n_inputs; ++i) result[1 + i] = g.inputs[i];
     for (size_t j = 0; j < g.params.size(); ++j) {
-      if (closure->sink) (*closure->sink)(closure->param_ids[j], std::move(g.params[j]));
-      else result[1 + n_inputs + j] = std::move(g.params[j]);
+      if (closure->sink)
+        (*closure->sink)(closure->param_ids[j], std::move(g.params[j]));
+      else
+        result[1 + n_inputs + j] = std::move(g.params[j]);
     }
     return result;
   }

@@ -29,7 +29,8 @@ at::Tensor heads_view(const at::Tensor& btc, const AttentionLayout& l) {
 }
 
 at::Tensor block_view(const at::Tensor& packed, const AttentionLayout& l, int64_t r) {
-  const at::Tensor flat = l.blocks() == 1 ? packed.view({-1}) : packed.narrow(0, l.offset(r), l.offset(r + 1) - l.offset(r));
+  const at::Tensor flat =
+      l.blocks() == 1 ? packed.view({-1}) : packed.narrow(0, l.offset(r), l.offset(r + 1) - l.offset(r));
   return flat.view({l.batch, l.kv(), l.group(), l.rows(r), l.cols(r)});
 }
 

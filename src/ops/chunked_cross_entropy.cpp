@@ -27,7 +27,9 @@ namespace remat::ops {
 namespace {
 
 int64_t rows_of(const BlockSpec& b, const OpNode& n) { return b.tensors[n.in[1]].numel(); }
-int64_t chunk_rows(int64_t rows, int64_t chunks) { return (rows + std::max<int64_t>(chunks, 1) - 1) / std::max<int64_t>(chunks, 1); }
+int64_t chunk_rows(int64_t rows, int64_t chunks) {
+  return (rows + std::max<int64_t>(chunks, 1) - 1) / std::max<int64_t>(chunks, 1);
+}
 
 // The lse of each row of `logits` (rows x V) into `lse`, and the sum over rows of lse - the target's logit.
 template <typename T>
@@ -150,8 +152,9 @@ BlockSpec example() {
   detail::Builder b(cfg, "test.chunked_cross_entropy");
   const int x = b.input("x", {2, 5, 6}, DType::F32, "normed hidden states");
   const int targets = b.input("targets", {2, 5}, DType::I64, "targets");
-  const std::vector<int> out = b.op(OpKind::ChunkedCrossEntropy, "loss", {x, targets},
-                                    {{"loss", {}, DType::F32}, {"lse", {2, 5}, DType::F32}}, {{"logits.weight", {11, 6}}});
+  const std::vector<int> out =
+      b.op(OpKind::ChunkedCrossEntropy, "loss", {x, targets}, {{"loss", {}, DType::F32}, {"lse", {2, 5}, DType::F32}},
+           {{"logits.weight", {11, 6}}});
   b.last().chunks = 3;  // 4 + 4 + 2 rows
   return b.finish(out[0]);
 }

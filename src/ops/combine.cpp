@@ -36,8 +36,8 @@ void forward_rows(const T* ys, const T* w, const int64_t* slots, T* y, int64_t t
 }
 
 template <typename T>
-void backward_rows(const T* dy, const T* ys, const T* w, const int64_t* slots, T* dys, T* dw, int64_t tokens,
-                   int64_t k, int64_t width) {
+void backward_rows(const T* dy, const T* ys, const T* w, const int64_t* slots, T* dys, T* dw, int64_t tokens, int64_t k,
+                   int64_t width) {
   detail::parallel_chunks(tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t j = 0; j < k; ++j) {
@@ -116,7 +116,8 @@ BlockSpec example() {
 
 std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
   const at::Tensor &ys = in[n.in[0]], &w = in[n.in[1]], &slots = in[n.in[2]];
-  const at::Tensor picked = ys.index_select(0, slots.reshape({-1})).reshape({slots.size(0), slots.size(1), slots.size(2), -1});
+  const at::Tensor picked =
+      ys.index_select(0, slots.reshape({-1})).reshape({slots.size(0), slots.size(1), slots.size(2), -1});
   return {(picked * w.unsqueeze(-1)).sum(2)};
 }
 

@@ -64,8 +64,8 @@ BlockSpec example() {
   detail::Builder b(cfg, "test.cross_entropy");
   const int logits = b.input("logits", {2, 3, 11}, DType::F32, "logits");
   const int targets = b.input("targets", {2, 3}, DType::I64, "targets");
-  const std::vector<int> out = b.op(OpKind::CrossEntropy, "loss", {logits, targets},
-                                    {{"loss", {}, DType::F32}, {"logp", {2, 3, 11}}});
+  const std::vector<int> out =
+      b.op(OpKind::CrossEntropy, "loss", {logits, targets}, {{"loss", {}, DType::F32}, {"logp", {2, 3, 11}}});
   return b.finish(out[0]);
 }
 

@@ -140,16 +140,18 @@ std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>
   const at::Tensor onehot = at::one_hot(experts, r.experts);
   const at::Tensor place = (onehot.cumsum(0) - 1).gather(1, experts.unsqueeze(1)).squeeze(1);
   const at::Tensor counts = onehot.sum(0);
-  const at::Tensor start = r.capacity ? at::arange(r.experts, experts.options()) * r.capacity : counts.cumsum(0) - counts;
+  const at::Tensor start =
+      r.capacity ? at::arange(r.experts, experts.options()) * r.capacity : counts.cumsum(0) - counts;
   at::Tensor slots = start.index_select(0, experts) + place;
   const int64_t n_rows = r.capacity ? r.experts * r.capacity : experts.numel();
   if (r.capacity) slots = at::where(place < r.capacity, slots, at::full_like(slots, -1));
   const at::Tensor kept = (slots >= 0).nonzero().squeeze(1);
   const at::Tensor tokens = at::div(kept, r.top_k, "floor");
-  const at::Tensor xs = at::zeros({n_rows, x.size(-1)}, x.options())
-                            .index_copy(0, slots.index_select(0, kept), x.reshape({-1, x.size(-1)}).index_select(0, tokens));
-  const at::Tensor rows =
-      at::full({n_rows}, -1, experts.options()).index_copy(0, slots.index_select(0, kept), experts.index_select(0, kept));
+  const at::Tensor xs =
+      at::zeros({n_rows, x.size(-1)}, x.options())
+          .index_copy(0, slots.index_select(0, kept), x.reshape({-1, x.size(-1)}).index_select(0, tokens));
+  const at::Tensor rows = at::full({n_rows}, -1, experts.options())
+                              .index_copy(0, slots.index_select(0, kept), experts.index_select(0, kept));
   return {xs, slots.reshape(in[n.in[1]].sizes()), rows};
 }
 

@@ -32,8 +32,10 @@ void forward(detail::OpEnv& e, const OpNode& op) {
   at::Tensor y = at::empty(e.out_shape(op, 0), xs.options());
   for_each_run(rows, [&](int64_t b, int64_t end, int64_t expert) {
     at::Tensor out = y.narrow(0, b, end - b);
-    if (expert < 0) out.zero_();
-    else detail::mm_out(out, xs.narrow(0, b, end - b), false, w.select(0, expert), true, 0.0);
+    if (expert < 0)
+      out.zero_();
+    else
+      detail::mm_out(out, xs.narrow(0, b, end - b), false, w.select(0, expert), true, 0.0);
   });
   e.set_out(op, 0, std::move(y));
 }
@@ -79,7 +81,8 @@ BlockSpec example() {
   return b.finish(b.op(OpKind::ExpertLinear, "y", {x, rows}, {{"y", {7, 5}}}, {{"y.weight", {3, 5, 4}}})[0]);
 }
 
-std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
+std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in,
+                                  const std::vector<at::Tensor>& p) {
   const at::Tensor w = p[0].index_select(0, in[n.in[1]]);  // (R, N, K)
   return {at::bmm(w, in[n.in[0]].unsqueeze(2)).squeeze(2)};
 }

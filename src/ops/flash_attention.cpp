@@ -83,7 +83,9 @@ Geometry geometry(const AttentionLayout& l, const at::Tensor& q, const at::Tenso
 int64_t forward_floats() { return kTile * kTile + kTile; }
 int64_t backward_floats() { return 2 * kTile * kTile + kTile; }
 
-bool supported(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
+bool supported(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+}
 
 void check_supported(const OpNode& op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (!supported(q) || !supported(k) || !supported(v))
@@ -197,8 +199,8 @@ void backward(detail::OpEnv& e, const OpNode& op) {
           const int64_t j0 = kt * kTile, nc = std::min(kTile, l.seq - j0);
           float* dk = pdk + geo.rows(b, j0) * geo.ld_k + l.k_col + g * D;
           float* dvv = pdv + geo.rows(b, j0) * geo.ld_v + l.v_col + g * D;
-          detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_q, geo.k(b, g, j0), geo.ld_k, 0.0f,
-                        p, kTile);
+          detail::sgemm(false, true, rows, nc, D, scale, geo.q(b, h, i0), geo.ld_q, geo.k(b, g, j0), geo.ld_k, 0.0f, p,
+                        kTile);
           for (int64_t r = 0; r < rows; ++r) {  // P, then the dropped P into ds (for dV)
             const int64_t n = visible(l, i0 + r, j0, nc);
             float* row = p + r * kTile;
@@ -211,9 +213,11 @@ void backward(detail::OpEnv& e, const OpNode& op) {
             }
           }
           // dV += P_dropped^T dO
-          detail::sgemm(true, false, nc, D, rows, 1.0f, dropout ? ds : p, kTile, do_rows, geo.ld_o, 1.0f, dvv, geo.ld_v);
+          detail::sgemm(true, false, nc, D, rows, 1.0f, dropout ? ds : p, kTile, do_rows, geo.ld_o, 1.0f, dvv,
+                        geo.ld_v);
           // dP = dO V^T, then dS = P (dP * keep / (1 - p) - dot), in place
-          detail::sgemm(false, true, rows, nc, D, 1.0f, do_rows, geo.ld_o, geo.val(b, g, j0), geo.ld_v, 0.0f, ds, kTile);
+          detail::sgemm(false, true, rows, nc, D, 1.0f, do_rows, geo.ld_o, geo.val(b, g, j0), geo.ld_v, 0.0f, ds,
+                        kTile);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = visible(l, i0 + r, j0, nc);
             kernels::softmax_grad_row(p + r * kTile, ds + r * kTile, dropout ? kp + r * kTile : nullptr, keep_scale,
@@ -280,8 +284,8 @@ BlockSpec example() {
   const int q = b.input("q", {2, 300, 4 * 8}, DType::F32, "q");
   const int k = b.input("k", {2, 300, 2 * 8}, DType::F32, "k");
   const int v = b.input("v", {2, 300, 2 * 8}, DType::F32, "v");
-  const std::vector<int> out = b.op(OpKind::FlashAttention, "atty", {q, k, v},
-                                    {{"atty", {2, 300, 4 * 8}}, {"lse", {2, 4, 300}, DType::F32}});
+  const std::vector<int> out =
+      b.op(OpKind::FlashAttention, "atty", {q, k, v}, {{"atty", {2, 300, 4 * 8}}, {"lse", {2, 4, 300}, DType::F32}});
   b.last().attn = l;
   return b.finish(out[0]);
 }

@@ -16,8 +16,8 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void gelu_forward_range(const float* __restrict x, float* __restrict y, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void gelu_forward_range(const float* __restrict x,
+                                                                                     float* __restrict y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -27,8 +27,9 @@ void gelu_forward_range(const float* __restrict x, float* __restrict y, int64_t 
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void gelu_backward_range(const float* dy, const float* __restrict x, float* dx, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void gelu_backward_range(const float* dy,
+                                                                                      const float* __restrict x,
+                                                                                      float* dx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -39,8 +40,8 @@ void gelu_backward_range(const float* dy, const float* __restrict x, float* dx, 
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void relu_forward_range(const float* __restrict x, float* __restrict y, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_forward_range(const float* __restrict x,
+                                                                                     float* __restrict y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -48,20 +49,24 @@ void relu_forward_range(const float* __restrict x, float* __restrict y, int64_t 
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void relu_backward_range(const float* dy, const float* __restrict y, float* dx, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_backward_range(const float* dy,
+                                                                                      const float* __restrict y,
+                                                                                      float* dx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void add_range(const float* __restrict a, const float* __restrict b, float* __restrict y, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void add_range(const float* __restrict a,
+                                                                            const float* __restrict b,
+                                                                            float* __restrict y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void dropout_apply_range(const float* x, const bool* __restrict mask, float scale, float* y, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dropout_apply_range(const float* x,
+                                                                                      const bool* __restrict mask,
+                                                                                      float scale, float* y,
+                                                                                      int64_t n) {
   const auto* m = reinterpret_cast<const uint8_t*>(mask);  // bool is one byte, 0 or 1
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * (scale * static_cast<float>(m[i]));
@@ -94,8 +99,9 @@ MaskKeys mask_keys(double p, uint64_t seed) {
 
 // Elements [begin, end) of the mask, written from out[0]. The high bits of the element index re-key
 // each run of 2^32 elements; callers split ranges at those boundaries (dropout_keep_range).
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void dropout_mask_run(uint8_t* __restrict out, int64_t begin, int64_t end, MaskKeys keys) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dropout_mask_run(uint8_t* __restrict out,
+                                                                                   int64_t begin, int64_t end,
+                                                                                   MaskKeys keys) {
   const uint32_t k = keys.k1 + static_cast<uint32_t>(static_cast<uint64_t>(begin) >> 32) * 0x9e3779b9U;
   // The low 32 bits of the index, counted in 32 bits (a run never wraps them): a 64-bit counter
   // made the vector loop narrow every lane to 32 bits first, half its instructions.
@@ -123,8 +129,8 @@ __attribute__((always_inline)) inline float max_of(const float* __restrict s, in
   return mx;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-float online_softmax_range(const float* s, float* p, int64_t n, float& m, float& l) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) float online_softmax_range(const float* s, float* p,
+                                                                                        int64_t n, float& m, float& l) {
   const float mx = max_of(s, n, m);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -140,8 +146,8 @@ float online_softmax_range(const float* s, float* p, int64_t n, float& m, float&
   return alpha;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void exp_shifted_range(const float* s, float* p, int64_t n, float shift) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void exp_shifted_range(const float* s, float* p, int64_t n,
+                                                                                    float shift) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     const float a = std::max(s[j] - shift, -87.0f);
@@ -149,15 +155,18 @@ void exp_shifted_range(const float* s, float* p, int64_t n, float shift) {
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void mask_scale_range(const float* x, const uint8_t* __restrict keep, float scale, float* y, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void mask_scale_range(const float* x,
+                                                                                   const uint8_t* __restrict keep,
+                                                                                   float scale, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) y[j] = x[j] * (scale * static_cast<float>(keep[j]));
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void softmax_grad_range(const float* __restrict p, const float* dp, const uint8_t* __restrict keep, float scale,
-                        float d, float* ds, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_grad_range(const float* __restrict p,
+                                                                                     const float* dp,
+                                                                                     const uint8_t* __restrict keep,
+                                                                                     float scale, float d, float* ds,
+                                                                                     int64_t n) {
   if (keep == nullptr) {
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] - d);
@@ -167,8 +176,9 @@ void softmax_grad_range(const float* __restrict p, const float* dp, const uint8_
   for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] * (scale * static_cast<float>(keep[j])) - d);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void softmax_rows_range(const float* __restrict s, float* __restrict p, int64_t rows, int64_t cols) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_rows_range(const float* __restrict s,
+                                                                                     float* __restrict p, int64_t rows,
+                                                                                     int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* in = s + i * cols;
     float* out = p + i * cols;
@@ -191,8 +201,10 @@ void softmax_rows_range(const float* __restrict s, float* __restrict p, int64_t 
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void softmax_rows_backward_range(const float* __restrict p, const float* dp, float* ds, int64_t rows, int64_t cols) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_rows_backward_range(const float* __restrict p,
+                                                                                              const float* dp,
+                                                                                              float* ds, int64_t rows,
+                                                                                              int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* y = p + i * cols;
     const float* dy = dp + i * cols;

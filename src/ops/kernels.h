@@ -2,9 +2,9 @@
 //
 // Measured on a (8, 1024, 2048) tensor with remat's allocator: at::gelu(x, "tanh") 46.6 ms
 // (its tanh is not vectorised in this build) against 6.4 ms here. The softmax runs at ~1.1 ns per
-// element on one thread (rows of 128 to 1024; 2.7 ns before its row max vectorised). Each function is compiled for AVX-512, AVX2
-// and plain x86-64 and picked at run time, and splits its work over remat's kernel threads in
-// fixed chunks (parallel.h). Results are deterministic on a given CPU, and so are recomputes.
+// element on one thread (rows of 128 to 1024; 2.7 ns before its row max vectorised). Each function is compiled for
+// AVX-512, AVX2 and plain x86-64 and picked at run time, and splits its work over remat's kernel threads in fixed
+// chunks (parallel.h). Results are deterministic on a given CPU, and so are recomputes.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +70,6 @@ void mask_scale(const float* x, const uint8_t* keep, float scale, float* y, int6
 
 // ds[j] = p[j] * (dp[j] * keep[j] * scale - d), or p[j] * (dp[j] - d) when keep is null: the
 // softmax backward of one row, through dropout. ds may be dp.
-void softmax_grad_row(const float* p, const float* dp, const uint8_t* keep, float scale, float d, float* ds,
-                      int64_t n);
+void softmax_grad_row(const float* p, const float* dp, const uint8_t* keep, float scale, float d, float* ds, int64_t n);
 
 }  // namespace remat::ops::kernels

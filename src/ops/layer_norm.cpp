@@ -20,9 +20,9 @@ void forward(detail::OpEnv& e, const OpNode& op) {
 
 void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& x = e.saved_in(op, 0);
-  auto [dx, dw, db] = at::native_layer_norm_backward(e.grad_out(op, 0), x, {x.size(-1)}, e.saved_out(op, 1),
-                                                     e.saved_out(op, 2), e.param(op, 0), e.param(op, 1),
-                                                     {e.needs_grad(op, 0), true, true});
+  auto [dx, dw, db] =
+      at::native_layer_norm_backward(e.grad_out(op, 0), x, {x.size(-1)}, e.saved_out(op, 1), e.saved_out(op, 2),
+                                     e.param(op, 0), e.param(op, 1), {e.needs_grad(op, 0), true, true});
   if (dx.defined()) e.set_grad(op, 0, std::move(dx));
   e.add_param_grad(op, 0, std::move(dw));
   e.add_param_grad(op, 1, std::move(db));
@@ -37,14 +37,15 @@ BlockSpec example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.layer_norm");
   const int x = b.input("x", {2, 3, 8}, DType::F32, "input");
-  const std::vector<int> y = b.op(OpKind::LayerNorm, "y", {x},
-                                  {{"y", {2, 3, 8}}, {"y_mean", {2, 3, 1}}, {"y_rstd", {2, 3, 1}}},
-                                  {{"y.weight", {8}}, {"y.bias", {8}}});
+  const std::vector<int> y =
+      b.op(OpKind::LayerNorm, "y", {x}, {{"y", {2, 3, 8}}, {"y_mean", {2, 3, 1}}, {"y_rstd", {2, 3, 1}}},
+           {{"y.weight", {8}}, {"y.bias", {8}}});
   b.last().eps = 1e-5;
   return b.finish(y[0]);
 }
 
-std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
+std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in,
+                                  const std::vector<at::Tensor>& p) {
   const at::Tensor mean = in[0].mean(-1, true);
   const at::Tensor rstd = (in[0] - mean).pow(2).mean(-1, true).add(n.eps).rsqrt();
   return {(in[0] - mean) * rstd * p[0] + p[1], mean, rstd};

@@ -58,8 +58,8 @@ void forward(detail::OpEnv& e, const OpNode& op) {
 }
 
 void backward(detail::OpEnv& e, const OpNode& op) {
-  LinearGrads g = linear_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.param(op, 0), e.has_param(op, 1),
-                                  e.needs_grad(op, 0));
+  LinearGrads g =
+      linear_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.param(op, 0), e.has_param(op, 1), e.needs_grad(op, 0));
   if (g.dx.defined()) e.set_grad(op, 0, std::move(g.dx));
   e.add_param_grad(op, 0, std::move(g.dw));
   if (g.db.defined()) e.add_param_grad(op, 1, std::move(g.db));

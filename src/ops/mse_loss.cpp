@@ -18,7 +18,8 @@ void forward(detail::OpEnv& e, const OpNode& op) {
 
 void backward(detail::OpEnv& e, const OpNode& op) {
   if (!e.needs_grad(op, 0)) return;
-  e.set_grad(op, 0, at::mse_loss_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.saved_in(op, 1), at::Reduction::Mean));
+  e.set_grad(op, 0,
+             at::mse_loss_backward(e.grad_out(op, 0), e.saved_in(op, 0), e.saved_in(op, 1), at::Reduction::Mean));
 }
 
 // The unreduced loss.

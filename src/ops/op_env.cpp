@@ -15,11 +15,16 @@ namespace {
 
 at::ScalarType scalar_type(DType t) {
   switch (t) {
-    case DType::F32: return at::kFloat;
-    case DType::BF16: return at::kBFloat16;
-    case DType::F16: return at::kHalf;
-    case DType::Bool: return at::kBool;
-    case DType::I64: return at::kLong;
+    case DType::F32:
+      return at::kFloat;
+    case DType::BF16:
+      return at::kBFloat16;
+    case DType::F16:
+      return at::kHalf;
+    case DType::Bool:
+      return at::kBool;
+    case DType::I64:
+      return at::kLong;
   }
   return at::kFloat;
 }
@@ -44,14 +49,18 @@ bool sole_owner(const at::Tensor& t) {
 
 OpEnv::OpEnv(const BlockSpec& spec, std::vector<at::Tensor>& tensors, std::vector<uint64_t>& seeds,
              std::vector<at::Tensor>* reference, at::TensorList params, int64_t layer, const RecomputeHook* hook)
-    : spec_(spec), tensors_(tensors), seeds_(seeds), reference_(reference), params_(params), layer_(layer),
+    : spec_(spec),
+      tensors_(tensors),
+      seeds_(seeds),
+      reference_(reference),
+      params_(params),
+      layer_(layer),
       hook_(hook) {}
 
 const at::Tensor& OpEnv::in(const OpNode& op, int i) const {
   const at::Tensor& t = tensors_[op.in[i]];
   if (!t.defined())
-    REMAT_INTERNAL("op '{}' (layer {}) reads '{}', which is not held", op.name, layer_,
-                 spec_.tensors[op.in[i]].name);
+    REMAT_INTERNAL("op '{}' (layer {}) reads '{}', which is not held", op.name, layer_, spec_.tensors[op.in[i]].name);
   return t;
 }
 
@@ -107,7 +116,7 @@ const at::Tensor& OpEnv::saved_out(const OpNode& op, int i) const {
   const at::Tensor& t = tensors_[op.out[i]];
   if (!t.defined())
     REMAT_INTERNAL("backward of '{}' (layer {}) reads '{}', which is not held", op.name, layer_,
-                 spec_.tensors[op.out[i]].name);
+                   spec_.tensors[op.out[i]].name);
   return t;
 }
 
@@ -127,7 +136,7 @@ at::Tensor OpEnv::grad_buffer(const OpNode& op, int i) {
   at::Tensor& t = source == GradSource::OverDy ? grads[op.out[0]] : tensors_[op.in[i]];
   if (!sole_owner(t))
     REMAT_INTERNAL("the plan writes the gradient of '{}' (layer {}) over {}, but that memory is shared",
-                 spec_.tensors[op.in[i]].name, layer_, source == GradSource::OverDy ? "dy" : "the input");
+                   spec_.tensors[op.in[i]].name, layer_, source == GradSource::OverDy ? "dy" : "the input");
   handed_[i] = t.data_ptr();
   return std::move(t);
 }
@@ -140,13 +149,16 @@ at::Tensor& OpEnv::grad_slot(const OpNode& op, int i) {
   at::Tensor& slot = grads[t];
   switch (g.prep) {
     case SlotPrep::Zeros:  // like the input (a Slot input is one its backward reads: held)
-      slot = tensors_[t].defined() ? at::zeros_like(tensors_[t])
-                                   : at::zeros(spec_.tensors[t].shape, at::TensorOptions()
-                                                                           .dtype(scalar_type(spec_.tensors[t].dtype))
-                                                                           .device(device()));
+      slot = tensors_[t].defined()
+                 ? at::zeros_like(tensors_[t])
+                 : at::zeros(spec_.tensors[t].shape,
+                             at::TensorOptions().dtype(scalar_type(spec_.tensors[t].dtype)).device(device()));
       break;
-    case SlotPrep::Copy: slot = slot.clone(); break;
-    case SlotPrep::Existing: break;
+    case SlotPrep::Copy:
+      slot = slot.clone();
+      break;
+    case SlotPrep::Existing:
+      break;
   }
   if (!slot.defined()) REMAT_INTERNAL("the gradient slot of '{}' is empty", spec_.tensors[t].name);
   return slot;
@@ -165,20 +177,28 @@ void OpEnv::set_grad(const OpNode& op, int i, at::Tensor g) {
     REMAT_INTERNAL("the backward of '{}' did not write over the memory it was handed", op.name);
   at::Tensor& slot = grads[t];
   switch (plan_i.merge) {
-    case GradMerge::Set: slot = std::move(g); break;
-    case GradMerge::AddIntoSlot: slot.add_(g); break;
+    case GradMerge::Set:
+      slot = std::move(g);
+      break;
+    case GradMerge::AddIntoSlot:
+      slot.add_(g);
+      break;
     case GradMerge::AddSlotIntoIt:
       g.add_(slot);  // never write into a shared gradient (a + b == b + a)
       slot = std::move(g);
       break;
-    case GradMerge::Sum: slot = slot + g; break;
+    case GradMerge::Sum:
+      slot = slot + g;
+      break;
   }
 }
 
 void OpEnv::add_param_grad(const OpNode& op, int i, at::Tensor g) {
   at::Tensor& slot = param_grads[op.params[i]];
-  if (!slot.defined()) slot = std::move(g);
-  else slot.add_(g);
+  if (!slot.defined())
+    slot = std::move(g);
+  else
+    slot.add_(g);
 }
 
 }  // namespace remat::detail

@@ -117,7 +117,8 @@ TEST_P(OpsTest, EveryOpMatchesItsReferenceForwardAndBackward) {
         if (!expected.defined() || !is_float(c.spec.tensors[c.spec.inputs[i]].dtype)) continue;
         bool gets_grad = false;  // some op input that is this stage input has a gradient
         for (size_t k = 0; k < node.in.size(); ++k)
-          gets_grad = gets_grad || (node.in[k] == c.spec.inputs[i] && grad_kind(*c.def, node, static_cast<int>(k)) != GradKind::None);
+          gets_grad = gets_grad || (node.in[k] == c.spec.inputs[i] &&
+                                    grad_kind(*c.def, node, static_cast<int>(k)) != GradKind::None);
         if (!gets_grad) continue;
         EXPECT_TRUE(testing::close(g.inputs[i], expected, tol(dtype))) << name << ": gradient of input " << i;
       }
@@ -205,14 +206,16 @@ std::pair<at::Tensor, bool> backward_with(const Case& c, GradSource source) {
   env.grads.assign(c.spec.tensors.size(), at::Tensor());
   env.param_grads.assign(c.spec.params.size(), at::Tensor());
   env.grads[node.out[0]] = dy.clone();
-  const void* handed = source == GradSource::OverDy ? env.grads[node.out[0]].data_ptr() : tensors[node.in[0]].data_ptr();
+  const void* handed =
+      source == GradSource::OverDy ? env.grads[node.out[0]].data_ptr() : tensors[node.in[0]].data_ptr();
   Step step;
   step.kind = Step::Kind::Backward;
   step.index = 0;
   step.grads[0] = {source, SlotPrep::Zeros, GradMerge::Set};
   for (size_t i = 1; i < node.in.size(); ++i)
     if (c.def->grad_in[i] == GradKind::Slot)
-      step.grads[i] = {GradSource::Slot, node.in[i] == node.in[0] ? SlotPrep::Existing : SlotPrep::Zeros, GradMerge::Set};
+      step.grads[i] = {GradSource::Slot, node.in[i] == node.in[0] ? SlotPrep::Existing : SlotPrep::Zeros,
+                       GradMerge::Set};
   env.begin(step);
   c.def->backward(env, node);
   const at::Tensor g = env.grads[node.in[0]];

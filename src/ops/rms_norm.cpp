@@ -124,13 +124,15 @@ BlockSpec heads_example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.rms_norm_heads");
   const int x = b.input("q", {2, 12, 3 * 4}, DType::F32, "input");
-  const std::vector<int> y = b.op(OpKind::RmsNorm, "q_norm", {x}, {{"q_norm", {2, 12, 12}}, {"q_norm_rstd", {2, 12, 3}}},
-                                  {{"q_norm.weight", {4}, Init::Ones, 0.0, false}});
+  const std::vector<int> y =
+      b.op(OpKind::RmsNorm, "q_norm", {x}, {{"q_norm", {2, 12, 12}}, {"q_norm_rstd", {2, 12, 3}}},
+           {{"q_norm.weight", {4}, Init::Ones, 0.0, false}});
   b.last().eps = 1e-6;
   return b.finish(y[0]);
 }
 
-std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& p) {
+std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in,
+                                  const std::vector<at::Tensor>& p) {
   const int64_t g = p[0].size(0);
   std::vector<int64_t> groups = in[0].sizes().vec();
   groups.back() /= g;

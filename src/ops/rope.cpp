@@ -23,7 +23,8 @@ at::Tensor angles(int64_t seq, int64_t head_dim, double theta, const at::TensorO
   double* p = table.data_ptr<double>();
   for (int64_t t = 0; t < seq; ++t)
     for (int64_t i = 0; i < head_dim / 2; ++i) {
-      const double a = static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+      const double a =
+          static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
       p[(t * (head_dim / 2) + i) * 2] = std::cos(a);
       p[(t * (head_dim / 2) + i) * 2 + 1] = std::sin(a);
     }
@@ -58,8 +59,10 @@ void rotate(const T* in, int64_t ld_in, T* out, int64_t ld_out, const T* table, 
           }
         }
         for (int64_t j = rot; j < head_dim; ++j) {
-          if constexpr (add) yh[j] += xh[j];
-          else yh[j] = xh[j];
+          if constexpr (add)
+            yh[j] += xh[j];
+          else
+            yh[j] = xh[j];
         }
       }
     }
@@ -107,8 +110,10 @@ void apply(const at::Tensor& in, Slice from, at::Tensor& out, Slice to, const Op
   const at::Tensor turned = at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, 4).view({B, T, W / D, R});
   const at::Tensor y = at::cat({turned, heads.narrow(3, R, D - R)}, 3).view({B, T, W});
   at::Tensor dst = out.narrow(2, to.col, W);
-  if (add) dst.add_(y);
-  else dst.copy_(y);
+  if (add)
+    dst.add_(y);
+  else
+    dst.copy_(y);
 }
 
 void forward(detail::OpEnv& e, const OpNode& op) {
@@ -172,7 +177,8 @@ std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>
   const at::Tensor i = at::arange(R / 2, at::kDouble);
   const at::Tensor f = at::pow(n.theta, -2.0 * i / static_cast<double>(R));
   const at::Tensor a = at::arange(T, at::kDouble).unsqueeze(1) * f.unsqueeze(0);  // (T, R/2)
-  const at::Tensor c = a.cos().to(x.scalar_type()).view({1, T, 1, R / 2}), s = a.sin().to(x.scalar_type()).view({1, T, 1, R / 2});
+  const at::Tensor c = a.cos().to(x.scalar_type()).view({1, T, 1, R / 2}),
+                   s = a.sin().to(x.scalar_type()).view({1, T, 1, R / 2});
   const at::Tensor heads = x.reshape({B, T, W / D, D});
   const at::Tensor p = heads.narrow(3, 0, R).reshape({B, T, W / D, R / 2, 2});
   const at::Tensor x0 = p.select(4, 0), x1 = p.select(4, 1);

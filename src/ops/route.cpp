@@ -144,8 +144,7 @@ BlockSpec build(bool sigmoid, bool normalize) {
   ModelConfig cfg;
   detail::Builder b(cfg, sigmoid ? "test.route_sigmoid" : "test.route");
   const int z = b.input("logits", {2, 5, 6}, DType::F32, "router logits");
-  b.op(OpKind::Route, "route", {z},
-       {{"weights", {2, 5, 3}}, {"experts", {2, 5, 3}, DType::I64}, {"probs", {2, 5, 6}}});
+  b.op(OpKind::Route, "route", {z}, {{"weights", {2, 5, 3}}, {"experts", {2, 5, 3}, DType::I64}, {"probs", {2, 5, 6}}});
   b.last().routing = {6, 3, 0, sigmoid, normalize, 0.0};
   return b.finish(b.last().out[0]);
 }

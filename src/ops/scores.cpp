@@ -157,8 +157,8 @@ std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>
                    attention::scale(l);
     if (l.causal) {
       const at::Tensor mask = at::ones({l.rows(r), l.cols(r)}, at::kBool).triu(l.first_row(r) + 1);
-      const double lowest = s.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
-                                                           : std::numeric_limits<float>::lowest();
+      const double lowest =
+          s.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
       s = s + (at::where(mask, at::full({}, lowest, s.options()), s) - s).detach();
     }
     blocks.push_back(s);

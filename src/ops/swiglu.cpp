@@ -49,8 +49,10 @@ void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor &g = e.in(op, 0), &u = e.in(op, 1);
   if (!cpu(g) || !cpu(u)) return e.set_out(op, 0, at::silu(g) * u);
   at::Tensor act = at::empty_like(g);
-  if (g.scalar_type() == at::kFloat) forward_rows(g.data_ptr<float>(), u.data_ptr<float>(), act.data_ptr<float>(), g.numel());
-  else forward_rows(g.data_ptr<double>(), u.data_ptr<double>(), act.data_ptr<double>(), g.numel());
+  if (g.scalar_type() == at::kFloat)
+    forward_rows(g.data_ptr<float>(), u.data_ptr<float>(), act.data_ptr<float>(), g.numel());
+  else
+    forward_rows(g.data_ptr<double>(), u.data_ptr<double>(), act.data_ptr<double>(), g.numel());
   e.set_out(op, 0, std::move(act));
 }
 

@@ -17,8 +17,6 @@ inline double gather(int64_t bytes, int64_t ranks) {
   return static_cast<double>(ranks - 1) / static_cast<double>(ranks) * static_cast<double>(bytes);
 }
 // Bytes of tensor t gathered along the sequence from every rank's shard (sequence parallelism).
-inline int64_t gathered(const BlockSpec& b, int t, const TensorParallel& p) {
-  return b.tensors[t].bytes() * p.ranks;
-}
+inline int64_t gathered(const BlockSpec& b, int t, const TensorParallel& p) { return b.tensors[t].bytes() * p.ranks; }
 
 }  // namespace remat::ops::tp

@@ -17,7 +17,9 @@ int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
-int64_t CachingAllocatorModel::round(int64_t bytes) { return bytes < kMinBlock ? kMinBlock : round_up(bytes, kMinBlock); }
+int64_t CachingAllocatorModel::round(int64_t bytes) {
+  return bytes < kMinBlock ? kMinBlock : round_up(bytes, kMinBlock);
+}
 
 CachingAllocatorModel::Pool& CachingAllocatorModel::pool(int stream, bool small) {
   Pool& p = pools_[{stream, small}];
@@ -59,7 +61,9 @@ int CachingAllocatorModel::new_segment(Pool& p, int64_t size) {
     p.tail = id;
     return id;
   }
-  const int64_t bytes = size <= kSmallSize ? kSmallBuffer : size < kMinLargeAlloc ? kLargeBuffer : round_up(size, kRoundLarge);
+  const int64_t bytes = size <= kSmallSize      ? kSmallBuffer
+                        : size < kMinLargeAlloc ? kLargeBuffer
+                                                : round_up(size, kRoundLarge);
   reserved_ += bytes;
   Block b;
   b.addr = next_addr_;

@@ -52,8 +52,8 @@ class CachingAllocatorModel {
     int stream = 0;
     bool small = false;
     std::set<std::pair<int64_t, int>> free_blocks;  // (size, block id), best fit first
-    int tail = -1;              // expandable: the last block of the pool's one segment
-    int64_t mapped = 0;         // expandable: bytes mapped so far
+    int tail = -1;                                  // expandable: the last block of the pool's one segment
+    int64_t mapped = 0;                             // expandable: bytes mapped so far
   };
 
   Pool& pool(int stream, bool small);
@@ -63,9 +63,9 @@ class CachingAllocatorModel {
 
   bool expandable_ = false;
   std::vector<Block> blocks_;
-  std::vector<int> handle_block_;         // by handle
+  std::vector<int> handle_block_;  // by handle
   std::map<std::pair<int, bool>, Pool> pools_;
-  std::vector<Pool*> segment_pool_;       // by segment: the pool it belongs to
+  std::vector<Pool*> segment_pool_;  // by segment: the pool it belongs to
   int64_t next_addr_ = 0;
   int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
 };

@@ -59,7 +59,8 @@ std::pair<int64_t, int64_t> bytes_moved(const BlockSpec& b, int op) {
 }
 
 double roofline_ms(int64_t flops, int64_t bytes, const MachineRates& r) {
-  return std::max(static_cast<double>(flops) / (r.matmul_gflops * 1e6), static_cast<double>(bytes) / (r.memory_gbps * 1e6));
+  return std::max(static_cast<double>(flops) / (r.matmul_gflops * 1e6),
+                  static_cast<double>(bytes) / (r.memory_gbps * 1e6));
 }
 
 }  // namespace

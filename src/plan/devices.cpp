@@ -62,9 +62,10 @@ Device this_cpu() {
   d.matmul_efficiency = d.memory_efficiency = d.link_efficiency = 1.0;  // measured rates, not peaks
   d.engine = true;
   d.sm = 0;
-  d.source = fmt::format("this machine, measured once and saved (calibrated_rates): fp32 GEMM {:.0f} GFLOP/s, memory "
-                         "{:.1f} GB/s, threads {}; memory from /proc/meminfo",
-                         r.matmul_gflops, r.memory_gbps, to_string(threads));
+  d.source = fmt::format(
+      "this machine, measured once and saved (calibrated_rates): fp32 GEMM {:.0f} GFLOP/s, memory "
+      "{:.1f} GB/s, threads {}; memory from /proc/meminfo",
+      r.matmul_gflops, r.memory_gbps, to_string(threads));
   return d;
 }
 
@@ -90,9 +91,10 @@ Device custom(std::string_view text) {
   std::stringstream ss{std::string(text.substr(7))};
   for (std::string p; std::getline(ss, p, ',');) parts.push_back(p);
   if (parts.size() < 3 || parts.size() > 6)
-    fail("bad --device '{}'; write custom:MEM,TFLOPS,GBPS[,INTRA_GBPS[,INTER_GBPS[,GPUS_PER_NODE]]], e.g. "
-         "custom:96GiB,700,3000,400,50,8",
-         text);
+    fail(
+        "bad --device '{}'; write custom:MEM,TFLOPS,GBPS[,INTRA_GBPS[,INTER_GBPS[,GPUS_PER_NODE]]], e.g. "
+        "custom:96GiB,700,3000,400,50,8",
+        text);
   Device d;
   d.name = std::string(text);
   const Budget mem = parse_budget(parts[0]);
@@ -129,18 +131,20 @@ Device from_file(std::string_view path) {
   Device d;
   d.name = std::string(path);
   d.source = fmt::format("from {}", path);
-  static const char* known[] = {"name",          "memory",           "bf16_tflops",       "fp32_tflops",
-                                "hbm_gbps",      "intra_gbps",       "inter_gbps",        "gpus_per_node",
-                                "matmul_efficiency", "memory_efficiency", "link_efficiency", "source", "sm"};
+  static const char* known[] = {
+      "name",       "memory",        "bf16_tflops",       "fp32_tflops",       "hbm_gbps",        "intra_gbps",
+      "inter_gbps", "gpus_per_node", "matmul_efficiency", "memory_efficiency", "link_efficiency", "source",
+      "sm"};
   try {
     for (const auto& [key, value] : j.items()) {
       bool ok = false;
       for (const char* k : known) ok = ok || key == k;
       if (!ok)
-        fail("--device file '{}': unknown field '{}'; allowed: name, memory (bytes or \"80GiB\"), bf16_tflops, "
-             "fp32_tflops, hbm_gbps, intra_gbps, inter_gbps, gpus_per_node, matmul_efficiency, memory_efficiency, "
-             "link_efficiency, source, sm",
-             path, key);
+        fail(
+            "--device file '{}': unknown field '{}'; allowed: name, memory (bytes or \"80GiB\"), bf16_tflops, "
+            "fp32_tflops, hbm_gbps, intra_gbps, inter_gbps, gpus_per_node, matmul_efficiency, memory_efficiency, "
+            "link_efficiency, source, sm",
+            path, key);
     }
     if (j.contains("name")) d.name = j.at("name").get<std::string>();
     if (!j.contains("memory")) fail("--device file '{}' has no \"memory\"", path);
@@ -165,8 +169,10 @@ Device from_file(std::string_view path) {
   }
   // Rates left out get the assumptions custom: states, named in the plan's header.
   std::vector<std::string> assumed;
-  if (!(d.fp32_tflops > 0) && d.bf16_tflops > 0) d.fp32_tflops = d.bf16_tflops / 16, assumed.push_back("fp32 = bf16 / 16");
-  if (!(d.intra_gbps > 0) && d.hbm_gbps > 0) d.intra_gbps = d.hbm_gbps / 8, assumed.push_back("intra_gbps = hbm_gbps / 8");
+  if (!(d.fp32_tflops > 0) && d.bf16_tflops > 0)
+    d.fp32_tflops = d.bf16_tflops / 16, assumed.push_back("fp32 = bf16 / 16");
+  if (!(d.intra_gbps > 0) && d.hbm_gbps > 0)
+    d.intra_gbps = d.hbm_gbps / 8, assumed.push_back("intra_gbps = hbm_gbps / 8");
   if (!(d.inter_gbps > 0) && d.intra_gbps > 0)
     d.inter_gbps = d.intra_gbps / 8, assumed.push_back("inter_gbps = intra_gbps / 8");
   if (!assumed.empty()) d.source += fmt::format(" (not in the file, assumed: {})", fmt::join(assumed, ", "));

@@ -24,8 +24,11 @@ constexpr int64_t MiB = int64_t{1} << 20;
 // and kept (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG
 // when set, else 4096 KiB x 8 on Hopper (sm 9.0) and 4096 KiB x 2 + 16 KiB x 8 elsewhere.
 Allocation torch_cublas(const PlanOptions& o, const Device& d) {
-  const int64_t bytes = o.cublas_workspace > 0 ? o.cublas_workspace : d.sm == 90 ? 8 * 4 * MiB : 2 * 4 * MiB + 8 * 16 * 1024;
-  return {"cuBLAS workspace (PyTorch)", bytes, "PyTorch's workspace for its cuBLAS GEMMs, one per stream, kept from the first GEMM on"};
+  const int64_t bytes = o.cublas_workspace > 0 ? o.cublas_workspace
+                        : d.sm == 90           ? 8 * 4 * MiB
+                                               : 2 * 4 * MiB + 8 * 16 * 1024;
+  return {"cuBLAS workspace (PyTorch)", bytes,
+          "PyTorch's workspace for its cuBLAS GEMMs, one per stream, kept from the first GEMM on"};
 }
 
 }  // namespace
@@ -74,7 +77,8 @@ std::vector<Allocation> outside_allocator(const Device& d, const Layout& l) {
   // 0.5 MiB per channel and peer; a ring has two peers; 16 channels.
   const int64_t ring = 2 * 16 * (4 * MiB + 4915200 + 512 * 1024);
   auto nccl = [&](const char* group, int64_t ranks, int64_t bytes) {
-    if (ranks > 1) out.push_back({fmt::format("NCCL buffers ({})", group), bytes, "cudaMalloc'd by NCCL for its rings"});
+    if (ranks > 1)
+      out.push_back({fmt::format("NCCL buffers ({})", group), bytes, "cudaMalloc'd by NCCL for its rings"});
   };
   nccl("tensor-parallel group", l.tp, ring);
   nccl("context-parallel group", l.cp, ring);

@@ -51,8 +51,8 @@ bool same_point(const BlockOption& a, const BlockOption& b) {
 }
 
 bool dominates(const BlockOption& a, const BlockOption& b) {
-  const bool no_worse = a.saved <= b.saved && a.recompute_ms <= b.recompute_ms &&
-                        a.forward_extra <= b.forward_extra && a.backward_extra <= b.backward_extra;
+  const bool no_worse = a.saved <= b.saved && a.recompute_ms <= b.recompute_ms && a.forward_extra <= b.forward_extra &&
+                        a.backward_extra <= b.backward_extra;
   return no_worse && !same_point(a, b);
 }
 

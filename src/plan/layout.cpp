@@ -12,8 +12,8 @@
 
 #include "remat/error.h"
 #include "remat/planner.h"
-#include "remat/runtime.h"
 #include "remat/policy.h"
+#include "remat/runtime.h"
 #include "remat/schedule.h"
 
 namespace remat {
@@ -78,20 +78,24 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
     fail("Layout.cp {} runs attention in a ring, which needs flash attention (--attention flash)", l.cp);
   if (l.uneven()) {
     if (l.first_layers < 1 || l.last_layers < 1 || l.pp < 2)
-      fail("Layout.first_layers {} and Layout.last_layers {} split a pipeline (Layout.pp {} >= 2): give both, each at "
-           "least 1",
-           l.first_layers, l.last_layers, l.pp);
+      fail(
+          "Layout.first_layers {} and Layout.last_layers {} split a pipeline (Layout.pp {} >= 2): give both, each at "
+          "least 1",
+          l.first_layers, l.last_layers, l.pp);
     if (l.vpp > 1)
       fail("Layout.first_layers and Layout.last_layers split a pipeline without interleaving; Layout.vpp is {}", l.vpp);
     const int64_t rest = cfg.layers - l.first_layers - l.last_layers;
     if (rest < (l.pp - 2) || (l.pp == 2 ? rest != 0 : rest % (l.pp - 2) != 0))
-      fail("Layout.first_layers {} + Layout.last_layers {} leave {} of the {} layers for the {} middle stages, which must "
-           "share them evenly",
-           l.first_layers, l.last_layers, rest, cfg.layers, l.pp - 2);
+      fail(
+          "Layout.first_layers {} + Layout.last_layers {} leave {} of the {} layers for the {} middle stages, which "
+          "must "
+          "share them evenly",
+          l.first_layers, l.last_layers, rest, cfg.layers, l.pp - 2);
   } else if (cfg.layers % (l.pp * l.vpp) != 0) {
-    fail("Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many, or give the first and last "
-         "stages' layers (an uneven pipeline)",
-         l.pp, l.vpp, cfg.layers);
+    fail(
+        "Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many, or give the first and last "
+        "stages' layers (an uneven pipeline)",
+        l.pp, l.vpp, cfg.layers);
   }
   if (l.vpp > 1 && l.pp == 1) fail("Layout.vpp {} interleaves pipeline stages; it needs pp > 1", l.vpp);
   if (l.batch() % (l.micro_batch * l.dp) != 0)
@@ -103,13 +107,15 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   if (l.fsdp && l.zero != 0)
     fail("Layout.fsdp shards the weights, gradients and optimizer state itself; Layout.zero must be 0, got {}", l.zero);
   if (l.zero >= 2 && l.pp > 1)
-    fail("Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
-         "zero 0 or 1 with pipelines",
-         l.zero, l.pp);
+    fail(
+        "Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
+        "zero 0 or 1 with pipelines",
+        l.zero, l.pp);
   if (l.ep > 1 && l.shards() % l.ep != 0)
-    fail("Layout.ep {} must divide the data- x context-parallel ranks ({} x {}): experts are split over them", l.ep, l.dp,
-         l.cp);
-  if (l.ep > 1 && l.fsdp) fail("Layout.ep {} with FSDP is not modelled; plan experts with zero 0-1 (Megatron-LM)", l.ep);
+    fail("Layout.ep {} must divide the data- x context-parallel ranks ({} x {}): experts are split over them", l.ep,
+         l.dp, l.cp);
+  if (l.ep > 1 && l.fsdp)
+    fail("Layout.ep {} with FSDP is not modelled; plan experts with zero 0-1 (Megatron-LM)", l.ep);
   {
     ModelConfig at = cfg;  // what the block kind supports at this split
     at.tp = l.tp, at.sp = l.sp, at.cp = l.cp, at.ep = l.ep;
@@ -117,10 +123,12 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   }
   if (device.engine) {
     if (l.tp > 1 || l.pp > 1 || l.cp > 1 || l.ep > 1)
-      fail("device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
-           "pp {} for a GPU --device",
-           l.tp, l.cp, l.pp);
-    if (l.zero > 1) fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
+      fail(
+          "device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
+          "pp {} for a GPU --device",
+          l.tp, l.cp, l.pp);
+    if (l.zero > 1)
+      fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
     if (cfg.dtype != DType::F32) fail("device cpu: the engine trains fp32, got {}", to_string(cfg.dtype));
   }
 }
@@ -132,10 +140,10 @@ struct Shapes {
   ModelConfig cfg;
   std::shared_ptr<const ModelSpec> spec;
   MachineRates rates;
-  CostModel costs;                  // the block's ops (estimate_op)
+  CostModel costs;  // the block's ops (estimate_op)
   double stem_fwd = 0, stem_bwd = 0, head_fwd = 0, head_bwd = 0;
-  double block_comm = 0;            // tensor-parallel collectives of one block, forward + backward
-  std::vector<double> comm_fwd;     // per block op: its forward's collectives (a recompute repeats them)
+  double block_comm = 0;              // tensor-parallel collectives of one block, forward + backward
+  std::vector<double> comm_fwd;       // per block op: its forward's collectives (a recompute repeats them)
   std::vector<BlockOption> frontier;  // for "auto", computed on first use
   ScheduleCache cache;
   std::map<std::string, ResolvedPolicy> resolved;  // by policy string
@@ -209,7 +217,8 @@ std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::v
   std::string s = "layers:";
   for (size_t i = 0; i < layers.size();) {
     size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1].first == layers[j].first + 1 && layers[j + 1].second == layers[i].second)
+    while (j + 1 < layers.size() && layers[j + 1].first == layers[j].first + 1 &&
+           layers[j + 1].second == layers[i].second)
       ++j;
     s += fmt::format("{}{}={}", i ? "," : "",
                      i == j ? std::to_string(layers[i].first) : fmt::format("{}-{}", layers[i].first, layers[j].first),
@@ -237,8 +246,7 @@ class Evaluator {
     if (it != sh.resolved.end()) return it->second;
     const Policy parsed = Policy::parse(policy);
     if (parsed.is_budget())
-      fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto",
-           policy);
+      fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto", policy);
     ResolvedPolicy r = parsed.resolve(sh.spec->block, cfg_.layers);
     if (r.chunk > 0) fail("policy '{}' checkpoints chunks of layers, which layouts do not plan", policy);
     return sh.resolved.emplace(policy, std::move(r)).first->second;
@@ -392,7 +400,8 @@ class Evaluator {
       sh.frontier = frontier;
       std::vector<bool> need;
       for (int in : sh.spec->block.inputs) need.push_back(is_float(sh.spec->block.tensors[in].dtype));
-      for (BlockOption& o : sh.frontier) o.recompute_ms = sh.costs.recompute_ms(*sh.cache.get(sh.spec->block, o.policy, need));
+      for (BlockOption& o : sh.frontier)
+        o.recompute_ms = sh.costs.recompute_ms(*sh.cache.get(sh.spec->block, o.policy, need));
     }
     std::vector<const BlockOption*> options;
     for (const BlockOption& o : sh.frontier) options.push_back(&o);
@@ -425,8 +434,10 @@ class Evaluator {
     size_t lo = 0, hi = n - 1;  // options[hi] fits
     while (lo < hi) {
       const size_t mid = (lo + hi) / 2;
-      if (fits(mid)) hi = mid;
-      else lo = mid + 1;
+      if (fits(mid))
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     const size_t k = hi;
     if (k == 0) {
@@ -438,8 +449,10 @@ class Evaluator {
     while (few < many) {
       const size_t mid = (few + many + 1) / 2;
       assign(options[k - 1], options[k], mid);
-      if (within(memory(sh, l, stage, layers).total_peak(), budget)) few = mid;
-      else many = mid - 1;
+      if (within(memory(sh, l, stage, layers).total_peak(), budget))
+        few = mid;
+      else
+        many = mid - 1;
     }
     assign(options[k - 1], options[k], few);
   }
@@ -533,15 +546,18 @@ class Evaluator {
       const double first = t.dp_comm_s / (m * 2 * static_cast<double>(spec.layers + 2));
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - t.compute_s) + first;
     } else {
-      if (l.zero == 0) bytes = 2 * share * numel * l.grad_bytes;
-      else bytes = share * numel * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
+      if (l.zero == 0)
+        bytes = 2 * share * numel * l.grad_bytes;
+      else
+        bytes = share * numel * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
       if (l.shards() > 1 && !device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
     }
     // A word embedding tied across the first and last stage: its gradient all-reduced between them.
     for (const ParamSpec& ps : spec.head.params)
       if (!ps.tied_to.empty() && l.pp > 1)
-        t.p2p_s += static_cast<double>(ps.numel() * l.grad_bytes) / (device_.inter_gbps * device_.link_efficiency * 1e9);
+        t.p2p_s +=
+            static_cast<double>(ps.numel() * l.grad_bytes) / (device_.inter_gbps * device_.link_efficiency * 1e9);
     // Adam over this rank's share: read weights, gradients, master and moments; write them back.
     const double owned = static_cast<double>(worst.optimizer) / (spec.block.dtype == DType::F32 || l.fsdp ? 8 : 12);
     t.optimizer_s = owned * (spec.block.dtype == DType::F32 ? 28.0 : 30.0) / (sh.rates.memory_gbps * 1e9);
@@ -593,8 +609,11 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
   constexpr int64_t kMostGpus = int64_t{1} << 20;
   if (space.gpus < 1 || space.gpus > kMostGpus)
     fail("SearchSpace.gpus must be in 1..{}, got {}", kMostGpus, space.gpus);
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"tp", space.tp}, {"pp", space.pp}, {"dp", space.dp},
-                         {"vpp", space.vpp}, {"micro_batch", space.micro_batch}})
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"tp", space.tp},
+                         {"pp", space.pp},
+                         {"dp", space.dp},
+                         {"vpp", space.vpp},
+                         {"micro_batch", space.micro_batch}})
     if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 1..{} (0: searched), got {}", name, kMostGpus, v);
   if (space.zero_fixed < -1 || space.zero_fixed > 3)
     fail("SearchSpace.zero must be a ZeRO stage 0..3, got {}", space.zero_fixed);
@@ -629,48 +648,50 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
         // Expert parallelism: the experts' divisors that divide the dp x cp ranks (an explicit one
         // is evaluated whatever they are: validate() says why it does not fit).
         std::vector<int64_t> eps;
-        if (space.ep > 0) eps = {space.ep};
+        if (space.ep > 0)
+          eps = {space.ep};
         else
           for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
             if ((dp * space.cp) % ep == 0) eps.push_back(ep);
         for (int64_t ep : eps) {
-        // An explicit vpp or micro-batch is evaluated whatever the searched grid holds.
-        std::vector<int64_t> vpps;
-        if (space.vpp > 0) vpps = {space.vpp};
-        else
-          for (int64_t v = 1; v <= (pp > 1 ? space.max_vpp : 1); ++v) vpps.push_back(v);
-        const std::vector<int64_t> micro_batches =
-            space.micro_batch > 0 ? std::vector<int64_t>{space.micro_batch} : space.micro_batches;
-        // Stages that do not divide the layers: the middle ones at ceil(layers / pp), the first and
-        // last sharing the rest (torchtitan's split), without interleaving.
-        int64_t first = space.first_layers, last = space.last_layers;
-        if (first == 0 && last == 0 && cfg.layers % pp != 0) {
-          const int64_t middle = (cfg.layers + pp - 1) / pp, rest = cfg.layers - (pp - 2) * middle;
-          first = rest / 2, last = rest - rest / 2;
-          if (first < 1) continue;
-        }
-        for (int64_t vpp : vpps) {
-          if (first > 0 ? vpp > 1 : cfg.layers % (pp * vpp) != 0) continue;
-          for (int64_t mb : micro_batches) {
-            for (int zero : space.zero) {
-              if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
-              if (zero > 0 && dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
-              if (space.fsdp && zero != 0) continue;
-              Layout l;
-              l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero, l.ep = ep;
-              l.fsdp = space.fsdp;
-              l.first_layers = first, l.last_layers = last;
-              l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
-              try {
-                validate(l, cfg, device);
-              } catch (const Error& e) {
-                if (res.refused.empty()) res.refused = e.what();
-                continue;
+          // An explicit vpp or micro-batch is evaluated whatever the searched grid holds.
+          std::vector<int64_t> vpps;
+          if (space.vpp > 0)
+            vpps = {space.vpp};
+          else
+            for (int64_t v = 1; v <= (pp > 1 ? space.max_vpp : 1); ++v) vpps.push_back(v);
+          const std::vector<int64_t> micro_batches =
+              space.micro_batch > 0 ? std::vector<int64_t>{space.micro_batch} : space.micro_batches;
+          // Stages that do not divide the layers: the middle ones at ceil(layers / pp), the first and
+          // last sharing the rest (torchtitan's split), without interleaving.
+          int64_t first = space.first_layers, last = space.last_layers;
+          if (first == 0 && last == 0 && cfg.layers % pp != 0) {
+            const int64_t middle = (cfg.layers + pp - 1) / pp, rest = cfg.layers - (pp - 2) * middle;
+            first = rest / 2, last = rest - rest / 2;
+            if (first < 1) continue;
+          }
+          for (int64_t vpp : vpps) {
+            if (first > 0 ? vpp > 1 : cfg.layers % (pp * vpp) != 0) continue;
+            for (int64_t mb : micro_batches) {
+              for (int zero : space.zero) {
+                if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
+                if (zero > 0 && dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
+                if (space.fsdp && zero != 0) continue;
+                Layout l;
+                l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero, l.ep = ep;
+                l.fsdp = space.fsdp;
+                l.first_layers = first, l.last_layers = last;
+                l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
+                try {
+                  validate(l, cfg, device);
+                } catch (const Error& e) {
+                  if (res.refused.empty()) res.refused = e.what();
+                  continue;
+                }
+                layouts.push_back({l, 0});
               }
-              layouts.push_back({l, 0});
             }
           }
-        }
         }  // ep
       }
     }
@@ -679,8 +700,10 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
   std::vector<std::string> fixed;
   bool automatic = false;
   for (const std::string& p : space.policies) {
-    if (p == "auto") automatic = true;
-    else fixed.push_back(p);
+    if (p == "auto")
+      automatic = true;
+    else
+      fixed.push_back(p);
   }
   // Every (layout, policy) pair with a lower bound on its step time that needs no memory replay:
   // the first stage's compute, sends and bubble ("auto" is bounded by recomputing nothing).

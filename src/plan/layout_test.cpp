@@ -7,8 +7,8 @@
 
 #include "remat/block.h"
 #include "remat/error.h"
-#include "remat/memory_model.h"
 #include "remat/layout.h"
+#include "remat/memory_model.h"
 #include "remat/policy.h"
 #include "remat/schedule.h"
 
@@ -56,16 +56,19 @@ struct Row {
 };
 
 const Row kTable2[] = {
-    {"no parallelism", 1, false, "none", [](double s, double b, double h, double a, double) { return s * b * h * (34 + 5 * a * s / h); }, true},
+    {"no parallelism", 1, false, "none",
+     [](double s, double b, double h, double a, double) { return s * b * h * (34 + 5 * a * s / h); }, true},
     {"tensor parallel (baseline)", 4, false, "none",
-     [](double s, double b, double h, double a, double t) { return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)); }, true},
+     [](double s, double b, double h, double a, double t) { return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)); },
+     true},
     {"tensor + sequence parallel", 4, true, "none",
      [](double s, double b, double h, double a, double t) { return s * b * h / t * (34 + 5 * a * s / h); }, true},
     {"tensor parallel + selective recompute", 4, false, "attn",
      [](double s, double b, double h, double, double t) { return s * b * h * (10 + 24 / t); }, true},
     {"tensor + sequence parallel + selective recompute", 4, true, "attn",
      [](double s, double b, double h, double, double t) { return s * b * h / t * 34; }, true},
-    {"full activation recompute", 4, false, "full", [](double s, double b, double h, double, double) { return 2 * s * b * h; }, false},
+    {"full activation recompute", 4, false, "full",
+     [](double s, double b, double h, double, double) { return 2 * s * b * h; }, false},
     {"full activation recompute with sequence parallel", 4, true, "full",
      [](double s, double b, double h, double, double t) { return 2 * s * b * h / t; }, false},
 };

@@ -140,11 +140,11 @@ enum class Grads : uint8_t {
 
 // The parameter gradients of the running stage and micro-batch (rules 3 and 4).
 struct ParamGrads {
-  std::vector<bool> has;          // by model parameter: already has one gradient in this micro-batch
-  std::vector<int> uses;          // by model parameter: stages that read it
-  std::vector<int64_t> single;    // gradients of parameters one stage reads
-  std::vector<int64_t> held;      // first gradients of a tied parameter: autograd holds them for the second
-  std::vector<int64_t> second;    // second gradients of a tied parameter
+  std::vector<bool> has;        // by model parameter: already has one gradient in this micro-batch
+  std::vector<int> uses;        // by model parameter: stages that read it
+  std::vector<int64_t> single;  // gradients of parameters one stage reads
+  std::vector<int64_t> held;    // first gradients of a tied parameter: autograd holds them for the second
+  std::vector<int64_t> second;  // second gradients of a tied parameter
 };
 
 // One stage's backward, with its incoming gradient owned by the caller.
@@ -190,8 +190,11 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
           const int t = op.in[i];
           const GradStep& g = step.grads[i];
           switch (g.source) {
-            case GradSource::None: break;
-            case GradSource::Fresh: incoming[i] = bufs.fresh(bytes(t)); break;
+            case GradSource::None:
+              break;
+            case GradSource::Fresh:
+              incoming[i] = bufs.fresh(bytes(t));
+              break;
             case GradSource::OverDy:
               incoming[i] = slot[op.out[0]];
               slot[op.out[0]] = Buffers::kNone;
@@ -200,7 +203,9 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
               incoming[i] = bufs.adopt(bytes(t));
               held[t] = false;
               break;
-            case GradSource::Alias: incoming[i] = bufs.share(slot[op.out[0]]); break;
+            case GradSource::Alias:
+              incoming[i] = bufs.share(slot[op.out[0]]);
+              break;
             case GradSource::Slot:
               if (g.prep == SlotPrep::Zeros) {
                 slot[t] = bufs.fresh(bytes(t));
@@ -229,8 +234,12 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
           if (g.source == GradSource::None || g.source == GradSource::Slot) continue;
           int& dst = slot[op.in[i]];
           switch (g.merge) {
-            case GradMerge::Set: dst = incoming[i]; break;
-            case GradMerge::AddIntoSlot: bufs.drop(incoming[i]); break;
+            case GradMerge::Set:
+              dst = incoming[i];
+              break;
+            case GradMerge::AddIntoSlot:
+              bufs.drop(incoming[i]);
+              break;
             case GradMerge::AddSlotIntoIt:
               bufs.drop(dst);
               dst = incoming[i];
@@ -246,7 +255,8 @@ void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadC
         }
         break;
       }
-      case Step::Kind::Forward: break;
+      case Step::Kind::Forward:
+        break;
     }
   }
 }
@@ -318,7 +328,8 @@ namespace {
 // cool-down runs the same chunks): a step of a million micro-batches folds in a few hundred.
 int periodic_micro(int stages, int stage, int chunks, int micro) {
   const int64_t total = int64_t{micro} * chunks;
-  const int64_t warmup = std::min<int64_t>(total, chunks == 1 ? stages - stage - 1 : (stages - stage - 1) * 2 + (chunks - 1) * stages);
+  const int64_t warmup =
+      std::min<int64_t>(total, chunks == 1 ? stages - stage - 1 : (stages - stage - 1) * 2 + (chunks - 1) * stages);
   const int64_t period = int64_t{stages} * chunks, steady = total - warmup;
   if (steady < 2 * period) return micro;
   return micro - static_cast<int>((steady / period - 1) * stages);
@@ -334,7 +345,7 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
       static_cast<int>(plan.chunks.size()) != shape.chunks || shape.zero < 0 || shape.zero > 3 ||
       (shape.chunks > 1 && shape.micro % shape.stages != 0))
     REMAT_INTERNAL("step shape micro {} world {} rank {} stage {}/{} chunks {} (plan {}) zero {}", shape.micro,
-                 shape.world, shape.rank, shape.stage, shape.stages, shape.chunks, plan.chunks.size(), shape.zero);
+                   shape.world, shape.rank, shape.stage, shape.stages, shape.chunks, plan.chunks.size(), shape.zero);
   const ModelSpec& spec = *plan.model;
   const bool bucketed = shape.bucketed();
   StepMemory m;
@@ -345,9 +356,12 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
   const bool mixed = dtype != DType::F32;
   // ZeRO: this rank's share of the parameters, laid end to end.
   // The routed experts' parameters are shared by fewer ranks (StepShape::expert_world).
-  auto share = [](int64_t n, int rank, int world) { return shard_first(n, rank + 1, world) - shard_first(n, rank, world); };
+  auto share = [](int64_t n, int rank, int world) {
+    return shard_first(n, rank + 1, world) - shard_first(n, rank, world);
+  };
   const int expert_world = shape.expert_world > 0 ? shape.expert_world : shape.world;
-  const int64_t owned = share(numel, shape.rank, shape.world) + share(expert_numel, shape.rank % expert_world, expert_world);
+  const int64_t owned =
+      share(numel, shape.rank, shape.world) + share(expert_numel, shape.rank % expert_world, expert_world);
   numel += expert_numel;
   // Bytes per element of the master weights and the Adam state (m and v): fp32, or the model's
   // dtype when nothing is kept in fp32.
@@ -389,7 +403,8 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
   }
 
   const int64_t L = spec.layers;
-  MemoryTrace t{std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), 0, 0};
+  MemoryTrace t{
+      std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), 0, 0};
   MemoryTrace scratch = t;
   Sim sim;
   int64_t top = 0;
@@ -422,7 +437,8 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
   std::vector<int64_t> sharded_grads;  // the reduce-scatter outputs of this step: the stages' gradients
   auto weights = [&](size_t i) {       // a stage's bf16 weights
     int64_t b = 0;
-    for (size_t k = 0; k < plan.stages[i].params.size(); ++k) b += plan.stages[i].spec->param_bytes(static_cast<int>(k));
+    for (size_t k = 0; k < plan.stages[i].params.size(); ++k)
+      b += plan.stages[i].spec->param_bytes(static_cast<int>(k));
     return b;
   };
   // All-gather into a flat buffer, copy out into the parameters. In the forward the flat buffer is
@@ -436,8 +452,10 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
     unsharded[i] = 1;
     sim.free(flat, kAllGather);
     flat = 0;
-    if (keep_flat) flat = w;
-    else sim.free(w, kAllGather);
+    if (keep_flat)
+      flat = w;
+    else
+      sim.free(w, kAllGather);
   };
   auto fsdp_forward = [&](size_t i) {
     if (shape.fsdp) gather(i, /*keep_flat=*/true);
@@ -504,8 +522,8 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
         }
         backward_stage(sim, st, pg, ctx, shape.fused_wgrad);
         if (head) fsdp_backward(c, i);
-        const bool keeps_dy = !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] &&
-                              !st.external[0];
+        const bool keeps_dy =
+            !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] && !st.external[0];
         if (!keeps_dy) sim.free(dy);
         sim.at("summing a tied parameter's gradients", &st, -1);
         fsdp_reduce(i);

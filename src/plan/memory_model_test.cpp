@@ -9,9 +9,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "remat/error.h"
 #include "remat/memory.h"
 #include "remat/model.h"
-#include "remat/error.h"
 #include "remat/optim.h"
 #include "test_util.h"
 
@@ -60,8 +60,8 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWithEagerRecomputeAndHeldTensors) {
     ResolvedPolicy policy = Policy::parse(p).resolve(make_block(c), c.layers);
     for (bool eager : {false, true}) {
       for (LayerPolicy& l : policy.layers) l.eager = eager;
-      const StepMemory predicted = simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(c)), policy),
-                                                   current_threads());
+      const StepMemory predicted =
+          simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(c)), policy), current_threads());
       const Measured m = measure(c, policy);
       EXPECT_EQ(predicted.saved, m.saved) << GetParam().name << " " << p << (eager ? " eager" : "");
       EXPECT_EQ(predicted.peak, m.peak) << GetParam().name << " " << p << (eager ? " eager" : "");
@@ -153,7 +153,8 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWithGradientAccumulation) {
     shape.scaled_loss = true;
     const StepMemory predicted = simulate_memory(model->step_plan(), current_threads(), nullptr, shape);
     // `before` holds weights and moments; the data of each micro-batch comes within the step.
-    EXPECT_EQ(predicted.peak + predicted.data, measured) << GetParam().name << " " << p << " (peak at " << predicted.peak_at << ")";
+    EXPECT_EQ(predicted.peak + predicted.data, measured)
+        << GetParam().name << " " << p << " (peak at " << predicted.peak_at << ")";
   }
 }
 

@@ -23,8 +23,8 @@ std::string plan_text(const std::vector<const BlockOption*>& choice) {
   for (int64_t first = 0; first < n;) {
     int64_t last = first;
     while (last + 1 < n && choice[last + 1]->text == choice[first]->text) ++last;
-    s += fmt::format("{}{}={}", first ? "," : "", first == last ? std::to_string(first) : fmt::format("{}-{}", first, last),
-                     choice[first]->text);
+    s += fmt::format("{}{}={}", first ? "," : "",
+                     first == last ? std::to_string(first) : fmt::format("{}-{}", first, last), choice[first]->text);
     first = last + 1;
   }
   return s;
@@ -193,8 +193,10 @@ std::vector<const BlockOption*> Planner::least_memory() const {
   while (solve(hi, 1024).empty()) hi *= 2;
   for (int it = 0; it < 40 && hi - lo > std::max<int64_t>(1, hi / 2000); ++it) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (solve(mid, 1024).empty()) lo = mid;
-    else hi = mid;
+    if (solve(mid, 1024).empty())
+      lo = mid;
+    else
+      hi = mid;
   }
   return solve(hi, 1024);
 }

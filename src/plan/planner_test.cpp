@@ -96,7 +96,7 @@ TEST(Plan, FitsTheBudgetOrNamesTheMinimum) {
   EXPECT_EQ(none.step_ms, none.none_step_ms);  // 100% of none's peak: nothing to recompute
   for (double pct : {95.0, 85.0, 75.0}) {
     const Plan p = make_plan(c, Budget{0, pct}, costs, pins);
-    ASSERT_TRUE(p.fits) << pct;  // a tiny GPT-2 with dropout has plans well below these
+    ASSERT_TRUE(p.fits) << pct;                 // a tiny GPT-2 with dropout has plans well below these
     EXPECT_GT(p.step_ms, none.step_ms) << pct;  // something is recomputed
     // The plan's peak is what a real step under it measures, and within the budget.
     const testing::MeasuredStep m = testing::measure_step(c, p.policy);
@@ -209,8 +209,10 @@ TEST(Calibration, AnEditedProfileIsMeasuredAgain) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) file = e.path();
   for (const char* edit : {"empty", "negative"}) {
     nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
-    if (std::string(edit) == "empty") j["costs"]["block"] = nlohmann::json::array();
-    else j["costs"]["block"][0][0] = -5.0;
+    if (std::string(edit) == "empty")
+      j["costs"]["block"] = nlohmann::json::array();
+    else
+      j["costs"]["block"][0][0] = -5.0;
     std::ofstream(file) << j.dump();
     const CostModel again = measure_costs(c, threads, 1, dir);
     EXPECT_EQ(again.block.size(), ops) << edit;
@@ -231,8 +233,10 @@ TEST(Calibration, IsSharedAcrossBlasKernelsWhenTheGemmIsNotBlas) {
   calibrated_rates(threads, dir);
   setenv("REMAT_BLAS_NOTE", "chosen by remat: a test", 1);  // what blas_name() says after a re-exec
   calibrated_rates(threads, dir);
-  if (was) setenv("REMAT_BLAS_NOTE", before.c_str(), 1);
-  else unsetenv("REMAT_BLAS_NOTE");
+  if (was)
+    setenv("REMAT_BLAS_NOTE", before.c_str(), 1);
+  else
+    unsetenv("REMAT_BLAS_NOTE");
   size_t files = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
   EXPECT_EQ(files, 1u);
@@ -283,13 +287,19 @@ TEST(Plan, RefusesWithTheSmallestBudget) {
 TEST(Plan, AnswersForGpt3Shapes) {
   ModelConfig c;
   c.arch = "gpt2";
-  c.layers = 96; c.dim = 12288; c.heads = 96; c.batch = 1; c.seq = 2048; c.vocab = 50257;
-  c.dtype = DType::F16; c.dropout = 0.1;
+  c.layers = 96;
+  c.dim = 12288;
+  c.heads = 96;
+  c.batch = 1;
+  c.seq = 2048;
+  c.vocab = 50257;
+  c.dtype = DType::F16;
+  c.dropout = 0.1;
   const ModelSpec spec = make_model(c);
   const CostModel costs = estimate_costs(spec, MachineRates{180, 20});
   const LayerPolicy pins = keep_everything(spec.block);
   const Plan p = make_plan(c, parse_budget("80GB"), costs, pins);
-  EXPECT_FALSE(p.fits);                         // 175B parameters do not fit one 80 GB device
+  EXPECT_FALSE(p.fits);                             // 175B parameters do not fit one 80 GB device
   EXPECT_GT(p.min_budget, 170'000'000'000LL * 16);  // 174.6B parameters at 16 B (weights, grads, Adam)
 }
 

@@ -1,15 +1,15 @@
 #include "remat/costs.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <tuple>
 #include <sstream>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -134,7 +134,7 @@ void LayerProbe::step() {
   const auto t1 = Clock::now();
   s.block_adam->step();
   const double adam = ms_since(t1);
-  s.adam.zero_grad();  // the probe holds no gradients between its steps
+  s.adam.zero_grad();          // the probe holds no gradients between its steps
   if (s.calls++ == 0) return;  // warm-up
   double block = 0;
   for (size_t op = 0; op < s.n_ops; ++op) {
@@ -168,9 +168,9 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   if (reps < 1) fail("measure_costs: reps must be >= 1, got {}", reps);
   ModelConfig one = cfg;
   one.layers = 1;
-  const std::string key = fmt::format("{} ffn={} attn-block={} threads={} blas={} gemm={} reps={} build={}",
-                                      describe(one), one.hidden(), one.attn_block, to_string(threads), blas_name(),
-                                      gemm_name(), reps, build_identity());
+  const std::string key =
+      fmt::format("{} ffn={} attn-block={} threads={} blas={} gemm={} reps={} build={}", describe(one), one.hidden(),
+                  one.attn_block, to_string(threads), blas_name(), gemm_name(), reps, build_identity());
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/costs-{:016x}.json", folder, std::hash<std::string>{}(key));
   std::string rejected;  // why a cached profile was not used
@@ -202,7 +202,8 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   CostModel c = probe.costs();
   c.matmul_gflops = 0.5 * (gflops_before + matmul_gflops(1024, 5));
   c.source = "measured on this machine: " + c.source;
-  if (!rejected.empty()) c.source += fmt::format(" (the cached profile {} was unusable, {}; measured again)", path, rejected);
+  if (!rejected.empty())
+    c.source += fmt::format(" (the cached profile {} was unusable, {}; measured again)", path, rejected);
   c.threads = threads;
   try {
     std::filesystem::create_directories(folder);

@@ -31,10 +31,11 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
     r.costs = costs;
   }
   if (!plan.fits)
-    fail("budget {} cannot be met: the smallest peak any policy reaches is {} (weights {}, optimizer {}, data {}, "
-         "activations and gradients {})",
-         to_string(policy.budget()), bytes_str(plan.min_budget), bytes_str(plan.memory.params),
-         bytes_str(plan.memory.optimizer), bytes_str(plan.memory.data), bytes_str(plan.memory.peak));
+    fail(
+        "budget {} cannot be met: the smallest peak any policy reaches is {} (weights {}, optimizer {}, data {}, "
+        "activations and gradients {})",
+        to_string(policy.budget()), bytes_str(plan.min_budget), bytes_str(plan.memory.params),
+        bytes_str(plan.memory.optimizer), bytes_str(plan.memory.data), bytes_str(plan.memory.peak));
   r.policy = plan.policy;
   r.text = plan.policy_text;
   r.memory = plan.memory;

@@ -26,9 +26,10 @@ enum class Kind { Missing, Regular, Stream, Other };
 
 // A file with other names: renaming a new file over this name would leave them with the old bytes.
 std::string hard_links(const std::string& path, nlink_t links) {
-  return fmt::format("cannot write '{}': it has {} hard links, which a safe (write, then rename) update would split "
-                     "from it; write to another name",
-                     path, links);
+  return fmt::format(
+      "cannot write '{}': it has {} hard links, which a safe (write, then rename) update would split "
+      "from it; write to another name",
+      path, links);
 }
 
 Kind kind_of(const std::string& path) {
@@ -91,7 +92,8 @@ void check_writable(const std::string& given) {
   const Kind kind = kind_of(path);
   if (kind == Kind::Other) fail("cannot write '{}': it is a directory or another non-file", given);
   struct stat st;
-  if (kind == Kind::Regular && ::stat(path.c_str(), &st) == 0 && st.st_nlink > 1) fail("{}", hard_links(given, st.st_nlink));
+  if (kind == Kind::Regular && ::stat(path.c_str(), &st) == 0 && st.st_nlink > 1)
+    fail("{}", hard_links(given, st.st_nlink));
   if (kind == Kind::Stream) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail("cannot write '{}': {}", given, std::strerror(errno));

@@ -52,7 +52,8 @@ std::string loaded_kernel() {
 }
 
 const std::vector<std::string>& known_kernels() {
-  static const std::vector<std::string> k = {"Prescott", "Nehalem", "Sandybridge", "Haswell", "Zen", "SkylakeX", "Cooperlake"};
+  static const std::vector<std::string> k = {"Prescott", "Nehalem",  "Sandybridge", "Haswell",
+                                             "Zen",      "SkylakeX", "Cooperlake"};
   return k;
 }
 

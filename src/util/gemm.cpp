@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -231,14 +231,15 @@ void mm_out(at::Tensor& c, const at::Tensor& a, bool ta, const at::Tensor& b, bo
                      c.scalar_type() == at::kFloat && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
                      a.stride(1) == 1 && b.stride(1) == 1 && c.stride(1) == 1;
   if (tiled) {
-    sgemm_tiled(impl, ta, tb, c.size(0), c.size(1), ta ? a.size(0) : a.size(1), 1.0f, a.data_ptr<float>(),
-                a.stride(0), b.data_ptr<float>(), b.stride(0), static_cast<float>(beta), c.data_ptr<float>(),
-                c.stride(0));
+    sgemm_tiled(impl, ta, tb, c.size(0), c.size(1), ta ? a.size(0) : a.size(1), 1.0f, a.data_ptr<float>(), a.stride(0),
+                b.data_ptr<float>(), b.stride(0), static_cast<float>(beta), c.data_ptr<float>(), c.stride(0));
     return;
   }
   const at::Tensor opa = ta ? a.t() : a, opb = tb ? b.t() : b;
-  if (beta == 0.0) at::mm_out(c, opa, opb);
-  else at::addmm_out(c, c, opa, opb, beta, 1.0);
+  if (beta == 0.0)
+    at::mm_out(c, opa, opb);
+  else
+    at::addmm_out(c, c, opa, opb, beta, 1.0);
 }
 
 void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
@@ -269,8 +270,10 @@ void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bo
       product = product.sum(d, /*keepdim=*/true);
       out = out.narrow(d, 0, 1);
     }
-  if (beta == 0.0) out.copy_(product);
-  else out.mul_(beta).add_(product);
+  if (beta == 0.0)
+    out.copy_(product);
+  else
+    out.mul_(beta).add_(product);
 }
 
 void let_blas_threads_sleep() { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
@@ -288,10 +291,9 @@ SingleThreadedBlas::~SingleThreadedBlas() {
   if (set != nullptr && previous_ > 1) set(previous_);
 }
 
-
 std::string_view to_string(GemmClass c) {
-  static constexpr std::string_view names[kGemmClasses] = {"linear x W^T", "linear dy W",  "linear dy^T x",
-                                                           "head q k^T",   "head p v",     "head p^T dy"};
+  static constexpr std::string_view names[kGemmClasses] = {"linear x W^T", "linear dy W", "linear dy^T x",
+                                                           "head q k^T",   "head p v",    "head p^T dy"};
   return names[static_cast<int>(c)];
 }
 
@@ -329,9 +331,10 @@ GemmTable gemm_table() {
 void set_gemm_table(const GemmTable& t) {
   for (int c = 0; c < kGemmClasses; ++c) {
     if (!available(t[c]))
-      fail("GemmChoice: {} for {} is not in this build (the loaded LibTorch exports no oneDNN sgemm, or the BLAS no "
-           "cblas_sgemm)",
-           to_string(t[c]), to_string(static_cast<GemmClass>(c)));
+      fail(
+          "GemmChoice: {} for {} is not in this build (the loaded LibTorch exports no oneDNN sgemm, or the BLAS no "
+          "cblas_sgemm)",
+          to_string(t[c]), to_string(static_cast<GemmClass>(c)));
     if (c >= 3 && t[c] == GemmImpl::BlasThreads)
       fail("GemmChoice: blas-threads runs linears only, not {}", to_string(static_cast<GemmClass>(c)));
   }
@@ -357,9 +360,10 @@ GemmTable parse_gemm_table(std::string_view text) {
   };
   const size_t semi = s.find(';');
   if (s.rfind("linear=", 0) != 0 || semi == std::string::npos || s.compare(semi + 1, 5, "head=") != 0)
-    fail("GemmChoice '{}' is unknown; allowed: auto, onednn, blas, or a record such as "
-         "'linear=blas-threads,blas-threads,blas;head=onednn,onednn,onednn'",
-         text);
+    fail(
+        "GemmChoice '{}' is unknown; allowed: auto, onednn, blas, or a record such as "
+        "'linear=blas-threads,blas-threads,blas;head=onednn,onednn,onednn'",
+        text);
   int c = 0;
   for (const std::string& part : {s.substr(7, semi - 7), s.substr(semi + 6)}) {
     std::vector<std::string> names;
@@ -418,7 +422,8 @@ std::string gemm_name() {
     if (std::count(t.begin(), t.end(), i) == detail::kGemmClasses) return name(i) + " (every product)";
     std::string classes;
     for (int c = 0; c < detail::kGemmClasses; ++c)
-      if (t[c] == i) classes += fmt::format("{}{}", classes.empty() ? "" : ", ", to_string(static_cast<detail::GemmClass>(c)));
+      if (t[c] == i)
+        classes += fmt::format("{}{}", classes.empty() ? "" : ", ", to_string(static_cast<detail::GemmClass>(c)));
     if (!classes.empty()) out += fmt::format("{}{} ({})", out.empty() ? "" : "; ", name(i), classes);
   }
   return out;

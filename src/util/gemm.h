@@ -59,8 +59,8 @@ GemmTable parse_gemm_table(std::string_view text);
 // C = alpha op(A) op(B) + beta C for row-major float32 matrices with leading dimensions, on the
 // calling thread only, on the implementation of its head class. REQUIRES: a SingleThreadedBlas
 // alive while the kernel threads call it.
-void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // True when sgemm can run: oneDNN's, or the loaded BLAS's cblas_sgemm.
 bool gemm_available();

@@ -59,7 +59,8 @@ Workload workload(int c) {
       w.flops += 2.0 * 1024 * in * out;
     }
     w.run = [pairs, outs, ta, tb] {
-      for (size_t i = 0; i < pairs->size(); ++i) detail::mm_out((*outs)[i], (*pairs)[i].first, ta, (*pairs)[i].second, tb, 0.0);
+      for (size_t i = 0; i < pairs->size(); ++i)
+        detail::mm_out((*outs)[i], (*pairs)[i].first, ta, (*pairs)[i].second, tb, 0.0);
     };
     return w;
   }
@@ -186,7 +187,8 @@ GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cach
       for (const auto& [name, rate] : r.gflops) rates[name] = rate;
       classes.push_back({{"product", r.product}, {"chosen", r.chosen}, {"gflops", rates}});
     }
-    write_file_atomic(path, nlohmann::json{{"key", key}, {"table", detail::to_string(table)}, {"classes", classes}}.dump(1) + "\n");
+    write_file_atomic(
+        path, nlohmann::json{{"key", key}, {"table", detail::to_string(table)}, {"classes", classes}}.dump(1) + "\n");
   } catch (const std::exception&) {
     // Unwritable: the next run measures again.
   }

@@ -48,15 +48,17 @@ TEST(GemmRecord, RoundTripsAMixedTable) {
 
 // Saved runs before per-class records name the GEMM "onednn" or "blas": the tables they ran.
 TEST(GemmRecord, OldNamesAreTheUniformTables) {
-  EXPECT_EQ(detail::to_string(detail::parse_gemm_table("onednn")), "linear=onednn,onednn,onednn;head=onednn,onednn,onednn");
+  EXPECT_EQ(detail::to_string(detail::parse_gemm_table("onednn")),
+            "linear=onednn,onednn,onednn;head=onednn,onednn,onednn");
   EXPECT_EQ(detail::to_string(detail::parse_gemm_table("blas")),
             "linear=blas-threads,blas-threads,blas-threads;head=blas,blas,blas");
 }
 
 TEST(GemmRecord, RefusesWhatItDidNotWrite) {
-  for (const char* bad : {"linear=blas,blas;head=blas,blas,blas", "linear=blas,blas,blas,blas;head=blas,blas,blas",
-                          "linear=mkl,blas,blas;head=blas,blas,blas", "linear=blas,blas,blas;head=blas-threads,blas,blas",
-                          "head=blas,blas,blas;linear=blas,blas,blas", "auto", ""}) {
+  for (const char* bad :
+       {"linear=blas,blas;head=blas,blas,blas", "linear=blas,blas,blas,blas;head=blas,blas,blas",
+        "linear=mkl,blas,blas;head=blas,blas,blas", "linear=blas,blas,blas;head=blas-threads,blas,blas",
+        "head=blas,blas,blas;linear=blas,blas,blas", "auto", ""}) {
     try {
       detail::parse_gemm_table(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
@@ -99,7 +101,8 @@ TEST(GemmChoice, AnUnreadableCacheEntryIsMeasuredAgain) {
   const TableScope scope;
   const CacheFolder cache;
   choose_gemm({1, 1}, cache.str());
-  for (const auto& entry : std::filesystem::directory_iterator(cache.str())) std::ofstream(entry.path()) << "{ not json";
+  for (const auto& entry : std::filesystem::directory_iterator(cache.str()))
+    std::ofstream(entry.path()) << "{ not json";
   EXPECT_NE(choose_gemm({1, 1}, cache.str()).source.find("measured now"), std::string::npos);
 }
 

@@ -12,9 +12,9 @@
 
 #include "remat/error.h"
 #include "remat/runtime.h"
+#include "test_util.h"
 #include "util/parallel.h"
 #include "util/parallel_testing.h"
-#include "test_util.h"
 
 namespace remat::detail {
 namespace {
@@ -100,16 +100,16 @@ TEST(Gemm, TiledProductIsTheProduct) {
   at::manual_seed(3);
   const int64_t n = 1100, k = 70;
   for (const int64_t m : {600, 1100})  // a transposed A of 1100 columns is packed (PackedPanel...)
-  for (const bool ta : {false, true})
-    for (const bool tb : {false, true})
-      for (const double beta : {0.0, 1.0}) {
-        const at::Tensor a = ta ? at::randn({k, m}) : at::randn({m, k});
-        const at::Tensor b = tb ? at::randn({n, k}) : at::randn({k, n});
-        const at::Tensor c0 = at::randn({m, n});
-        const at::Tensor want = at::mm(ta ? a.t() : a, tb ? b.t() : b).add(c0, beta);
-        EXPECT_TRUE(testing::close(product(a, ta, b, tb, c0, beta, 2), want, 1e-5))
-            << "m " << m << " ta " << ta << " tb " << tb << " beta " << beta;
-      }
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const double beta : {0.0, 1.0}) {
+          const at::Tensor a = ta ? at::randn({k, m}) : at::randn({m, k});
+          const at::Tensor b = tb ? at::randn({n, k}) : at::randn({k, n});
+          const at::Tensor c0 = at::randn({m, n});
+          const at::Tensor want = at::mm(ta ? a.t() : a, tb ? b.t() : b).add(c0, beta);
+          EXPECT_TRUE(testing::close(product(a, ta, b, tb, c0, beta, 2), want, 1e-5))
+              << "m " << m << " ta " << ta << " tb " << tb << " beta " << beta;
+        }
 }
 
 // A transposed A with rows of 1024 floats or more (a weight gradient's dy^T) is copied into a
@@ -121,8 +121,8 @@ TEST(Gemm, PackedPanelHasTheBitsOfTheStridedOne) {
   at::Tensor want = at::empty({m, n});
   for (int64_t i = 0; i < m; i += 256)  // the tiles mm_out cuts (256 x 512), each read in place
     for (int64_t j = 0; j < n; j += 512)
-      sgemm(true, false, std::min<int64_t>(256, m - i), std::min<int64_t>(512, n - j), k, 1.0f,
-            a.data_ptr<float>() + i, m, b.data_ptr<float>() + j, n, 0.0f, want.data_ptr<float>() + i * n + j, n);
+      sgemm(true, false, std::min<int64_t>(256, m - i), std::min<int64_t>(512, n - j), k, 1.0f, a.data_ptr<float>() + i,
+            m, b.data_ptr<float>() + j, n, 0.0f, want.data_ptr<float>() + i * n + j, n);
   EXPECT_TRUE(same_bits(product(a, true, b, false, at::zeros({m, n}), 0.0, 2), want));
   EXPECT_TRUE(same_bits(product(a, true, b, false, at::zeros({m, n}), 0.0, 1), want));
 }

@@ -68,8 +68,7 @@ Cache& cache() {
 
 void raise_peak(int64_t live) {
   int64_t peak = g_peak.load(std::memory_order_relaxed);
-  while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
-  }
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {}
 }
 
 void release(void* data) {
@@ -110,7 +109,8 @@ void* acquire(size_t n) {
   }
   if (block == nullptr) {
     if (n > (size_t{1} << 62) || posix_memalign(&block, kAlign, n + kHeader) != 0)
-      throw OutOfMemory(static_cast<int64_t>(std::min<size_t>(n, size_t{1} << 62)), g_live.load(std::memory_order_relaxed), 0);
+      throw OutOfMemory(static_cast<int64_t>(std::min<size_t>(n, size_t{1} << 62)),
+                        g_live.load(std::memory_order_relaxed), 0);
     std::memcpy(block, &n, sizeof n);
   }
   REMAT_POISON(block, kHeader);
@@ -165,7 +165,9 @@ int64_t MemoryTracker::live(MemoryDevice device) {
 #ifdef REMAT_CUDA
   if (device == MemoryDevice::CUDA) {
     using namespace c10::cuda::CUDACachingAllocator;
-    return getDeviceStats(c10::cuda::current_device()).allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current;
+    return getDeviceStats(c10::cuda::current_device())
+        .allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)]
+        .current;
   }
 #endif
   return g_live.load(std::memory_order_relaxed);

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <utility>
@@ -37,9 +37,8 @@ TEST(Parallel, EveryIndexOnceInFixedChunks) {
 TEST(Parallel, NestedCallsRunInline) {
   const KernelThreads two(2);
   std::atomic<int64_t> total{0};
-  parallel_chunks(8, 1, [&](int64_t, int64_t) {
-    parallel_chunks(100, 10, [&](int64_t b, int64_t e) { total += e - b; });
-  });
+  parallel_chunks(8, 1,
+                  [&](int64_t, int64_t) { parallel_chunks(100, 10, [&](int64_t b, int64_t e) { total += e - b; }); });
   EXPECT_EQ(total.load(), 800);
 }
 

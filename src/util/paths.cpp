@@ -76,7 +76,8 @@ std::string read_regular_file(const std::string& flag, const std::string& path, 
 bool FileRoles::same(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   struct stat sa, sb;
-  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
   return where(a) == where(b);
 }
 
@@ -112,15 +113,17 @@ void FileRoles::check() const {
     for (size_t j = 0; j < entries_.size(); ++j) {
       const Entry& b = entries_[j];
       if (i == j || (b.output && j > i) || keys[j].stream) continue;  // each pair of outputs once
-      const bool same = (keys[i].exists && keys[j].exists && keys[i].dev == keys[j].dev && keys[i].ino == keys[j].ino) ||
-                        keys[i].at == keys[j].at;
+      const bool same =
+          (keys[i].exists && keys[j].exists && keys[i].dev == keys[j].dev && keys[i].ino == keys[j].ino) ||
+          keys[i].at == keys[j].at;
       const bool nested = (b.folder && inside(keys[j].at, keys[i].at)) || (a.folder && inside(keys[i].at, keys[j].at));
       if (!same && !nested) continue;
       const char* role = b.output ? "also writes" : "reads";
       if (same)
-        fail("{} '{}' is the same file as {} '{}', which the command {}; an output never replaces another file of "
-             "the command: give another name",
-             a.flag, a.path, b.flag, b.path, role);
+        fail(
+            "{} '{}' is the same file as {} '{}', which the command {}; an output never replaces another file of "
+            "the command: give another name",
+            a.flag, a.path, b.flag, b.path, role);
       fail("{} '{}' and {} '{}' overlap (one is inside the other's folder, which the command {}); give another name",
            a.flag, a.path, b.flag, b.path, role);
     }

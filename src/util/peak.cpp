@@ -79,8 +79,9 @@ PeakRate peak_gflops(int threads) {
     for (float v : sink) keep = keep + v;
   }
   const double flops = 2.0 * lanes * kChains * static_cast<double>(iters) * threads;
-  return {flops / s / 1e9, fmt::format("{} FMA, {} lanes, {} chains, on {} thread{} at once, the fastest of 3 rounds", cpu.avx512 ? "AVX-512" : "AVX2",
-                                       lanes, kChains, threads, threads == 1 ? "" : "s")};
+  return {flops / s / 1e9,
+          fmt::format("{} FMA, {} lanes, {} chains, on {} thread{} at once, the fastest of 3 rounds",
+                      cpu.avx512 ? "AVX-512" : "AVX2", lanes, kChains, threads, threads == 1 ? "" : "s")};
 }
 
 }  // namespace remat

@@ -13,9 +13,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "remat/error.h"
 #include "util/gemm.h"
 #include "util/parallel.h"
-#include "remat/error.h"
 
 namespace remat {
 
@@ -28,8 +28,7 @@ F openblas_symbol(const char* name) {
 
 int positive_int(std::string_view s, std::string_view text) {
   int v = s.empty() || s.size() > 4 ? -1 : 0;  // at most 4 digits: no overflow (fuzz_sizes found one)
-  for (size_t i = 0; v >= 0 && i < s.size(); ++i)
-    v = s[i] >= '0' && s[i] <= '9' ? v * 10 + (s[i] - '0') : -1;
+  for (size_t i = 0; v >= 0 && i < s.size(); ++i) v = s[i] >= '0' && s[i] <= '9' ? v * 10 + (s[i] - '0') : -1;
   if (v <= 0) fail("ThreadConfig '{}': expected N or A/B with positive integers (e.g. 1/2: ATen 1, BLAS 2)", text);
   return v;
 }
@@ -41,15 +40,14 @@ ThreadConfig default_threads() {
   return {1, static_cast<int>(cores)};
 }
 
-ThreadConfig data_parallel_threads(int ranks) {
-  return {1, std::max(1, default_threads().blas / std::max(1, ranks))};
-}
+ThreadConfig data_parallel_threads(int ranks) { return {1, std::max(1, default_threads().blas / std::max(1, ranks))}; }
 
 ThreadConfig parse_threads(std::string_view text) {
   const size_t slash = text.find('/');
-  const ThreadConfig t = slash == std::string_view::npos
-                             ? ThreadConfig{positive_int(text, text), positive_int(text, text)}
-                             : ThreadConfig{positive_int(text.substr(0, slash), text), positive_int(text.substr(slash + 1), text)};
+  const ThreadConfig t =
+      slash == std::string_view::npos
+          ? ThreadConfig{positive_int(text, text), positive_int(text, text)}
+          : ThreadConfig{positive_int(text.substr(0, slash), text), positive_int(text.substr(slash + 1), text)};
   // Past a few threads per core they only wait for each other (999 ATen threads on 2 cores take
   // minutes for a millisecond step).
   const int most = 4 * default_threads().blas;

@@ -17,7 +17,8 @@ TEST(Threads, ParsesBothForms) {
 // fuzz_sizes found a signed overflow here ("3456123456"); under make sanitize (UBSan) the old
 // parser aborts on these.
 TEST(Threads, LongCountsAreRefusedWithoutOverflow) {
-  for (const char* text : {"3456123456", "1000000000000000000000", "1/100000000000000000000", "00000000000000000000001"})
+  for (const char* text :
+       {"3456123456", "1000000000000000000000", "1/100000000000000000000", "00000000000000000000001"})
     EXPECT_THROW(parse_threads(text), Error) << text;
 }
 

@@ -81,6 +81,7 @@ class OpsSubject final : public Subject {
   at::Tensor loss() override { return model_->forward(input_, target_); }
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
   GPT& model() { return model_; }
+  const GPT& model() const { return model_; }
 
  private:
   GPT model_{nullptr};
@@ -236,67 +237,68 @@ void check_bench_options(const BenchOptions& o) {
   }
 }
 
-BenchResult run_bench(const BenchOptions& o) {
-  check_bench_options(o);
-  const bool has_ops = runs_engine(o, Engine::Ops);
-  const std::vector<AttentionImpl> attentions = bench_attentions(o);
-  MemoryTracker::install();
-  apply_threads(o.threads);
-  auto say = [&](const std::string& line) {
-    if (o.progress) o.progress(line);
-  };
+namespace {
 
-  // Every policy is parsed, then resolved for each attention implementation, before anything runs:
-  // a bad name or an impossible budget fails here. A policy with nothing to drop under one
-  // implementation (attn under flash, which keeps no T x T tensor) is left out there, with a note.
-  // Budget plans measure op costs on one layer of the config (cached).
-  std::vector<Policy> policies;
-  for (const std::string& text : o.policies) policies.push_back(Policy::parse(text));
-  struct Variant {
-    ModelConfig cfg;
-    std::vector<std::optional<Resolution>> resolved;  // by policy
-    std::optional<CostModel> costs;
-  };
-  std::vector<Variant> variants;
-  BenchResult result;
-  for (AttentionImpl a : attentions) {
-    Variant v;
-    v.cfg = o.model;
-    v.cfg.attention = a;
-    ResolveOptions ro;
-    ro.costs = CostSource::Measured;
-    ro.threads = o.threads;
-    ro.progress = o.progress;
-    for (const Policy& p : policies) {
-      if (!has_ops) {
-        v.resolved.emplace_back();
-        continue;
-      }
-      if (v.costs) ro.given = &*v.costs;
-      try {
-        v.resolved.push_back(resolve_policy(p, v.cfg, ro));
-      } catch (const Error& e) {
-        if (attentions.size() == 1) throw;
-        v.resolved.emplace_back();
-        result.notes.push_back(fmt::format("{} attention: '{}' left out: {}", to_string(a), p.text(), e.what()));
-        continue;
-      }
-      if (v.resolved.back()->costs && !v.costs) v.costs = v.resolved.back()->costs;
+void say(const BenchOptions& o, const std::string& line) {
+  if (o.progress) o.progress(line);
+}
+
+// One attention implementation's model and its policies, resolved before anything runs.
+struct Variant {
+  ModelConfig cfg;
+  std::vector<std::optional<Resolution>> resolved;  // by policy; empty where it was left out
+  std::optional<CostModel> costs;
+};
+
+// Every policy is parsed, then resolved for each attention implementation, before anything runs:
+// a bad name or an impossible budget fails here. A policy with nothing to drop under one
+// implementation (attn under flash, which keeps no T x T tensor) is left out there, with a note.
+// Budget plans measure op costs on one layer of the config (cached).
+Variant resolve_variant(const BenchOptions& o, AttentionImpl a, const std::vector<Policy>& policies, bool first,
+                        BenchResult& result) {
+  const bool has_ops = runs_engine(o, Engine::Ops);
+  Variant v;
+  v.cfg = o.model;
+  v.cfg.attention = a;
+  ResolveOptions ro;
+  ro.costs = CostSource::Measured;
+  ro.threads = o.threads;
+  ro.progress = o.progress;
+  for (const Policy& p : policies) {
+    if (!has_ops) {
+      v.resolved.emplace_back();
+      continue;
     }
-    if (has_ops && o.frontier && !v.costs && variants.empty()) {
-      say("measuring op costs on one layer (for the planner)");
-      v.costs = choose_costs(v.cfg, CostSource::Measured, o.threads);
+    if (v.costs) ro.given = &*v.costs;
+    try {
+      v.resolved.push_back(resolve_policy(p, v.cfg, ro));
+    } catch (const Error& e) {
+      if (bench_attentions(o).size() == 1) throw;
+      v.resolved.emplace_back();
+      result.notes.push_back(fmt::format("{} attention: '{}' left out: {}", to_string(a), p.text(), e.what()));
+      continue;
     }
-    // Every row of the engine gets a predicted step time, so that the cost model the planner
-    // trusts is checked against each measured row: measured on one layer where that takes
-    // seconds, else estimated (choose_costs).
-    if (has_ops && !v.costs) {
-      say("measuring op costs on one layer (for the predicted step times)");
-      v.costs = choose_costs(v.cfg, CostSource::Auto, o.threads);
-    }
-    variants.push_back(std::move(v));
+    if (v.resolved.back()->costs && !v.costs) v.costs = v.resolved.back()->costs;
   }
-  for (size_t i = 0; i < policies.size() && has_ops && attentions.size() > 1; ++i) {
+  if (has_ops && o.frontier && !v.costs && first) {
+    say(o, "measuring op costs on one layer (for the planner)");
+    v.costs = choose_costs(v.cfg, CostSource::Measured, o.threads);
+  }
+  // Every row of the engine gets a predicted step time, so that the cost model the planner
+  // trusts is checked against each measured row: measured on one layer where that takes
+  // seconds, else estimated (choose_costs).
+  if (has_ops && !v.costs) {
+    say(o, "measuring op costs on one layer (for the predicted step times)");
+    v.costs = choose_costs(v.cfg, CostSource::Auto, o.threads);
+  }
+  return v;
+}
+
+std::vector<Variant> resolve_variants(const BenchOptions& o, const std::vector<Policy>& policies, BenchResult& result) {
+  const std::vector<AttentionImpl> attentions = bench_attentions(o);
+  std::vector<Variant> variants;
+  for (AttentionImpl a : attentions) variants.push_back(resolve_variant(o, a, policies, variants.empty(), result));
+  for (size_t i = 0; i < policies.size() && runs_engine(o, Engine::Ops) && attentions.size() > 1; ++i) {
     bool any = false;
     for (const Variant& v : variants) any = any || v.resolved[i].has_value();
     if (!any) {  // it fails everywhere: the error of the first, as a single run would give it
@@ -305,111 +307,139 @@ BenchResult run_bench(const BenchOptions& o) {
       resolve_policy(policies[i], c, {});
     }
   }
+  return variants;
+}
 
-  result.options = o;
-  result.blas = blas_name();
-  result.gemm = gemm_name();
-  result.gemm_record = gemm_record();
-  for (const Variant& v : variants)
-    if (v.costs && result.costs.empty()) {
-      result.costs = v.costs->source;
-      result.costs_gflops = v.costs->matmul_gflops;
-    }
-  ModelConfig math = o.model;
-  math.attention = AttentionImpl::Math;
-  const ModelSpec spec = make_model(math);
-  result.flops_per_step = spec.step_flops();
+// One (attention, engine, policy): its own model and optimizer, and what its timed steps measured.
+struct Entry {
+  size_t variant = 0;  // index into variants
+  BenchRow row;
+  std::unique_ptr<Subject> subject;
+  std::unique_ptr<Adam> adam;
+  ExecOptions exec;
+  std::vector<double> fwd_ms, bwd_ms;
+  std::vector<std::string> ops;  // the block's op names (--profile)
 
-  // Every (attention, engine, policy) gets its own model and optimizer. Steps then go round-robin,
-  // one step of each in turn, so that drifting machine load touches all of them alike.
-  struct Entry {
-    size_t variant = 0;  // index into variants
-    BenchRow row;
-    std::unique_ptr<Subject> subject;
-    std::unique_ptr<Adam> adam;
-    ExecOptions exec;
-    std::vector<double> fwd_ms, bwd_ms;
-    std::vector<std::string> ops;  // the block's op names (--profile)
-  };
+  const GPT& model() const { return static_cast<const OpsSubject&>(*subject).model(); }
+};
+
+// The entry of policy i on `engine`, its gradients checked against `reference` (none's) and its
+// predictions filled in; nullopt where the engine cannot run the policy.
+std::optional<Entry> make_entry(const BenchOptions& o, const std::vector<Variant>& variants, size_t vi, Engine engine,
+                                const Policy& policy, size_t i, const std::vector<at::Tensor>& reference,
+                                BenchResult& result) {
+  const Variant& v = variants[vi];
+  const std::string& text = o.policies[i];
+  if (engine == Engine::Ops && !v.resolved[i]) return std::nullopt;
+  if (engine == Engine::Module && !module_runs(v.cfg, policy)) {
+    result.notes.push_back(fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
+    return std::nullopt;
+  }
+  say(o, fmt::format("{} {}: gradient check", to_string(engine), text));
+  Entry e;
+  e.variant = vi;
+  const ResolvedPolicy r = engine == Engine::Ops ? v.resolved[i]->policy : ResolvedPolicy();
+  if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
+  e.subject = make_subject(engine, v.cfg, policy, r, o.seed, e.exec);
+  e.adam = std::make_unique<Adam>(e.subject->parameters(), AdamOptions{o.lr});
+  e.row.policy = text;
+  e.row.engine = engine;
+  e.row.attention = v.cfg.attention;
+  e.row.flops_per_step = result.flops_per_step;
+  e.row.grad_max_abs_diff = grad_difference(first_grads(*e.subject), reference);
+  for (const OpNode& op : make_model(v.cfg).block.ops) e.ops.push_back(op.name);
+  if (engine != Engine::Ops) return e;
+  e.row.predicted_saved_bytes = e.model()->predicted_saved_bytes();
+  if (r.chunk == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
+  if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(e.model()->step_plan());
+  if (v.resolved[i]->plan) e.row.plan = v.resolved[i]->text;
+  if (o.verify) {
+    say(o, fmt::format("{} {}: verifying every recompute", to_string(engine), text));
+    ExecOptions check;
+    check.verify = true;
+    auto checked = make_subject(engine, v.cfg, policy, r, o.seed, check);
+    first_grads(*checked);  // throws, naming the tensor, on the first mismatch
+    e.row.verified = true;
+  }
+  return e;
+}
+
+// Every (attention, engine, policy) gets its own model and optimizer. Steps then go round-robin,
+// one step of each in turn, so that drifting machine load touches all of them alike.
+std::vector<Entry> make_entries(const BenchOptions& o, const std::vector<Variant>& variants,
+                                const std::vector<Policy>& policies, BenchResult& result) {
   std::vector<Entry> entries;
   const Policy none_policy = Policy::parse("none");
   for (size_t vi = 0; vi < variants.size(); ++vi)
     for (Engine engine : o.engines) {
       const Variant& v = variants[vi];
-      const ModelSpec vspec = make_model(v.cfg);
-      const ResolvedPolicy none_resolved = none_policy.resolve(vspec.block, v.cfg.layers);
+      const ResolvedPolicy none_resolved = none_policy.resolve(make_model(v.cfg).block, v.cfg.layers);
       std::vector<at::Tensor> reference;
       {
-        say(fmt::format("{} {}: reference gradients (none)", to_string(engine), to_string(v.cfg.attention)));
+        say(o, fmt::format("{} {}: reference gradients (none)", to_string(engine), to_string(v.cfg.attention)));
         auto subject = make_subject(engine, v.cfg, none_policy, none_resolved, o.seed);
         reference = first_grads(*subject);
       }
-      for (size_t i = 0; i < policies.size(); ++i) {
-        const Policy& policy = policies[i];
-        const std::string& text = o.policies[i];
-        if (engine == Engine::Ops && !v.resolved[i]) continue;
-        if (engine == Engine::Module && !module_runs(v.cfg, policy)) {
-          result.notes.push_back(
-              fmt::format("module path: '{}' chooses per tensor; it runs on the ops engine only", text));
-          continue;
-        }
-        say(fmt::format("{} {}: gradient check", to_string(engine), text));
-        Entry e;
-        e.variant = vi;
-        const ResolvedPolicy r = engine == Engine::Ops ? v.resolved[i]->policy : ResolvedPolicy();
-        if (o.profile && engine == Engine::Ops) e.exec.timer = std::make_shared<OpTimes>();
-        e.subject = make_subject(engine, v.cfg, policy, r, o.seed, e.exec);
-        e.adam = std::make_unique<Adam>(e.subject->parameters(), AdamOptions{o.lr});
-        e.row.policy = text;
-        e.row.engine = engine;
-        e.row.attention = v.cfg.attention;
-        e.row.flops_per_step = result.flops_per_step;
-        e.row.grad_max_abs_diff = grad_difference(first_grads(*e.subject), reference);
-        for (const OpNode& op : vspec.block.ops) e.ops.push_back(op.name);
-        if (engine == Engine::Ops) {
-          const GPT& model = static_cast<OpsSubject&>(*e.subject).model();
-          e.row.predicted_saved_bytes = model->predicted_saved_bytes();
-          if (r.chunk == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
-          if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(model->step_plan());
-          if (v.resolved[i]->plan) e.row.plan = v.resolved[i]->text;
-          if (o.verify) {
-            say(fmt::format("{} {}: verifying every recompute", to_string(engine), text));
-            ExecOptions check;
-            check.verify = true;
-            auto checked = make_subject(engine, v.cfg, policy, r, o.seed, check);
-            first_grads(*checked);  // throws, naming the tensor, on the first mismatch
-            e.row.verified = true;
-          }
-        }
-        entries.push_back(std::move(e));
-      }
+      for (size_t i = 0; i < policies.size(); ++i)
+        if (auto e = make_entry(o, variants, vi, engine, policies[i], i, reference, result))
+          entries.push_back(std::move(*e));
     }
-  const bool several = attentions.size() > 1;
+  return entries;
+}
 
-  // The matmul rate drifts with the machine's load as much as step times do: it is sampled before
-  // every timed step, beside the step it is compared with; a round's rate is the median of its
-  // samples, and the floor's is the median of all of them. One sample at the start of a round
-  // missed the round's speed by up to a third on a shared VM (docs/design.md, NOTE [The engine's
-  // GEMMs], 4): a round of 9 rows lasts 8 to 90 s, the sample 60 ms. So are the op
-  // costs the predictions come from: one layer of each measured variant takes as many steps per
-  // round as the rows have layers (LayerProbe; its first step is its warm-up), so that each op's
-  // median stands on as many layer-steps as a row's time does. With one probe step per round, a
-  // slow spell in two of three rounds moved every row's prediction by +15% at once (GPT-2,
-  // T = 1024, on a shared VM); with one per layer, alternated runs came within 5% in every row.
-  std::vector<std::unique_ptr<LayerProbe>> probes(variants.size());
-  for (size_t vi = 0; vi < variants.size(); ++vi)
-    if (variants[vi].costs && variants[vi].costs->measured) {
-      probes[vi] = std::make_unique<LayerProbe>(variants[vi].cfg);
-      probes[vi]->step();
-    }
-  // The floor is the model's FLOPs at the fastest GEMM here, not at the engine's: a step measured
-  // against its own GEMM's rate can read "faster than its floor" when that GEMM is slow.
-  const FastestMatmul fastest = fastest_matmul_gflops(1024, 5);
-  result.floor_gemm = fastest.gemm;
-  result.floor_gemm_rates = fastest.rates;
-  detail::let_blas_threads_sleep();
-  result.peak = peak_gflops(std::max(o.threads.blas, o.threads.aten));
-  std::vector<std::vector<double>> round_samples;  // the rate beside each step, by round
+// One step of an entry (forward and loss, backward, Adam); a timed one records its times and bytes.
+void run_step(const BenchOptions& o, Entry& e, int s, bool several) {
+  const bool timed = s >= o.warmup;
+  e.adam->zero_grad();
+  const int64_t before = MemoryTracker::live();
+  MemoryTracker::reset_peak();
+  const auto t0 = Clock::now();
+  double fwd, bwd;
+  try {
+    at::Tensor loss = e.subject->loss();
+    fwd = ms_since(t0);
+    const int64_t saved = MemoryTracker::live() - before;
+    const auto t1 = Clock::now();
+    loss.backward();
+    bwd = ms_since(t1);
+    if (timed) e.row.saved_bytes = std::max(e.row.saved_bytes, saved);
+  } catch (const OutOfMemory& x) {
+    const int64_t available = available_memory();
+    fail_runtime("out of memory in a step of {} '{}': {}; {}; plan for this machine with --policies budget:{}MiB",
+                 to_string(e.row.engine), e.row.policy, x.detail(),
+                 e.row.predicted_peak_bytes >= 0
+                     ? "its predicted peak is " + bytes_str(before + e.row.predicted_peak_bytes)
+                     : "its peak is not predicted",
+                 available * 6 / 10 >> 20);
+  }
+  e.adam->step();
+  const double step = ms_since(t0);
+  if (timed) {
+    e.row.peak_bytes = std::max(e.row.peak_bytes, MemoryTracker::peak() - before);
+    e.row.step_ms.push_back(step);
+    e.fwd_ms.push_back(fwd);
+    e.bwd_ms.push_back(bwd);
+  }
+  say(o, fmt::format("{} {}/{}: {} {} {:.0f} ms", timed ? "step" : "warm-up", timed ? s - o.warmup + 1 : s + 1,
+                     timed ? o.steps : o.warmup, to_string(e.row.engine), row_name(e.row, several), step));
+}
+
+// The matmul rate drifts with the machine's load as much as step times do: it is sampled before
+// every timed step, beside the step it is compared with; a round's rate is the median of its
+// samples, and the floor's is the median of all of them. One sample at the start of a round
+// missed the round's speed by up to a third on a shared VM (docs/design.md, NOTE [The engine's
+// GEMMs], 4): a round of 9 rows lasts 8 to 90 s, the sample 60 ms. So are the op
+// costs the predictions come from: one layer of each measured variant takes as many steps per
+// round as the rows have layers (LayerProbe; its first step is its warm-up), so that each op's
+// median stands on as many layer-steps as a row's time does. With one probe step per round, a
+// slow spell in two of three rounds moved every row's prediction by +15% at once (GPT-2,
+// T = 1024, on a shared VM); with one per layer, alternated runs came within 5% in every row.
+// Returns the rate samples of each timed round.
+std::vector<std::vector<double>> run_rounds(const BenchOptions& o, std::vector<Entry>& entries,
+                                            std::vector<std::unique_ptr<LayerProbe>>& probes,
+                                            const BenchResult& result) {
+  const bool several = bench_attentions(o).size() > 1;
+  std::vector<std::vector<double>> round_samples;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const bool timed = s >= o.warmup;
     if (timed) {
@@ -426,38 +456,7 @@ BenchResult run_bench(const BenchOptions& o) {
         if (result.floor_gemm == "blas-threads") detail::let_blas_threads_sleep();  // the step has the cores
         round_samples.back().push_back(e.row.step_gflops.back());
       }
-      e.adam->zero_grad();
-      const int64_t before = MemoryTracker::live();
-      MemoryTracker::reset_peak();
-      const auto t0 = Clock::now();
-      double fwd, bwd;
-      try {
-        at::Tensor loss = e.subject->loss();
-        fwd = ms_since(t0);
-        const int64_t saved = MemoryTracker::live() - before;
-        const auto t1 = Clock::now();
-        loss.backward();
-        bwd = ms_since(t1);
-        if (timed) e.row.saved_bytes = std::max(e.row.saved_bytes, saved);
-      } catch (const OutOfMemory& x) {
-        const int64_t available = available_memory();
-        fail_runtime("out of memory in a step of {} '{}': {}; {}; plan for this machine with --policies budget:{}MiB",
-                     to_string(e.row.engine), e.row.policy, x.detail(),
-                     e.row.predicted_peak_bytes >= 0
-                         ? "its predicted peak is " + bytes_str(before + e.row.predicted_peak_bytes)
-                         : "its peak is not predicted",
-                     available * 6 / 10 >> 20);
-      }
-      e.adam->step();
-      const double step = ms_since(t0);
-      if (timed) {
-        e.row.peak_bytes = std::max(e.row.peak_bytes, MemoryTracker::peak() - before);
-        e.row.step_ms.push_back(step);
-        e.fwd_ms.push_back(fwd);
-        e.bwd_ms.push_back(bwd);
-      }
-      say(fmt::format("{} {}/{}: {} {} {:.0f} ms", timed ? "step" : "warm-up", timed ? s - o.warmup + 1 : s + 1,
-                      timed ? o.steps : o.warmup, to_string(e.row.engine), row_name(e.row, several), step));
+      run_step(o, e, s, several);
       // A step that ran OpenBLAS's own threads leaves them spinning for about 2^28 cycles
       // (docs/design.md, NOTE [The engine's GEMMs], 1) on the cores the next row's kernel threads
       // need: the engine's first row after the module path's read 4-7% above its prediction, its
@@ -465,76 +464,131 @@ BenchResult run_bench(const BenchOptions& o) {
       if (e.row.engine == Engine::Module || !detail::gemm_on_kernel_threads()) detail::let_blas_threads_sleep();
     }
   }
+  return round_samples;
+}
+
+// --profile: the entry's op times per step beside what the cost model says of each op.
+OpProfile op_profile(const BenchOptions& o, const Entry& e, const std::optional<CostModel>& in_run, bool several) {
+  OpProfile prof;
+  prof.policy = row_name(e.row, several);
+  for (size_t op = 0; op < e.ops.size(); ++op) {
+    prof.ops.push_back(e.ops[op]);
+    prof.forward_ms.push_back(e.exec.timer->forward_ms[op] / o.steps);
+    prof.recompute_ms.push_back(e.exec.timer->recompute_ms[op] / o.steps);
+    prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
+  }
+  if (in_run) {  // what the cost model says of each op, for the same step
+    CostModel::OpStepMs t = in_run->op_ms(e.model()->step_plan());
+    prof.predicted_forward_ms = std::move(t.forward);
+    prof.predicted_recompute_ms = std::move(t.recompute);
+    prof.predicted_backward_ms = std::move(t.backward);
+  }
+  return prof;
+}
+
+// A row's medians and its step over the floor, overall and per timed round (each round took one
+// step of the row at that round's rate: how far a 1.13x is from a 1.15x target on this noise).
+void summarize_row(BenchRow& row, const std::vector<double>& fwd_ms, const std::vector<double>& bwd_ms,
+                   const BenchResult& result) {
+  row.step_ms_median = median(row.step_ms);
+  row.step_ms_min = *std::min_element(row.step_ms.begin(), row.step_ms.end());
+  row.step_ms_max = *std::max_element(row.step_ms.begin(), row.step_ms.end());
+  row.fwd_ms_median = median(fwd_ms);
+  row.bwd_ms_median = median(bwd_ms);
+  row.floor_ratio = row.step_ms_median / result.floor_ms;
+  std::vector<double> per_round(row.step_ms.size());
+  for (size_t i = 0; i < row.step_ms.size(); ++i)
+    per_round[i] = row.step_ms[i] / floor_ms_at(result.flops_per_step, result.round_gflops[i]);
+  const auto [lo, hi] = std::minmax_element(per_round.begin(), per_round.end());
+  row.floor_ratio_min = *lo;
+  row.floor_ratio_max = *hi;
+}
+
+// The planner's curve: plans at budgets from the least memory to none's peak.
+std::vector<BenchResult::FrontierPoint> frontier(const ModelConfig& cfg, const CostModel& costs) {
+  std::vector<BenchResult::FrontierPoint> points;
+  const Planner planner(cfg, costs, keep_everything(make_model(cfg).block));
+  const Plan least = planner.plan(Budget{planner.none_memory().base() + 1, 0});
+  const int64_t lo = least.min_budget, hi = planner.none_memory().total_peak();
+  for (int i = 0; i <= 24; ++i) {
+    const Plan p = planner.plan(Budget{lo + (hi - lo) * i / 24, 0});
+    if (p.fits) points.push_back({p.step_ms, p.memory.peak});
+  }
+  return points;
+}
+
+// Probes and the floor's GEMM before the rounds, every row's medians, predictions and profile after.
+void measure(const BenchOptions& o, const std::vector<Variant>& variants, std::vector<Entry>& entries,
+             BenchResult& result) {
+  std::vector<std::unique_ptr<LayerProbe>> probes(variants.size());
+  for (size_t vi = 0; vi < variants.size(); ++vi)
+    if (variants[vi].costs && variants[vi].costs->measured) {
+      probes[vi] = std::make_unique<LayerProbe>(variants[vi].cfg);
+      probes[vi]->step();
+    }
+  // The floor is the model's FLOPs at the fastest GEMM here, not at the engine's: a step measured
+  // against its own GEMM's rate can read "faster than its floor" when that GEMM is slow.
+  const FastestMatmul fastest = fastest_matmul_gflops(1024, 5);
+  result.floor_gemm = fastest.gemm;
+  result.floor_gemm_rates = fastest.rates;
+  detail::let_blas_threads_sleep();
+  result.peak = peak_gflops(std::max(o.threads.blas, o.threads.aten));
+  const std::vector<std::vector<double>> round_samples = run_rounds(o, entries, probes, result);
 
   // Predictions from the costs timed in these rounds; the plans were made with the costs before.
-  std::vector<double> rates;  // each round's median
   for (const std::vector<double>& r : round_samples) {
-    rates.push_back(median(r));
+    result.round_gflops.push_back(median(r));
     result.sampled_gflops.insert(result.sampled_gflops.end(), r.begin(), r.end());
   }
   result.matmul_gflops = median(result.sampled_gflops);
+  result.floor_ms = floor_ms_at(result.flops_per_step, result.matmul_gflops);
   std::vector<std::optional<CostModel>> in_run(variants.size());
   for (size_t vi = 0; vi < variants.size(); ++vi)
     if (probes[vi]) {
       in_run[vi] = probes[vi]->costs();
       in_run[vi]->threads = o.threads;
       in_run[vi]->matmul_gflops = result.matmul_gflops;
+      if (result.costs_in_run.empty()) result.costs_in_run = in_run[vi]->source;
     }
-  for (Entry& e : entries)
-    if (e.row.engine == Engine::Ops && in_run[e.variant])
-      e.row.predicted_step_ms = in_run[e.variant]->step_ms(static_cast<OpsSubject&>(*e.subject).model()->step_plan());
-  for (size_t vi = 0; vi < variants.size(); ++vi)
-    if (in_run[vi] && result.costs_in_run.empty()) result.costs_in_run = in_run[vi]->source;
-  result.round_gflops = rates;
-  result.floor_ms = floor_ms_at(result.flops_per_step, result.matmul_gflops);
+  const bool several = bench_attentions(o).size() > 1;
   for (Entry& e : entries) {
-    BenchRow& row = e.row;
-    row.step_ms_median = median(row.step_ms);
-    row.step_ms_min = *std::min_element(row.step_ms.begin(), row.step_ms.end());
-    row.step_ms_max = *std::max_element(row.step_ms.begin(), row.step_ms.end());
-    row.fwd_ms_median = median(e.fwd_ms);
-    row.bwd_ms_median = median(e.bwd_ms);
-    row.floor_ratio = row.step_ms_median / result.floor_ms;
-    // Each timed round took one step of the row, and its rate is the median of its samples: the
-    // ratio per round says how far a 1.13x is from a 1.15x target on this machine's noise.
-    std::vector<double> per_round(row.step_ms.size());
-    for (size_t i = 0; i < row.step_ms.size(); ++i)
-      per_round[i] = row.step_ms[i] / floor_ms_at(result.flops_per_step, rates[i]);
-    const auto [lo, hi] = std::minmax_element(per_round.begin(), per_round.end());
-    row.floor_ratio_min = *lo;
-    row.floor_ratio_max = *hi;
-    if (e.exec.timer) {
-      OpProfile prof;
-      prof.policy = row_name(row, several);
-      for (size_t op = 0; op < e.ops.size(); ++op) {
-        prof.ops.push_back(e.ops[op]);
-        prof.forward_ms.push_back(e.exec.timer->forward_ms[op] / o.steps);
-        prof.recompute_ms.push_back(e.exec.timer->recompute_ms[op] / o.steps);
-        prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
-      }
-      if (in_run[e.variant]) {  // what the cost model says of each op, for the same step
-        CostModel::OpStepMs t = in_run[e.variant]->op_ms(static_cast<OpsSubject&>(*e.subject).model()->step_plan());
-        prof.predicted_forward_ms = std::move(t.forward);
-        prof.predicted_recompute_ms = std::move(t.recompute);
-        prof.predicted_backward_ms = std::move(t.backward);
-      }
-      result.profiles.push_back(std::move(prof));
-    }
-    result.rows.push_back(row);
+    if (e.row.engine == Engine::Ops && in_run[e.variant])
+      e.row.predicted_step_ms = in_run[e.variant]->step_ms(e.model()->step_plan());
+    summarize_row(e.row, e.fwd_ms, e.bwd_ms, result);
+    if (e.exec.timer) result.profiles.push_back(op_profile(o, e, in_run[e.variant], several));
+    result.rows.push_back(e.row);
   }
+  // The planner's curve timed with the costs of these rounds where they were taken.
   const Variant& first = variants.front();
-  if (o.frontier && first.costs) {
-    // The planner's curve: plans at budgets from the least memory to none's peak, timed with the
-    // costs of these rounds where they were taken.
-    const Planner planner(first.cfg, in_run.front() ? *in_run.front() : *first.costs,
-                          keep_everything(make_model(first.cfg).block));
-    const Plan least = planner.plan(Budget{planner.none_memory().base() + 1, 0});
-    const int64_t lo = least.min_budget, hi = planner.none_memory().total_peak();
-    for (int i = 0; i <= 24; ++i) {
-      const Plan p = planner.plan(Budget{lo + (hi - lo) * i / 24, 0});
-      if (p.fits) result.frontier.push_back({p.step_ms, p.memory.peak});
+  if (o.frontier && first.costs) result.frontier = frontier(first.cfg, in_run.front() ? *in_run.front() : *first.costs);
+}
+
+}  // namespace
+
+BenchResult run_bench(const BenchOptions& o) {
+  check_bench_options(o);
+  MemoryTracker::install();
+  apply_threads(o.threads);
+  std::vector<Policy> policies;
+  for (const std::string& text : o.policies) policies.push_back(Policy::parse(text));
+  BenchResult result;
+  const std::vector<Variant> variants = resolve_variants(o, policies, result);
+
+  result.options = o;
+  result.blas = blas_name();
+  result.gemm = gemm_name();
+  result.gemm_record = gemm_record();
+  for (const Variant& v : variants)
+    if (v.costs && result.costs.empty()) {
+      result.costs = v.costs->source;
+      result.costs_gflops = v.costs->matmul_gflops;
     }
-  }
+  ModelConfig math = o.model;
+  math.attention = AttentionImpl::Math;
+  result.flops_per_step = make_model(math).step_flops();
+
+  std::vector<Entry> entries = make_entries(o, variants, policies, result);
+  measure(o, variants, entries, result);
   const BenchRow* module_none = find_none(result.rows, Engine::Module, AttentionImpl::Math);
   const BenchRow* ops_none = find_none(result.rows, Engine::Ops, AttentionImpl::Math);
   if (module_none && ops_none)

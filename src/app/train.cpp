@@ -379,6 +379,8 @@ ModelConfig default_train_model() {
   return m;
 }
 
+namespace {
+
 // "--policy budget:... fits LIMIT: <the plan>", or why no policy does: what a report of memory that
 // ran out ends with. Planned with estimated costs, in microseconds, nothing allocated.
 std::string plan_that_fits(const Run& r, int64_t limit) {
@@ -395,84 +397,75 @@ std::string plan_that_fits(const Run& r, int64_t limit) {
   }
 }
 
-TrainResult train(const TrainOptions& given, const std::string& resume_dir,
-                  const std::vector<std::string>& explicit_flags) {
-  const int64_t outside = MemoryTracker::live();  // what the process held before this run
-  Run r;
-  r.o = given;
-  r.o.model.vocab = 256;
-  std::optional<TrainState> saved;
-  if (!resume_dir.empty()) {
-    saved = load_train_state(resume_dir);
-    const Json& was = saved->header.at("options");
-    r.o = options_from(was, r.o);
-    // Without --data, the saved run's text: its id is "PATH:BYTES:HASH" ("fortunes:..." for the default).
-    if (std::find(explicit_flags.begin(), explicit_flags.end(), "data") == explicit_flags.end()) {
-      const std::string id = was.at("data").get<std::string>();
-      const size_t hash = id.rfind(':'),
-                   bytes = hash == std::string::npos || hash == 0 ? hash : id.rfind(':', hash - 1);
-      if (bytes == std::string::npos) fail("train state '{}' names no data ('{}'); give --data", resume_dir, id);
-      const std::string path = id.substr(0, bytes);
-      r.o.data = path == "fortunes" ? std::string() : path;
-    }
-    // Flags given now must not change the trajectory of the saved run.
-    const Json now = options_json(given, was.at("data").get<std::string>());
-    for (const std::string& flag : explicit_flags) {
-      if (!now.contains(flag) || may_change(flag) || flag == "data") continue;
-      // States before 0.4 name the GEMM "blas" or "onednn": compared as the tables they stand for.
-      if (flag == "gemm" && was.contains("gemm") &&
-          detail::parse_gemm_table(was.at("gemm").get<std::string>()) == detail::gemm_table())
-        continue;
-      if (now.at(flag) != was.at(flag))
-        fail("--{} {} differs from the run saved in '{}' ({}); drop the flag to continue that run, or --save elsewhere",
-             flag, now.at(flag).dump(), resume_dir, was.at(flag).dump());
-    }
-    // The world size lays out the batches; the ATen thread count sums some gradients in another order.
-    const int world = was.contains("nproc") ? was.at("nproc").get<int>() : 1;
-    if (world != r.o.dist.world)
-      fail("the run in '{}' was trained on {} process(es); resume it with --nproc {} (this is {})", resume_dir, world,
-           world, r.o.dist.world);
-    check_same_arithmetic(was, r.o, resume_dir);
+// The saved run's options, with what `given` may change (explicit_flags: the flags given now, which
+// must not change the saved run's trajectory).
+TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved, const std::string& resume_dir,
+                             const std::vector<std::string>& explicit_flags) {
+  const Json& was = saved.header.at("options");
+  TrainOptions o = options_from(was, given);
+  // Without --data, the saved run's text: its id is "PATH:BYTES:HASH" ("fortunes:..." for the default).
+  if (std::find(explicit_flags.begin(), explicit_flags.end(), "data") == explicit_flags.end()) {
+    const std::string id = was.at("data").get<std::string>();
+    const size_t hash = id.rfind(':'), bytes = hash == std::string::npos || hash == 0 ? hash : id.rfind(':', hash - 1);
+    if (bytes == std::string::npos) fail("train state '{}' names no data ('{}'); give --data", resume_dir, id);
+    const std::string path = id.substr(0, bytes);
+    o.data = path == "fortunes" ? std::string() : path;
   }
-  check_train_options(r.o, resume_dir);
-  apply_threads(r.o.threads);
-  r.corpus = load_corpus(r.o.data, r.o.val_fraction, r.o.model.seq);
-  if (saved && saved->header.at("options").at("data").get<std::string>() != r.corpus.id)
-    fail("--data differs from the run saved in '{}': it trained on {}, this is {}", resume_dir,
-         saved->header.at("options").at("data").get<std::string>(), r.corpus.id);
+  const Json now = options_json(given, was.at("data").get<std::string>());
+  for (const std::string& flag : explicit_flags) {
+    if (!now.contains(flag) || may_change(flag) || flag == "data") continue;
+    // States before 0.4 name the GEMM "blas" or "onednn": compared as the tables they stand for.
+    if (flag == "gemm" && was.contains("gemm") &&
+        detail::parse_gemm_table(was.at("gemm").get<std::string>()) == detail::gemm_table())
+      continue;
+    if (now.at(flag) != was.at(flag))
+      fail("--{} {} differs from the run saved in '{}' ({}); drop the flag to continue that run, or --save elsewhere",
+           flag, now.at(flag).dump(), resume_dir, was.at(flag).dump());
+  }
+  // The world size lays out the batches; the ATen thread count sums some gradients in another order.
+  const int world = was.contains("nproc") ? was.at("nproc").get<int>() : 1;
+  if (world != o.dist.world)
+    fail("the run in '{}' was trained on {} process(es); resume it with --nproc {} (this is {})", resume_dir, world,
+         world, o.dist.world);
+  check_same_arithmetic(was, o, resume_dir);
+  return o;
+}
 
-  // The policy: budgets are planned with costs estimated from this machine's rates (no profiling
-  // pass before training), then checked against the memory this machine has.
+// The policy, the model, its optimizer and (data parallelism) the communicator and buckets. Budgets
+// are planned with costs estimated from this machine's rates (no profiling pass before training).
+void build_model(Run& r) {
   ResolveOptions ro;
   ro.costs = CostSource::Estimated;
   ro.threads = r.o.threads;
   const Resolution res = resolve_policy(Policy::parse(r.o.policy), r.o.model, ro);
   r.policy = res.policy;
   r.policy_text = res.text;
-
   at::manual_seed(r.o.seed);
-  // The step divides each micro-batch's loss by the micro-batches it sums (below); the router's
-  // load-balancing loss, whose gradient its backward adds, is divided the same way.
+  // The step divides each micro-batch's loss by the micro-batches it sums (train_step); the
+  // router's load-balancing loss, whose gradient its backward adds, is divided the same way.
   ModelConfig engine_model = r.o.model;
   engine_model.aux_loss /= static_cast<double>(r.o.accum * r.o.dist.world);
   r.model = GPT(engine_model, r.policy);
   make_optimizer(r);
+  if (!r.parallel()) return;
+  if (r.policy.chunk > 0)
+    fail(
+        "policy '{}' checkpoints chunks of layers, whose gradients reach autograd only; data parallelism takes "
+        "every other policy",
+        r.o.policy);
+  r.comm = std::make_unique<Communicator>(r.o.dist);
+  r.buckets = std::make_unique<GradientBuckets>(r.model->step_plan(), r.params, r.o.bucket_bytes,
+                                                static_cast<int>(r.o.accum), *r.comm);
+  r.model->set_grad_sink(r.buckets->sink());
+  r.loss_sum = at::zeros({1}, at::kDouble);  // trainer_step_shape counts it
+}
+
+// The memory guard, checked against the memory this machine has (or TrainOptions.memory_limit).
+// uniform:N chunks run under remat::checkpoint (autograd), which the memory model does not replay:
+// they are guarded by a bound instead, none's step plus all of its activations once more (a
+// chunk's rerun in backward never keeps more than that).
+void guard_memory(Run& r, int64_t outside) {
   const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
-  if (r.parallel()) {
-    if (r.policy.chunk > 0)
-      fail(
-          "policy '{}' checkpoints chunks of layers, whose gradients reach autograd only; data parallelism takes "
-          "every other policy",
-          r.o.policy);
-    r.comm = std::make_unique<Communicator>(r.o.dist);
-    r.buckets = std::make_unique<GradientBuckets>(r.model->step_plan(), r.params, r.o.bucket_bytes,
-                                                  static_cast<int>(r.o.accum), *r.comm);
-    r.model->set_grad_sink(r.buckets->sink());
-    r.loss_sum = at::zeros({1}, at::kDouble);  // trainer_step_shape counts it
-  }
-  // The memory guard. uniform:N chunks run under remat::checkpoint (autograd), which the memory
-  // model does not replay: they are guarded by a bound instead, none's step plus all of its
-  // activations once more (a chunk's rerun in backward never keeps more than that).
   int64_t needs = 0;
   if (r.policy.chunk == 0) {
     r.predicted_peak = simulate_memory(r.model->step_plan(), r.o.threads, nullptr, shape).total_peak();
@@ -498,11 +491,147 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
         r.o.policy, r.policy.chunk == 0 ? "about" : "at most", bytes_str(needs), r.o.dist.world, bytes_str(available),
         available * 6 / 10 / r.o.dist.world / (1 << 20));
   }
-  struct Limit {  // the allocator's limit for this run only
-    explicit Limit(int64_t bytes) : before(MemoryTracker::limit()) { MemoryTracker::set_limit(bytes); }
-    ~Limit() { MemoryTracker::set_limit(before); }
-    int64_t before;
-  } limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
+}
+
+// The forward and backward of this rank's micro-batches of the step; their summed loss.
+double accumulate(Run& r, int64_t outside) {
+  const int64_t micro_per_step = r.o.accum * r.o.dist.world;
+  double loss = 0;
+  try {
+    for (int64_t micro = 0; micro < r.o.accum; ++micro) {
+      // Micro-batch `global` of the step: its data and its dropout are pure functions of
+      // (seed, step, global), whichever rank runs it.
+      const int64_t global = r.o.dist.rank * r.o.accum + micro;
+      auto [x, y] = train_batch(r.corpus, r.o.model, r.o.seed, r.step, global);
+      at::manual_seed(dropout_seed(r.o.seed, r.step, global));
+      at::Tensor l = r.model->forward(x, y);
+      if (micro_per_step > 1) l = l / static_cast<double>(micro_per_step);
+      l.backward();
+      loss += l.item<double>();
+    }
+  } catch (const OutOfMemory& e) {
+    const int64_t limit = (e.limit() > 0 ? e.limit() : available_memory()) - outside;
+    fail_runtime("out of memory in step {} under policy '{}': {}; the step {}; {}", r.step + 1, r.policy_text,
+                 e.detail(),
+                 r.predicted_peak > 0 ? "was predicted to peak at " + bytes_str(r.predicted_peak)
+                                      : "is not modelled for uniform:N",
+                 plan_that_fits(r, limit));
+  }
+  return loss;
+}
+
+// Data parallelism: waits for the buckets still in flight and sums the loss over the ranks;
+// records how long the reductions took and how much of that the backward did not hide.
+double all_reduce_step(Run& r, double loss, TrainRecord& rec) {
+  const double backward_end = r.comm->now();
+  r.buckets->wait();  // only what is still in flight
+  rec.exposed_s = r.comm->now() - backward_end;
+  double first = 1e300, last = 0;
+  for (const GradientBuckets::Timing& t : r.buckets->timings()) {
+    first = std::min(first, t.launched);
+    last = std::max(last, t.finished);
+  }
+  rec.reduce_s = std::max(0.0, last - first);
+  r.loss_sum.fill_(loss);
+  r.comm->all_reduce(r.loss_sum, "the loss all-reduce").wait();
+  return r.loss_sum.item<double>();
+}
+
+// One optimizer step: the micro-batches, the reductions, the finite-loss check, the update.
+// last_saved: the step of the last state saved (-1: none), for the error.
+TrainRecord train_step(Run& r, int64_t outside, int64_t last_saved) {
+  const auto t0 = Clock::now();
+  MemoryTracker::reset_peak();
+  TrainRecord rec;
+  rec.lr = lr_at(r.o, r.step);
+  r.adam->set_lr(rec.lr);
+  for (at::Tensor& p : r.params) p.mutable_grad() = at::Tensor();
+  rec.loss = accumulate(r, outside);
+  if (r.parallel()) rec.loss = all_reduce_step(r, rec.loss, rec);
+  if (!std::isfinite(rec.loss)) {
+    const std::string kept =
+        r.o.save_dir.empty() ? "no train state was being saved"
+        : last_saved >= 0    ? fmt::format("the last good state (step {}) is kept in '{}'", last_saved, r.o.save_dir)
+                             : "no state had been saved yet";
+    fail_runtime("loss is {} at step {} (lr {:.3g}); stopped before the update; {}; lower --lr or set --clip", rec.loss,
+                 r.step + 1, rec.lr, kept);
+  }
+  std::vector<at::Tensor> grads;
+  if (r.buckets) {
+    grads = r.buckets->grads();
+  } else {
+    for (const at::Tensor& p : r.params) grads.push_back(p.grad());
+  }
+  clip_grads(grads, r.o.clip);
+  r.adam->step(grads);
+  if (r.parallel() && r.o.zero == 1) exchange_owned(r.params, *r.comm);
+  ++r.step;
+  rec.step = r.step;
+  rec.peak_bytes = MemoryTracker::peak();
+  const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int64_t tokens_per_step = r.o.model.batch * r.o.model.seq * r.o.accum * r.o.dist.world;
+  rec.tokens_per_s = static_cast<double>(tokens_per_step) / step_s;
+  return rec;
+}
+
+void report_progress(const Run& r, const TrainRecord& rec, double last_val, size_t steps_run) {
+  TrainProgress p;
+  p.step = r.step;
+  p.steps = r.o.steps;
+  p.loss = rec.loss;
+  p.val_loss = last_val;
+  p.tokens_per_s = rec.tokens_per_s;
+  p.peak_bytes = rec.peak_bytes;
+  p.eta_s = rec.elapsed_s / static_cast<double>(steps_run) * static_cast<double>(r.o.steps - r.step);
+  r.o.progress(p);
+}
+
+// Every rank's measured and predicted peak, to rank 0.
+void gather_peaks(Run& r, int64_t my_peak, TrainResult& result) {
+  at::Tensor peaks = at::zeros({2 * r.o.dist.world}, at::kLong);
+  peaks[2 * r.o.dist.rank] = my_peak;
+  peaks[2 * r.o.dist.rank + 1] = r.predicted_peak;
+  if (r.parallel()) r.comm->all_reduce(peaks, "the memory report").wait();
+  for (int q = 0; q < r.o.dist.world; ++q) {
+    result.rank_peaks.push_back(peaks[2 * q].item<int64_t>());
+    result.rank_predicted.push_back(peaks[2 * q + 1].item<int64_t>());
+  }
+}
+
+// The allocator's limit for one run only.
+class ScopedLimit {
+ public:
+  explicit ScopedLimit(int64_t bytes) : before_(MemoryTracker::limit()) { MemoryTracker::set_limit(bytes); }
+  ~ScopedLimit() { MemoryTracker::set_limit(before_); }
+  ScopedLimit(const ScopedLimit&) = delete;
+  ScopedLimit& operator=(const ScopedLimit&) = delete;
+
+ private:
+  int64_t before_;
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& given, const std::string& resume_dir,
+                  const std::vector<std::string>& explicit_flags) {
+  const int64_t outside = MemoryTracker::live();  // what the process held before this run
+  Run r;
+  r.o = given;
+  r.o.model.vocab = 256;
+  std::optional<TrainState> saved;
+  if (!resume_dir.empty()) {
+    saved = load_train_state(resume_dir);
+    r.o = resumed_options(r.o, *saved, resume_dir, explicit_flags);
+  }
+  check_train_options(r.o, resume_dir);
+  apply_threads(r.o.threads);
+  r.corpus = load_corpus(r.o.data, r.o.val_fraction, r.o.model.seq);
+  if (saved && saved->header.at("options").at("data").get<std::string>() != r.corpus.id)
+    fail("--data differs from the run saved in '{}': it trained on {}, this is {}", resume_dir,
+         saved->header.at("options").at("data").get<std::string>(), r.corpus.id);
+  build_model(r);
+  guard_memory(r, outside);
+  const ScopedLimit limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
   if (saved) {
     restore(r, *saved, resume_dir);
     r.step = saved->header.at("step").get<int64_t>();
@@ -526,79 +655,9 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   int64_t my_peak = 0;
   double last_val = std::numeric_limits<double>::quiet_NaN();
   const auto t_start = Clock::now();
-  const int64_t micro_per_step = r.o.accum * r.o.dist.world;
-  const int64_t tokens_per_step = r.o.model.batch * r.o.model.seq * micro_per_step;
-  for (; r.step < r.o.steps;) {
-    const auto t0 = Clock::now();
-    MemoryTracker::reset_peak();
-    const double lr = lr_at(r.o, r.step);
-    r.adam->set_lr(lr);
-    for (at::Tensor& p : r.params) p.mutable_grad() = at::Tensor();
-    double loss = 0;
-    try {
-      for (int64_t micro = 0; micro < r.o.accum; ++micro) {
-        // Micro-batch `global` of the step: its data and its dropout are pure functions of
-        // (seed, step, global), whichever rank runs it.
-        const int64_t global = r.o.dist.rank * r.o.accum + micro;
-        auto [x, y] = train_batch(r.corpus, r.o.model, r.o.seed, r.step, global);
-        at::manual_seed(dropout_seed(r.o.seed, r.step, global));
-        at::Tensor l = r.model->forward(x, y);
-        if (micro_per_step > 1) l = l / static_cast<double>(micro_per_step);
-        l.backward();
-        loss += l.item<double>();
-      }
-    } catch (const OutOfMemory& e) {
-      const int64_t limit = (e.limit() > 0 ? e.limit() : available_memory()) - outside;
-      fail_runtime("out of memory in step {} under policy '{}': {}; the step {}; {}", r.step + 1, r.policy_text,
-                   e.detail(),
-                   r.predicted_peak > 0 ? "was predicted to peak at " + bytes_str(r.predicted_peak)
-                                        : "is not modelled for uniform:N",
-                   plan_that_fits(r, limit));
-    }
-    double reduce_s = 0, exposed_s = 0;
-    if (r.parallel()) {
-      const double backward_end = r.comm->now();
-      r.buckets->wait();  // only what is still in flight
-      exposed_s = r.comm->now() - backward_end;
-      double first = 1e300, last = 0;
-      for (const GradientBuckets::Timing& t : r.buckets->timings()) {
-        first = std::min(first, t.launched);
-        last = std::max(last, t.finished);
-      }
-      reduce_s = std::max(0.0, last - first);
-      r.loss_sum.fill_(loss);
-      r.comm->all_reduce(r.loss_sum, "the loss all-reduce").wait();
-      loss = r.loss_sum.item<double>();
-    }
-    if (!std::isfinite(loss)) {
-      const std::string kept =
-          r.o.save_dir.empty() ? "no train state was being saved"
-          : last_saved >= 0    ? fmt::format("the last good state (step {}) is kept in '{}'", last_saved, r.o.save_dir)
-                               : "no state had been saved yet";
-      fail_runtime("loss is {} at step {} (lr {:.3g}); stopped before the update; {}; lower --lr or set --clip", loss,
-                   r.step + 1, lr, kept);
-    }
-    std::vector<at::Tensor> grads;
-    if (r.buckets) {
-      grads = r.buckets->grads();
-    } else {
-      for (const at::Tensor& p : r.params) grads.push_back(p.grad());
-    }
-    clip_grads(grads, r.o.clip);
-    r.adam->step(grads);
-    if (r.parallel() && r.o.zero == 1) exchange_owned(r.params, *r.comm);
-    ++r.step;
-
-    TrainRecord rec;
-    rec.step = r.step;
-    rec.lr = lr;
-    rec.loss = loss;
-    rec.peak_bytes = MemoryTracker::peak();
-    rec.reduce_s = reduce_s;
-    rec.exposed_s = exposed_s;
+  while (r.step < r.o.steps) {
+    TrainRecord rec = train_step(r, outside, last_saved);
     my_peak = std::max(my_peak, rec.peak_bytes);
-    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    rec.tokens_per_s = static_cast<double>(tokens_per_step) / step_s;
     const bool last = r.step == r.o.steps;
     if (r.leader() && (last || (r.o.eval_every > 0 && r.step % r.o.eval_every == 0)))
       last_val = rec.val_loss = val_loss(r);
@@ -608,29 +667,11 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       save(r);
       last_saved = r.step;
     }
-    if (r.o.progress && r.leader()) {
-      TrainProgress p;
-      p.step = r.step;
-      p.steps = r.o.steps;
-      p.loss = loss;
-      p.val_loss = last_val;
-      p.tokens_per_s = rec.tokens_per_s;
-      p.peak_bytes = rec.peak_bytes;
-      p.eta_s = rec.elapsed_s / static_cast<double>(result.log.size()) * static_cast<double>(r.o.steps - r.step);
-      r.o.progress(p);
-    }
+    if (r.o.progress && r.leader()) report_progress(r, rec, last_val, result.log.size());
   }
   result.final_val_loss = last_val;
   result.weights_digest = digest(r.params);
-  // Every rank's measured and predicted peak, to rank 0.
-  at::Tensor peaks = at::zeros({2 * r.o.dist.world}, at::kLong);
-  peaks[2 * r.o.dist.rank] = my_peak;
-  peaks[2 * r.o.dist.rank + 1] = r.predicted_peak;
-  if (r.parallel()) r.comm->all_reduce(peaks, "the memory report").wait();
-  for (int q = 0; q < r.o.dist.world; ++q) {
-    result.rank_peaks.push_back(peaks[2 * q].item<int64_t>());
-    result.rank_predicted.push_back(peaks[2 * q + 1].item<int64_t>());
-  }
+  gather_peaks(r, my_peak, result);
   return result;
 }
 

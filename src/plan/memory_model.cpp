@@ -148,117 +148,149 @@ struct ParamGrads {
 };
 
 // One stage's backward, with its incoming gradient owned by the caller.
-void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad = false) {
-  const BlockSpec& b = *st.spec;
-  const Schedule& s = *st.schedule;
-  Buffers bufs(sim);
-  std::vector<int> slot(b.tensors.size(), Buffers::kNone);
-  slot[b.output] = bufs.external();
-  std::vector<bool> held = s.saved;
-  auto bytes = [&](int t) { return b.tensors[t].bytes(); };
-  for (const Step& step : s.backward) {
-    switch (step.kind) {
-      case Step::Kind::Free: {
-        const int k = b.input_index(step.index);
-        if (held[step.index] && !(k >= 0 && st.external[k])) sim.free(bytes(step.index));
-        held[step.index] = false;
-        break;
+class StageBackward {
+ public:
+  StageBackward(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad)
+      : sim_(sim),
+        st_(st),
+        b_(*st.spec),
+        pg_(pg),
+        ctx_(ctx),
+        fused_wgrad_(fused_wgrad),
+        bufs_(sim),
+        slot_(b_.tensors.size(), Buffers::kNone),
+        held_(st.schedule->saved) {
+    slot_[b_.output] = bufs_.external();
+  }
+
+  void run() {
+    for (const Step& step : st_.schedule->backward) {
+      switch (step.kind) {
+        case Step::Kind::Free: {
+          const int k = b_.input_index(step.index);
+          if (held_[step.index] && !(k >= 0 && st_.external[k])) sim_.free(bytes(step.index));
+          held_[step.index] = false;
+          break;
+        }
+        case Step::Kind::FreeGrad:
+          bufs_.drop(slot_[step.index]);
+          slot_[step.index] = Buffers::kNone;
+          break;
+        case Step::Kind::Recompute:
+          recompute(step);
+          break;
+        case Step::Kind::Backward:
+          backward(step);
+          break;
+        case Step::Kind::Forward:
+          break;
       }
-      case Step::Kind::FreeGrad:
-        bufs.drop(slot[step.index]);
-        slot[step.index] = Buffers::kNone;
-        break;
-      case Step::Kind::Recompute: {
-        const OpNode& op = b.ops[step.index];
-        sim.at("recompute", &st, step.index);
-        for (int t : op.out) sim.alloc(bytes(t));
-        const int64_t scratch = b.forward_scratch(step.index, ctx);
-        sim.alloc(scratch);
-        sim.free(scratch);
-        for (size_t i = 0; i < op.out.size(); ++i) {
-          if (step.discard & (1u << i)) sim.free(bytes(op.out[i]));  // the forward's value is kept
-          held[op.out[i]] = true;
-        }
-        break;
-      }
-      case Step::Kind::Backward: {
-        const OpNode& op = b.ops[step.index];
-        sim.at("backward", &st, step.index);
-        // The op makes its gradients...
-        std::vector<int> incoming(op.in.size(), Buffers::kNone);
-        for (size_t i = 0; i < op.in.size(); ++i) {
-          const int t = op.in[i];
-          const GradStep& g = step.grads[i];
-          switch (g.source) {
-            case GradSource::None:
-              break;
-            case GradSource::Fresh:
-              incoming[i] = bufs.fresh(bytes(t));
-              break;
-            case GradSource::OverDy:
-              incoming[i] = slot[op.out[0]];
-              slot[op.out[0]] = Buffers::kNone;
-              break;
-            case GradSource::OverInput:
-              incoming[i] = bufs.adopt(bytes(t));
-              held[t] = false;
-              break;
-            case GradSource::Alias:
-              incoming[i] = bufs.share(slot[op.out[0]]);
-              break;
-            case GradSource::Slot:
-              if (g.prep == SlotPrep::Zeros) {
-                slot[t] = bufs.fresh(bytes(t));
-              } else if (g.prep == SlotPrep::Copy) {
-                const int mine = bufs.fresh(bytes(t));
-                bufs.drop(slot[t]);
-                slot[t] = mine;
-              }
-              break;
-          }
-        }
-        for (size_t p = 0; p < op.params.size(); ++p) {
-          if (fused_wgrad && op.kind == OpKind::Linear && p == 0) continue;  // into the buffer by its GEMM
-          const int64_t n = b.param_bytes(op.params[p]);
-          sim.alloc(n);
-          const int id = st.params[op.params[p]];
-          (pg.uses[id] == 1 ? pg.single : pg.has[id] ? pg.second : pg.held).push_back(n);
-          pg.has[id] = true;
-        }
-        const int64_t scratch = b.backward_scratch(step.index, ctx);
-        sim.alloc(scratch);
-        sim.free(scratch);
-        // ...then each joins its input's slot.
-        for (size_t i = 0; i < op.in.size(); ++i) {
-          const GradStep& g = step.grads[i];
-          if (g.source == GradSource::None || g.source == GradSource::Slot) continue;
-          int& dst = slot[op.in[i]];
-          switch (g.merge) {
-            case GradMerge::Set:
-              dst = incoming[i];
-              break;
-            case GradMerge::AddIntoSlot:
-              bufs.drop(incoming[i]);
-              break;
-            case GradMerge::AddSlotIntoIt:
-              bufs.drop(dst);
-              dst = incoming[i];
-              break;
-            case GradMerge::Sum: {
-              const int sum = bufs.fresh(bytes(op.in[i]));
-              bufs.drop(dst);
-              bufs.drop(incoming[i]);
-              dst = sum;
-              break;
-            }
-          }
-        }
-        break;
-      }
-      case Step::Kind::Forward:
-        break;
     }
   }
+
+ private:
+  int64_t bytes(int t) const { return b_.tensors[t].bytes(); }
+
+  void recompute(const Step& step) {
+    const OpNode& op = b_.ops[step.index];
+    sim_.at("recompute", &st_, step.index);
+    for (int t : op.out) sim_.alloc(bytes(t));
+    const int64_t scratch = b_.forward_scratch(step.index, ctx_);
+    sim_.alloc(scratch);
+    sim_.free(scratch);
+    for (size_t i = 0; i < op.out.size(); ++i) {
+      if (step.discard & (1u << i)) sim_.free(bytes(op.out[i]));  // the forward's value is kept
+      held_[op.out[i]] = true;
+    }
+  }
+
+  // The op makes its gradients, then each joins its input's slot.
+  void backward(const Step& step) {
+    const OpNode& op = b_.ops[step.index];
+    sim_.at("backward", &st_, step.index);
+    std::vector<int> incoming(op.in.size(), Buffers::kNone);
+    for (size_t i = 0; i < op.in.size(); ++i) incoming[i] = make_grad(op, step.grads[i], op.in[i]);
+    for (size_t p = 0; p < op.params.size(); ++p) {
+      if (fused_wgrad_ && op.kind == OpKind::Linear && p == 0) continue;  // into the buffer by its GEMM
+      const int64_t n = b_.param_bytes(op.params[p]);
+      sim_.alloc(n);
+      const int id = st_.params[op.params[p]];
+      (pg_.uses[id] == 1 ? pg_.single : pg_.has[id] ? pg_.second : pg_.held).push_back(n);
+      pg_.has[id] = true;
+    }
+    const int64_t scratch = b_.backward_scratch(step.index, ctx_);
+    sim_.alloc(scratch);
+    sim_.free(scratch);
+    for (size_t i = 0; i < op.in.size(); ++i) merge_grad(step.grads[i], op.in[i], incoming[i]);
+  }
+
+  // The buffer of the gradient an op makes for its input t (kNone where it writes into t's slot).
+  int make_grad(const OpNode& op, const GradStep& g, int t) {
+    switch (g.source) {
+      case GradSource::None:
+        return Buffers::kNone;
+      case GradSource::Fresh:
+        return bufs_.fresh(bytes(t));
+      case GradSource::OverDy: {
+        const int dy = slot_[op.out[0]];
+        slot_[op.out[0]] = Buffers::kNone;
+        return dy;
+      }
+      case GradSource::OverInput:
+        held_[t] = false;
+        return bufs_.adopt(bytes(t));
+      case GradSource::Alias:
+        return bufs_.share(slot_[op.out[0]]);
+      case GradSource::Slot:
+        if (g.prep == SlotPrep::Zeros) {
+          slot_[t] = bufs_.fresh(bytes(t));
+        } else if (g.prep == SlotPrep::Copy) {
+          const int mine = bufs_.fresh(bytes(t));
+          bufs_.drop(slot_[t]);
+          slot_[t] = mine;
+        }
+        return Buffers::kNone;
+    }
+    return Buffers::kNone;
+  }
+
+  void merge_grad(const GradStep& g, int t, int incoming) {
+    if (g.source == GradSource::None || g.source == GradSource::Slot) return;
+    int& dst = slot_[t];
+    switch (g.merge) {
+      case GradMerge::Set:
+        dst = incoming;
+        break;
+      case GradMerge::AddIntoSlot:
+        bufs_.drop(incoming);
+        break;
+      case GradMerge::AddSlotIntoIt:
+        bufs_.drop(dst);
+        dst = incoming;
+        break;
+      case GradMerge::Sum: {
+        const int sum = bufs_.fresh(bytes(t));
+        bufs_.drop(dst);
+        bufs_.drop(incoming);
+        dst = sum;
+        break;
+      }
+    }
+  }
+
+  Sim& sim_;
+  const StagePlan& st_;
+  const BlockSpec& b_;
+  ParamGrads& pg_;
+  const ThreadConfig& ctx_;
+  const bool fused_wgrad_;
+  Buffers bufs_;
+  std::vector<int> slot_;   // the gradient buffer of each tensor
+  std::vector<bool> held_;  // each tensor's value is alive
+};
+
+void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad = false) {
+  StageBackward(sim, st, pg, ctx, fused_wgrad).run();
 }
 
 // After a stage has returned (and its dy is gone): its parameter gradients, by rules 3 and 4.
@@ -337,57 +369,15 @@ int periodic_micro(int stages, int stage, int chunks, int micro) {
 
 }  // namespace
 
-StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out, const StepShape& shape) {
-  if (plan.chunk > 0)
-    fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
-  if (shape.micro < 1 || shape.world < 1 || shape.rank < 0 || shape.rank >= shape.world || shape.stages < 1 ||
-      shape.stage < 0 || shape.stage >= shape.stages || shape.chunks < 1 ||
-      static_cast<int>(plan.chunks.size()) != shape.chunks || shape.zero < 0 || shape.zero > 3 ||
-      (shape.chunks > 1 && shape.micro % shape.stages != 0))
-    REMAT_INTERNAL("step shape micro {} world {} rank {} stage {}/{} chunks {} (plan {}) zero {}", shape.micro,
-                   shape.world, shape.rank, shape.stage, shape.stages, shape.chunks, plan.chunks.size(), shape.zero);
-  const ModelSpec& spec = *plan.model;
-  const bool bucketed = shape.bucketed();
-  StepMemory m;
-  int64_t numel = 0, expert_numel = 0;
-  for (const ModelParam& p : plan.params) (p.spec->expert ? expert_numel : numel) += p.spec->numel();
-  const DType dtype = spec.block.dtype;
-  const int64_t wbytes = dtype_size(dtype), gbytes = shape.grad_bytes > 0 ? shape.grad_bytes : wbytes;
-  const bool mixed = dtype != DType::F32;
-  // ZeRO: this rank's share of the parameters, laid end to end.
-  // The routed experts' parameters are shared by fewer ranks (StepShape::expert_world).
-  auto share = [](int64_t n, int rank, int world) {
-    return shard_first(n, rank + 1, world) - shard_first(n, rank, world);
-  };
-  const int expert_world = shape.expert_world > 0 ? shape.expert_world : shape.world;
-  const int64_t owned =
-      share(numel, shape.rank, shape.world) + share(expert_numel, shape.rank % expert_world, expert_world);
-  numel += expert_numel;
-  // Bytes per element of the master weights and the Adam state (m and v): fp32, or the model's
-  // dtype when nothing is kept in fp32.
-  const int64_t master = mixed && !shape.pure_dtype ? 4 : 0, state = shape.pure_dtype ? 2 * wbytes : 8;
-  if (shape.fsdp) {  // the sharded weights are the master copy; gradients are made in the backward
-    m.params = owned * (master > 0 ? master : wbytes);
-    m.grads = owned * (master > 0 ? master : wbytes);
-    m.optimizer = owned * state;
-    m.buffers = shape.extra_buffers;
-  } else {
-    m.params = (shape.zero >= 3 ? owned : numel) * wbytes;
-    m.grads = (bucketed ? (shape.zero >= 2 ? owned : numel) * gbytes : numel * wbytes);
-    m.optimizer = (shape.zero >= 1 ? owned : numel) * (master + state);
-    if (bucketed) m.buffers = m.grads + shape.extra_buffers;
-  }
-  for (const StagePlan& st : plan.stages) {
-    if (st.role == StagePlan::Role::Stem || (st.external.size() > 0 && st.external[0]))
-      m.data += st.spec->tensors[st.spec->inputs[0]].bytes();
-    if (st.role == StagePlan::Role::Head) m.data += st.spec->tensors[st.spec->inputs[1]].bytes();
-  }
+namespace {
 
-  // The stages of each chunk, and whether it begins or ends the model.
-  struct Chunk {
-    size_t first = 0, last = 0;  // stage indices, inclusive
-    bool begins = false, ends = false;
-  };
+// The stages of one pipeline chunk, and whether it begins or ends the model.
+struct Chunk {
+  size_t first = 0, last = 0;  // stage indices, inclusive
+  bool begins = false, ends = false;
+};
+
+std::vector<Chunk> chunks_of(const StepPlan& plan) {
   std::vector<Chunk> chunks(plan.chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     bool any = false;
@@ -401,242 +391,354 @@ StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, Memory
     chunks[c].begins = !f.external.empty() && f.external[0];
     chunks[c].ends = plan.stages[chunks[c].last].role == StagePlan::Role::Head;
   }
+  return chunks;
+}
 
-  const int64_t L = spec.layers;
-  MemoryTrace t{
-      std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), std::vector<int64_t>(L), 0, 0};
-  MemoryTrace scratch = t;
-  Sim sim;
-  int64_t top = 0;
-  ParamGrads pg;
-  for (const ModelParam& p : plan.params) pg.uses.push_back(p.uses);
-  pg.has.assign(plan.params.size(), false);
-  auto phase = [&](const StagePlan& st, bool backward, MemoryTrace& tr, auto body) {
+// Bytes per element of what a rank keeps between steps.
+struct ElementBytes {
+  int64_t weight = 0;  // the model's dtype
+  int64_t grad = 0;    // a bucket's gradient (StepShape::grad_bytes, else the model's dtype)
+  int64_t master = 0;  // the fp32 master copy of mixed precision; 0 without one
+  int64_t state = 0;   // Adam's m and v: fp32, or the model's dtype when nothing is kept in fp32
+  int64_t sharded_weight() const { return master > 0 ? master : weight; }  // FSDP2's shard: the master copy
+};
+
+ElementBytes element_bytes(DType dtype, const StepShape& shape) {
+  ElementBytes e;
+  e.weight = dtype_size(dtype);
+  e.grad = shape.grad_bytes > 0 ? shape.grad_bytes : e.weight;
+  e.master = dtype != DType::F32 && !shape.pure_dtype ? 4 : 0;
+  e.state = shape.pure_dtype ? 2 * e.weight : 8;
+  return e;
+}
+
+// What a rank keeps between steps: weights, gradients, optimizer state, buckets and the batch.
+StepMemory persistent_memory(const StepPlan& plan, const StepShape& shape, const ElementBytes& e) {
+  StepMemory m;
+  int64_t numel = 0, expert_numel = 0;
+  for (const ModelParam& p : plan.params) (p.spec->expert ? expert_numel : numel) += p.spec->numel();
+  // ZeRO: this rank's share of the parameters, laid end to end. The routed experts' parameters are
+  // shared by fewer ranks (StepShape::expert_world).
+  auto share = [](int64_t n, int rank, int world) {
+    return shard_first(n, rank + 1, world) - shard_first(n, rank, world);
+  };
+  const int expert_world = shape.expert_world > 0 ? shape.expert_world : shape.world;
+  const int64_t owned =
+      share(numel, shape.rank, shape.world) + share(expert_numel, shape.rank % expert_world, expert_world);
+  numel += expert_numel;
+  if (shape.fsdp) {  // the sharded weights are the master copy; gradients are made in the backward
+    m.params = owned * e.sharded_weight();
+    m.grads = owned * e.sharded_weight();
+    m.optimizer = owned * e.state;
+    m.buffers = shape.extra_buffers;
+  } else {
+    m.params = (shape.zero >= 3 ? owned : numel) * e.weight;
+    m.grads = shape.bucketed() ? (shape.zero >= 2 ? owned : numel) * e.grad : numel * e.weight;
+    m.optimizer = (shape.zero >= 1 ? owned : numel) * (e.master + e.state);
+    if (shape.bucketed()) m.buffers = m.grads + shape.extra_buffers;
+  }
+  for (const StagePlan& st : plan.stages) {
+    if (st.role == StagePlan::Role::Stem || (st.external.size() > 0 && st.external[0]))
+      m.data += st.spec->tensors[st.spec->inputs[0]].bytes();
+    if (st.role == StagePlan::Role::Head) m.data += st.spec->tensors[st.spec->inputs[1]].bytes();
+  }
+  return m;
+}
+
+// One rank's step replayed op by op on byte sizes: its chunks' forwards and backwards in pipeline
+// order, with FSDP2's all-gathers and reduce-scatters (StepShape::fsdp) where its hooks run them.
+class StepReplay {
+ public:
+  StepReplay(const StepPlan& plan, const ThreadConfig& ctx, const StepShape& shape, const ElementBytes& e)
+      : plan_(plan), ctx_(ctx), shape_(shape), e_(e), chunks_(chunks_of(plan)) {
+    const size_t layers = static_cast<size_t>(plan.model->layers);
+    t_ = {std::vector<int64_t>(layers),
+          std::vector<int64_t>(layers),
+          std::vector<int64_t>(layers),
+          std::vector<int64_t>(layers),
+          0,
+          0};
+    scratch_ = t_;
+    for (const ModelParam& p : plan.params) pg_.uses.push_back(p.uses);
+    pg_.has.assign(plan.params.size(), false);
+    unsharded_.assign(plan.stages.size(), 0);
+    reduced_.assign(plan.stages.size(), 0);
+  }
+
+  // Op by op, in pipeline order. One process without buffers replays two micro-batches: the first
+  // (its gradients become .grad) and one later one (added into them); the others repeat it.
+  void replay(int micro, StepMemory& m) {
+    int backwards = 0;
+    for (const PipelineStep& p : pipeline_order(shape_.stages, shape_.stage, shape_.chunks, micro)) {
+      MemoryTrace& tr = p.micro == 0 ? t_ : scratch_;
+      if (p.forward) {
+        forward(chunks_[p.chunk], tr);
+        continue;
+      }
+      const Grads mode = shape_.bucketed() ? Grads::Handed : backwards == 0 ? Grads::First : Grads::Later;
+      pg_.has.assign(plan_.params.size(), false);  // (a rank holds both users of a tied parameter in one chunk)
+      backward(chunks_[p.chunk], mode, tr);
+      ++backwards;
+    }
+    m.peak = top_;
+    m.peak_at = describe(sim_.peak_at());
+  }
+
+  // StepShape::cuda: the caching allocator sees every block: the persistent tensors, then two steps
+  // op by op with the optimizer's state made at the first optimizer step (what the first step's
+  // activations freed may hold it).
+  void replay_on_cuda(StepMemory& m) {
+    detail::CachingAllocatorModel cuda(shape_.expandable_segments);
+    Sim persistent(&cuda);
+    sim_ = Sim(&cuda);
+    auto share = [&](const ModelParam& p, bool sharded) {
+      return sharded ? std::max<int64_t>(1, p.spec->numel() / shape_.world) : p.spec->numel();
+    };
+    for (int64_t b : shape_.fixed_blocks) persistent.alloc(b);
+    if (shape_.fsdp)  // each parameter's shard (fp32: the master copy)
+      for (const ModelParam& p : plan_.params) persistent.alloc(share(p, true) * e_.sharded_weight());
+    else if (shape_.zero >= 3)
+      persistent.alloc(m.params);  // this rank's shard, one flat tensor
+    else
+      for (const ModelParam& p : plan_.params) persistent.alloc(p.spec->numel() * e_.weight);
+    if (shape_.bucketed() && !shape_.fsdp) persistent.alloc(m.grads);
+    persistent.alloc(m.data);
+    const int micro = periodic_micro(shape_.stages, shape_.stage, shape_.chunks, shape_.micro);
+    replay(micro, m);
+    // The optimizer's state, per parameter's share: (an fp32 master copy,) m and v.
+    for (const ModelParam& p : plan_.params) {
+      const int64_t n = share(p, shape_.fsdp || shape_.zero >= 1);
+      if (e_.master > 0 && !shape_.fsdp) persistent.alloc(n * e_.master);
+      for (int k = 0; k < 2; ++k) persistent.alloc(n * e_.state / 2);
+    }
+    for (int64_t g : sharded_grads_) sim_.free(g, kReduceScatter);  // zero_grad before the next step
+    sharded_grads_.clear();
+    std::fill(reduced_.begin(), reduced_.end(), 0);
+    replay(micro, m);
+    m.allocated_peak = cuda.peak_allocated();
+    m.reserved_peak = cuda.peak_reserved();
+    sim_ = Sim();  // (it pointed at `cuda`)
+  }
+
+  // With buffers every micro-batch is alike: a chunk's forward (or backward) changes the level by
+  // the same amount and rises the same height above where it starts, whatever else is alive (the
+  // fold only adds and subtracts). Replay each pass once, then fold the pipeline order over them.
+  void fold(StepMemory& m) {
+    struct Pass {
+      int64_t delta = 0, height = 0;
+      Where at;
+    };
+    std::vector<Pass> fwd(chunks_.size()), bwd(chunks_.size());
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      sim_ = Sim();
+      forward(chunks_[c], t_);
+      fwd[c] = {sim_.live(), sim_.top(), sim_.peak_at()};
+      sim_ = Sim();
+      pg_.has.assign(plan_.params.size(), false);
+      backward(chunks_[c], Grads::Handed, t_);
+      bwd[c] = {sim_.live(), sim_.top(), sim_.peak_at()};
+    }
+    int64_t level = 0, highest = 0;
+    Where at;
+    const int micro = periodic_micro(shape_.stages, shape_.stage, shape_.chunks, shape_.micro);
+    for (const PipelineStep& p : pipeline_order(shape_.stages, shape_.stage, shape_.chunks, micro)) {
+      const Pass& pass = p.forward ? fwd[p.chunk] : bwd[p.chunk];
+      if (level + pass.height > highest) highest = level + pass.height, at = pass.at;
+      level += pass.delta;
+    }
+    m.peak = highest;
+    m.peak_at = describe(at);
+  }
+
+  // What one micro-batch's forward leaves (replayed alone, after whatever ran before).
+  int64_t saved() {
+    sim_ = Sim();
+    for (const Chunk& c : chunks_) forward(c, scratch_);
+    return sim_.live();
+  }
+
+  // Each layer's levels in the first micro-batch.
+  MemoryTrace& trace() { return t_; }
+
+ private:
+  enum Stream { kCompute = 0, kAllGather = 1, kReduceScatter = 2 };  // FSDP2's streams
+
+  // A stage's pass, its start and peak recorded in `tr`; under ZeRO-3 the stage's whole weights
+  // are gathered for it.
+  template <typename Body>
+  void phase(const StagePlan& st, bool backward, MemoryTrace& tr, Body body) {
     int64_t* peak = nullptr;
     if (st.role == StagePlan::Role::Block) {
-      (backward ? tr.bwd_start : tr.fwd_start)[st.layer] = sim.live();
+      (backward ? tr.bwd_start : tr.fwd_start)[st.layer] = sim_.live();
       peak = &(backward ? tr.bwd_peak : tr.fwd_peak)[st.layer];
     } else {
       peak = st.role == StagePlan::Role::Head ? &tr.head_peak : &tr.stem_peak;
     }
-    sim.restart_peak();
-    // ZeRO-3: the stage's whole weights, gathered for the pass.
+    sim_.restart_peak();
     int64_t gathered = 0;
-    if (shape.zero >= 3)
+    if (shape_.zero >= 3)
       for (size_t k = 0; k < st.params.size(); ++k) gathered += st.spec->param_bytes(static_cast<int>(k));
-    sim.alloc(gathered);
+    sim_.alloc(gathered);
     body();
-    sim.free(gathered);
-    *peak = std::max(*peak, sim.peak());
-    top = std::max(top, sim.peak());
-  };
-  // FSDP2 (StepShape::fsdp), in the order its hooks run; NOTE [FSDP2].
-  enum Stream { kCompute = 0, kAllGather = 1, kReduceScatter = 2 };
-  std::vector<char> unsharded(plan.stages.size(), 0), reduced(plan.stages.size(), 0);
-  int64_t flat = 0, rs_input = 0;
-  std::vector<int64_t> sharded_grads;  // the reduce-scatter outputs of this step: the stages' gradients
-  auto weights = [&](size_t i) {       // a stage's bf16 weights
+    sim_.free(gathered);
+    *peak = std::max(*peak, sim_.peak());
+    top_ = std::max(top_, sim_.peak());
+  }
+
+  // FSDP2, in the order its hooks run; NOTE [FSDP2].
+  int64_t weights(size_t i) const {  // a stage's half-precision weights
     int64_t b = 0;
-    for (size_t k = 0; k < plan.stages[i].params.size(); ++k)
-      b += plan.stages[i].spec->param_bytes(static_cast<int>(k));
+    for (size_t k = 0; k < plan_.stages[i].params.size(); ++k)
+      b += plan_.stages[i].spec->param_bytes(static_cast<int>(k));
     return b;
-  };
+  }
   // All-gather into a flat buffer, copy out into the parameters. In the forward the flat buffer is
   // kept until the next copy-out (to overlap it with the next all-gather), which may come in the
   // backward; in the backward it goes at once.
-  auto gather = [&](size_t i, bool keep_flat) {
+  void gather(size_t i, bool keep_flat) {
     const int64_t w = weights(i);
-    if (w == 0 || unsharded[i]) return;
-    sim.alloc(w, kAllGather);
-    sim.alloc(w, kCompute);
-    unsharded[i] = 1;
-    sim.free(flat, kAllGather);
-    flat = 0;
+    if (w == 0 || unsharded_[i]) return;
+    sim_.alloc(w, kAllGather);
+    sim_.alloc(w, kCompute);
+    unsharded_[i] = 1;
+    sim_.free(flat_, kAllGather);
+    flat_ = 0;
     if (keep_flat)
-      flat = w;
+      flat_ = w;
     else
-      sim.free(w, kAllGather);
-  };
-  auto fsdp_forward = [&](size_t i) {
-    if (shape.fsdp) gather(i, /*keep_flat=*/true);
-  };
-  auto fsdp_after_forward = [&](size_t i) {
-    if (!shape.fsdp || !unsharded[i] || !shape.fsdp_reshard || plan.stages[i].role == StagePlan::Role::Head) return;
-    sim.free(weights(i));
-    unsharded[i] = 0;
-  };
-  auto fsdp_backward = [&](const Chunk& c, size_t i) {
-    if (!shape.fsdp) return;
+      sim_.free(w, kAllGather);
+  }
+  void fsdp_after_forward(size_t i) {
+    if (!shape_.fsdp || !unsharded_[i] || !shape_.fsdp_reshard || plan_.stages[i].role == StagePlan::Role::Head) return;
+    sim_.free(weights(i));
+    unsharded_[i] = 0;
+  }
+  void fsdp_backward(const Chunk& c, size_t i) {
+    if (!shape_.fsdp) return;
     gather(i, false);
     for (size_t j = i; j-- > c.first;)  // the next stage the backward reaches with weights: gathered ahead
       if (weights(j) > 0) {
         gather(j, false);
         break;
       }
-  };
-  auto fsdp_reduce = [&](size_t i) {  // the gradients copied (up-cast) into the reduce-scatter input
-    if (shape.fsdp && weights(i) > 0) sim.alloc(weights(i) * 4 / wbytes);
-  };
-  auto fsdp_after_backward = [&](size_t i) {
-    if (!shape.fsdp || weights(i) == 0) return;
-    if (!reduced[i]) {  // the sharded gradient, accumulated into by later micro-batches
-      const int64_t g = std::max<int64_t>(1, weights(i) / wbytes / shape.world) * (master > 0 ? master : wbytes);
-      sim.alloc(g, kReduceScatter);
-      sharded_grads.push_back(g);
-      reduced[i] = 1;
+  }
+  void fsdp_reduce(size_t i) {  // the gradients copied (up-cast) into the reduce-scatter input
+    if (shape_.fsdp && weights(i) > 0) sim_.alloc(weights(i) * 4 / e_.weight);
+  }
+  void fsdp_after_backward(size_t i) {
+    if (!shape_.fsdp || weights(i) == 0) return;
+    if (!reduced_[i]) {  // the sharded gradient, accumulated into by later micro-batches
+      const int64_t g = std::max<int64_t>(1, weights(i) / e_.weight / shape_.world) * e_.sharded_weight();
+      sim_.alloc(g, kReduceScatter);
+      sharded_grads_.push_back(g);
+      reduced_[i] = 1;
     }
-    sim.free(rs_input);  // the previous stage's input, its reduce-scatter done
-    rs_input = weights(i) * 4 / wbytes;
-    sim.free(weights(i));  // resharded after the backward
-    unsharded[i] = 0;
-  };
+    sim_.free(rs_input_);  // the previous stage's input, its reduce-scatter done
+    rs_input_ = weights(i) * 4 / e_.weight;
+    sim_.free(weights(i));  // resharded after the backward
+    unsharded_[i] = 0;
+  }
+
   // One chunk's forward of one micro-batch. Its input comes from the data or the previous pipeline
   // stage (received: counted here, freed by the first block's backward); its output goes to the
   // next stage (sent, then freed) or is the loss.
-  auto forward = [&](const Chunk& c, MemoryTrace& tr) {
-    if (!c.begins) sim.alloc(plan.stages[c.first].spec->tensors[plan.stages[c.first].spec->inputs[0]].bytes());
+  void forward(const Chunk& c, MemoryTrace& tr) {
+    const StagePlan& first = plan_.stages[c.first];
+    if (!c.begins) sim_.alloc(first.spec->tensors[first.spec->inputs[0]].bytes());
     for (size_t i = c.first; i <= c.last; ++i) {
-      fsdp_forward(i);
-      phase(plan.stages[i], false, tr, [&] { forward_stage(sim, plan.stages[i], ctx); });
+      if (shape_.fsdp) gather(i, /*keep_flat=*/true);
+      phase(plan_.stages[i], false, tr, [&] { forward_stage(sim_, plan_.stages[i], ctx_); });
       fsdp_after_forward(i);
     }
-    if (!c.ends) sim.free(plan.stages[c.last].spec->tensors[plan.stages[c.last].spec->output].bytes());
-  };
+    const StagePlan& last = plan_.stages[c.last];
+    if (!c.ends) sim_.free(last.spec->tensors[last.spec->output].bytes());
+  }
+
   // Its backward: the root gradient first (rule 1), or the gradient received for its output; each
   // stage's dy is the gradient the stage after it returned (rule 2); the last one is sent.
-  auto backward = [&](const Chunk& c, Grads mode, MemoryTrace& tr) {
-    const StagePlan& last = plan.stages[c.last];
+  void backward(const Chunk& c, Grads mode, MemoryTrace& tr) {
+    const StagePlan& last = plan_.stages[c.last];
     const int64_t root = last.spec->tensors[last.spec->output].bytes();
-    int64_t dy = c.ends ? (shape.scaled_loss ? root : 0) : root;  // rule 5: the gradient through the division
-    if (!c.ends) sim.alloc(dy);
+    int64_t dy = c.ends ? (shape_.scaled_loss ? root : 0) : root;  // rule 5: the gradient through the division
+    if (!c.ends) sim_.alloc(dy);
     for (size_t i = c.last + 1; i-- > c.first;) {
-      const StagePlan& st = plan.stages[i];
+      const StagePlan& st = plan_.stages[i];
       // A unit's pre-backward hook fires when the gradient reaches its output: for the head, after
       // the loss's backward (the loss is computed outside the model).
       const bool head = st.role == StagePlan::Role::Head;
       if (!head) fsdp_backward(c, i);
       phase(st, true, tr, [&] {
         if (head) {
-          sim.alloc(root);
-          sim.alloc(dy);
+          sim_.alloc(root);
+          sim_.alloc(dy);
         }
-        backward_stage(sim, st, pg, ctx, shape.fused_wgrad);
+        backward_stage(sim_, st, pg_, ctx_, shape_.fused_wgrad);
         if (head) fsdp_backward(c, i);
         const bool keeps_dy =
             !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] && !st.external[0];
-        if (!keeps_dy) sim.free(dy);
-        sim.at("summing a tied parameter's gradients", &st, -1);
+        if (!keeps_dy) sim_.free(dy);
+        sim_.at("summing a tied parameter's gradients", &st, -1);
         fsdp_reduce(i);
-        settle(sim, pg, mode);
+        settle(sim_, pg_, mode);
         fsdp_after_backward(i);
       });
       dy = st.spec->tensors[st.spec->inputs[0]].bytes();
     }
-    sim.free(rs_input);
-    rs_input = 0;
-    sim.free(flat, kAllGather);  // (a forward's last all-gather, when no copy-out came after it)
-    flat = 0;
-    if (!c.begins) sim.free(dy);  // the input's gradient, sent back
+    sim_.free(rs_input_);
+    rs_input_ = 0;
+    sim_.free(flat_, kAllGather);  // (a forward's last all-gather, when no copy-out came after it)
+    flat_ = 0;
+    if (!c.begins) sim_.free(dy);  // the input's gradient, sent back
     if (c.ends) {
-      sim.free(root);
-      sim.free(root);  // the caller lets go of the loss
+      sim_.free(root);
+      sim_.free(root);  // the caller lets go of the loss
     }
-  };
+  }
 
-  // Op by op, in pipeline order. One process without buffers replays two micro-batches: the first
-  // (its gradients become .grad) and one later one (added into them); the others repeat it.
-  auto replay = [&](int micro) {
-    int backwards = 0;
-    for (const PipelineStep& e : pipeline_order(shape.stages, shape.stage, shape.chunks, micro)) {
-      MemoryTrace& tr = e.micro == 0 ? t : scratch;
-      if (e.forward) {
-        forward(chunks[e.chunk], tr);
-        continue;
-      }
-      const Grads mode = bucketed ? Grads::Handed : backwards == 0 ? Grads::First : Grads::Later;
-      pg.has.assign(plan.params.size(), false);  // (a rank holds both users of a tied parameter in one chunk)
-      backward(chunks[e.chunk], mode, tr);
-      ++backwards;
-    }
-    m.peak = top;
-    m.peak_at = describe(sim.peak_at());
-  };
-  if (shape.cuda) {
-    // The caching allocator sees every block: the persistent tensors, then two steps op by op with
-    // the optimizer's state made at the first optimizer step (what the first step's activations
-    // freed may hold it).
-    detail::CachingAllocatorModel cuda(shape.expandable_segments);
-    Sim persistent(&cuda);
-    sim = Sim(&cuda);
-    auto share = [&](const ModelParam& p, bool sharded) {
-      return sharded ? std::max<int64_t>(1, p.spec->numel() / shape.world) : p.spec->numel();
-    };
-    for (int64_t b : shape.fixed_blocks) persistent.alloc(b);
-    if (shape.fsdp)  // each parameter's shard (fp32: the master copy)
-      for (const ModelParam& p : plan.params) persistent.alloc(share(p, true) * (master > 0 ? master : wbytes));
-    else if (shape.zero >= 3)
-      persistent.alloc(m.params);  // this rank's shard, one flat tensor
-    else
-      for (const ModelParam& p : plan.params) persistent.alloc(p.spec->numel() * wbytes);
-    if (bucketed && !shape.fsdp) persistent.alloc(m.grads);
-    persistent.alloc(m.data);
-    const int micro = periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro);
-    replay(micro);
-    // The optimizer's state, per parameter's share: (an fp32 master copy,) m and v.
-    for (const ModelParam& p : plan.params) {
-      const int64_t n = share(p, shape.fsdp || shape.zero >= 1);
-      if (master > 0 && !shape.fsdp) persistent.alloc(n * master);
-      for (int k = 0; k < 2; ++k) persistent.alloc(n * state / 2);
-    }
-    for (int64_t g : sharded_grads) sim.free(g, kReduceScatter);  // zero_grad before the next step
-    sharded_grads.clear();
-    std::fill(reduced.begin(), reduced.end(), 0);
-    replay(micro);
-    m.allocated_peak = cuda.peak_allocated();
-    m.reserved_peak = cuda.peak_reserved();
-  } else if (!bucketed) {
-    replay(std::min(shape.micro, 2));
-  } else if (shape.op_by_op) {
-    replay(shape.micro);
-  } else if (shape.fsdp) {  // FSDP2's gradients appear in the first backward only: no fold
-    replay(periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro));
-  } else {
-    // With buffers every micro-batch is alike: a chunk's forward (or backward) changes the level by
-    // the same amount and rises the same height above where it starts, whatever else is alive (the
-    // fold only adds and subtracts). Replay each pass once, then fold the pipeline order over them.
-    struct Pass {
-      int64_t delta = 0, height = 0;
-      Where at;
-    };
-    std::vector<Pass> fwd(chunks.size()), bwd(chunks.size());
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      sim = Sim();
-      forward(chunks[c], t);
-      fwd[c] = {sim.live(), sim.top(), sim.peak_at()};
-      sim = Sim();
-      pg.has.assign(plan.params.size(), false);
-      backward(chunks[c], Grads::Handed, t);
-      bwd[c] = {sim.live(), sim.top(), sim.peak_at()};
-    }
-    int64_t level = 0, highest = 0;
-    Where at;
-    for (const PipelineStep& e : pipeline_order(shape.stages, shape.stage, shape.chunks,
-                                                periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro))) {
-      const Pass& p = e.forward ? fwd[e.chunk] : bwd[e.chunk];
-      if (level + p.height > highest) highest = level + p.height, at = p.at;
-      level += p.delta;
-    }
-    m.peak = highest;
-    m.peak_at = describe(at);
-  }
-  // What one micro-batch's forward leaves (replayed alone: the fold above has gone on since).
-  {
-    Sim f;
-    sim = f;
-    for (const Chunk& c : chunks) forward(c, scratch);
-    m.saved = sim.live();
-  }
-  if (out) *out = std::move(t);
+  const StepPlan& plan_;
+  const ThreadConfig& ctx_;
+  const StepShape& shape_;
+  const ElementBytes e_;
+  const std::vector<Chunk> chunks_;
+  MemoryTrace t_, scratch_;  // the first micro-batch's levels; the others'
+  Sim sim_;
+  int64_t top_ = 0;
+  ParamGrads pg_;
+  std::vector<char> unsharded_, reduced_;  // FSDP2: by stage
+  int64_t flat_ = 0, rs_input_ = 0;        // FSDP2: the kept all-gather buffer, the reduce-scatter input
+  std::vector<int64_t> sharded_grads_;     // FSDP2: this step's reduce-scatter outputs, the stages' gradients
+};
+
+void check_step_shape(const StepPlan& plan, const StepShape& shape) {
+  if (plan.chunk > 0)
+    fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
+  if (shape.micro < 1 || shape.world < 1 || shape.rank < 0 || shape.rank >= shape.world || shape.stages < 1 ||
+      shape.stage < 0 || shape.stage >= shape.stages || shape.chunks < 1 ||
+      static_cast<int>(plan.chunks.size()) != shape.chunks || shape.zero < 0 || shape.zero > 3 ||
+      (shape.chunks > 1 && shape.micro % shape.stages != 0))
+    REMAT_INTERNAL("step shape micro {} world {} rank {} stage {}/{} chunks {} (plan {}) zero {}", shape.micro,
+                   shape.world, shape.rank, shape.stage, shape.stages, shape.chunks, plan.chunks.size(), shape.zero);
+}
+
+}  // namespace
+
+StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out, const StepShape& shape) {
+  check_step_shape(plan, shape);
+  const ElementBytes e = element_bytes(plan.model->block.dtype, shape);
+  StepMemory m = persistent_memory(plan, shape, e);
+  StepReplay step(plan, ctx, shape, e);
+  if (shape.cuda)
+    step.replay_on_cuda(m);
+  else if (!shape.bucketed())
+    step.replay(std::min(shape.micro, 2), m);
+  else if (shape.op_by_op)
+    step.replay(shape.micro, m);
+  else if (shape.fsdp)  // FSDP2's gradients appear in the first backward only: no fold
+    step.replay(periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro), m);
+  else
+    step.fold(m);
+  m.saved = step.saved();
+  if (out) *out = std::move(step.trace());
   return m;
 }
 

@@ -81,22 +81,6 @@ nlohmann::json memory_json(const StepMemory& s) {
           {"peak_at", s.peak_at}};
 }
 
-nlohmann::json config_json(const ModelConfig& cfg) {
-  return {{"describe", describe(cfg)},
-          {"arch", cfg.arch},
-          {"layers", cfg.layers},
-          {"dim", cfg.dim},
-          {"heads", cfg.heads},
-          {"kv_heads", cfg.kv()},
-          {"batch", cfg.batch},
-          {"seq", cfg.seq},
-          {"ffn", cfg.hidden()},
-          {"vocab", cfg.vocab},
-          {"dtype", to_string(cfg.dtype)},
-          {"dropout", cfg.dropout},
-          {"attention", to_string(cfg.attention)}};
-}
-
 // ---- one process -------------------------------------------------------------------------------
 
 int run_single(PlanFlags& f) {
@@ -120,7 +104,7 @@ int run_single(PlanFlags& f) {
   auto write_json = [&] {
     if (f.json.empty()) return;
     nlohmann::json j;
-    j["config"] = config_json(cfg);
+    j["config"] = model_json(cfg);
     j["budget"] = p.budget;
     j["budget_text"] = to_string(budget);
     j["fits"] = p.fits;
@@ -333,10 +317,8 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
   fmt::print("\n");
 }
 
-int run_layouts(PlanFlags& f) {
-  ModelConfig cfg = f.shape.resolve();
-  // torchtitan computes its loss as PyTorch's cross_entropy(logits.float()) (components/loss.py).
-  if (f.framework == "torchtitan" && f.shape.loss.empty() && cfg.dtype != DType::F32) cfg.loss = Loss::Upcast;
+// The flags a multi-GPU plan checks before it reads the device.
+void check_layout_flags(const PlanFlags& f) {
   if (f.device.empty())
     fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file", [] {
       std::string s;
@@ -348,51 +330,6 @@ int run_layouts(PlanFlags& f) {
   if (f.grad_dtype != "fp32" && f.grad_dtype != "bf16" && f.grad_dtype != "fp16")
     fail("bad --grad-dtype '{}'; allowed: fp32 (Megatron's main_grad), bf16, fp16 (the ZeRO paper's)", f.grad_dtype);
   if (f.top < 1 || f.top > 100) fail("--top must be in 1..100, got {}", f.top);
-  const double tokens = f.tokens.empty() ? 0 : parse_tokens(f.tokens);
-  PlanOptions opt;
-  opt.framework = parse_framework(f.framework);
-  opt.batch_mask = !f.no_batch_mask;
-  opt.fused_wgrad = !f.no_fused_wgrad;
-  opt.expandable_segments = f.expandable_segments;
-  opt.pure_dtype = f.pure_bf16;
-  if (!f.cublas_workspace.empty()) {
-    const Budget w = parse_budget(f.cublas_workspace);
-    if (w.bytes <= 0) fail("--cublas-workspace takes a size such as 32MiB, got '{}'", f.cublas_workspace);
-    opt.cublas_workspace = w.bytes;
-  }
-  if (!f.reserve.empty()) {
-    const Budget reserve = parse_budget(f.reserve);
-    if (reserve.bytes <= 0) fail("--reserve takes a size such as 2GiB, got '{}'", f.reserve);
-    opt.reserve = reserve.bytes;
-  }
-  if (!f.budget.empty()) {
-    const Budget b = parse_budget(f.budget);
-    if (b.bytes <= 0) fail("--budget with --device takes a size per GPU such as 70GiB, got '{}'", f.budget);
-    opt.budget = b.bytes;
-  }
-  SearchSpace space;
-  space.policies = split_policy_list(f.policies);
-  if (space.policies.empty()) fail("--policies needs at least one policy, e.g. none,attn,full,auto");
-
-  for (const std::string& p : space.policies)
-    if (p != "auto") (void)Policy::parse(p);  // a bad one is refused before any work
-  space.grad_bytes = f.grad_dtype == "fp32" ? 4 : 2;
-  space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
-  space.cp = f.cp;
-  space.ep = f.ep;
-  space.first_layers = f.first_stage_layers, space.last_layers = f.last_stage_layers;
-  if ((f.app->count("--first-stage-layers") > 0) != (f.app->count("--last-stage-layers") > 0))
-    fail(
-        "--first-stage-layers and --last-stage-layers split a pipeline together: give both (the middle stages "
-        "share the other layers evenly)");
-  space.fsdp = f.fsdp || opt.framework == Framework::Torchtitan;
-  if (space.fsdp && f.zero > 0)
-    fail(
-        "--zero {} with FSDP (--fsdp, --framework torchtitan): FSDP2 shards weights, gradients and optimizer state "
-        "itself; leave --zero out",
-        f.zero);
-  if (space.fsdp) space.zero = {0};
-  space.zero_fixed = f.zero;
   // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
   for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp", "--ep",
                            "--first-stage-layers", "--last-stage-layers"})
@@ -400,7 +337,10 @@ int run_layouts(PlanFlags& f) {
       const int64_t v = f.app->get_option(flag)->as<int64_t>();
       if (v < 1 || v > (1 << 20)) fail("{} must be in 1..1048576, got {}; leave it out to search", flag, v);
     }
-  if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
+  if ((f.app->count("--first-stage-layers") > 0) != (f.app->count("--last-stage-layers") > 0))
+    fail(
+        "--first-stage-layers and --last-stage-layers split a pipeline together: give both (the middle stages "
+        "share the other layers evenly)");
   FileRoles files;
   if (is_device_file(f.device)) files.input("--device", f.device);
   files.output("--json", f.json);
@@ -413,11 +353,55 @@ int run_layouts(PlanFlags& f) {
             "{} is a GPU layout; --device cpu plans remat's own trainer (data parallel only): leave {} out, or plan "
             "a GPU --device",
             flag, flag);
-  const Device device = parse_device(f.device);
-  if (opt.budget > device.memory)
-    fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, device.name,
-         bytes_str(device.memory));
-  if (cfg.dtype == DType::F32) space.grad_bytes = 4;
+}
+
+// A size flag, positive, in bytes; `none` when not given. example: "such as 2GiB".
+int64_t size_flag(const std::string& text, const char* flag, const char* example, int64_t none) {
+  if (text.empty()) return none;
+  const Budget b = parse_budget(text);
+  if (b.bytes <= 0) fail("{} takes a size {}, got '{}'", flag, example, text);
+  return b.bytes;
+}
+
+PlanOptions plan_options(const PlanFlags& f) {
+  PlanOptions opt;
+  opt.framework = parse_framework(f.framework);
+  opt.batch_mask = !f.no_batch_mask;
+  opt.fused_wgrad = !f.no_fused_wgrad;
+  opt.expandable_segments = f.expandable_segments;
+  opt.pure_dtype = f.pure_bf16;
+  opt.cublas_workspace = size_flag(f.cublas_workspace, "--cublas-workspace", "such as 32MiB", opt.cublas_workspace);
+  opt.reserve = size_flag(f.reserve, "--reserve", "such as 2GiB", opt.reserve);
+  opt.budget = size_flag(f.budget, "--budget with --device", "per GPU such as 70GiB", opt.budget);
+  return opt;
+}
+
+// The layouts to search: what the flags fix, the rest searched (sized by size_space).
+SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanOptions& opt) {
+  SearchSpace space;
+  space.policies = split_policy_list(f.policies);
+  if (space.policies.empty()) fail("--policies needs at least one policy, e.g. none,attn,full,auto");
+  for (const std::string& p : space.policies)
+    if (p != "auto") (void)Policy::parse(p);  // a bad one is refused before any work
+  space.grad_bytes = f.grad_dtype == "fp32" || cfg.dtype == DType::F32 ? 4 : 2;
+  space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
+  space.cp = f.cp;
+  space.ep = f.ep;
+  space.first_layers = f.first_stage_layers, space.last_layers = f.last_stage_layers;
+  space.fsdp = f.fsdp || opt.framework == Framework::Torchtitan;
+  if (space.fsdp && f.zero > 0)
+    fail(
+        "--zero {} with FSDP (--fsdp, --framework torchtitan): FSDP2 shards weights, gradients and optimizer state "
+        "itself; leave --zero out",
+        f.zero);
+  if (space.fsdp) space.zero = {0};
+  space.zero_fixed = f.zero;
+  if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
+  return space;
+}
+
+// The GPU count and the global batch: given, or what the flags and the device make.
+void size_space(SearchSpace& space, const PlanFlags& f, const ModelConfig& cfg, const Device& device) {
   // The GPU count: given, or what explicit --tp --pp --dp make.
   space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * f.cp * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);
   if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && f.tp * f.cp * f.pp * f.dp != f.gpus)
@@ -432,21 +416,11 @@ int run_layouts(PlanFlags& f) {
     space.tp = 1, space.pp = 1;
     if (space.micro_batch == 0) space.micro_batch = cfg.batch;  // the engine's --batch is the micro-batch
   }
+}
 
-  const auto t0 = std::chrono::steady_clock::now();
-  SearchResult res = search_layouts(cfg, space, device, f.top, opt);
-  const double searched_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int64_t fewest = 0;
-  std::vector<std::string> other_devices;
-  if (res.best.empty()) {
-    fewest = min_gpus(cfg, space, device, opt);
-    if (!device.engine)
-      for (const std::string& name : device_names()) {
-        if (name == "cpu" || name == device.name) continue;
-        if (!search_layouts(cfg, space, parse_device(name), 1, opt).best.empty()) other_devices.push_back(name);
-      }
-  }
-  cfg.batch = space.global_batch;
+// What the plan assumes: the device, its rates, the memory a GPU may use, the margin.
+void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
+                         const PlanOptions& opt) {
   fmt::print("remat plan: {} | {} x {} | {} tokens per step\n", describe(cfg), space.gpus, device.name,
              space.global_batch * cfg.seq);
   fmt::print("  device: {}\n", device.source);
@@ -483,59 +457,90 @@ int run_layouts(PlanFlags& f) {
                : routes_experts(cfg.arch) ? kExpertUncertainty
                                           : kAllocatedUncertainty),
         100 * kReservedUncertainty);
-  fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", res.candidates, res.evaluated, searched_s);
+}
 
-  auto write_json = [&] {
-    if (f.json.empty()) return;
-    nlohmann::json j;
-    j["config"] = config_json(cfg);
-    j["device"] = {{"name", device.name},
-                   {"memory", device.memory},
-                   {"bf16_tflops", device.bf16_tflops},
-                   {"fp32_tflops", device.fp32_tflops},
-                   {"hbm_gbps", device.hbm_gbps},
-                   {"intra_gbps", device.intra_gbps},
-                   {"inter_gbps", device.inter_gbps},
-                   {"gpus_per_node", device.gpus_per_node},
-                   {"source", device.source},
-                   {"assumed",
-                    {{"matmul_efficiency", device.matmul_efficiency},
-                     {"memory_efficiency", device.memory_efficiency},
-                     {"link_efficiency", device.link_efficiency}}}};
-    j["gpus"] = space.gpus;
-    if (!res.best.empty()) j["budget_per_gpu"] = res.best.front().budget;
-    j["fits"] = !res.best.empty();
-    j["searched_s"] = searched_s;
-    j["layouts"] = nlohmann::json::array();
-    for (const LayoutPlan& p : res.best) j["layouts"].push_back(plan_json(p));
-    if (res.best.empty()) {
-      if (!res.least.ranks.empty()) j["least"] = plan_json(res.least);
-      j["min_gpus"] = fewest;
-      j["devices_that_fit"] = other_devices;
+// A search's answer and, when nothing fits, what would.
+struct LayoutAnswer {
+  SearchResult res;
+  double searched_s = 0;
+  int64_t fewest = 0;                      // the fewest GPUs that fit (nothing fits)
+  std::vector<std::string> other_devices;  // the devices that fit at this count (nothing fits)
+};
+
+LayoutAnswer answer_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
+                            const PlanOptions& opt) {
+  LayoutAnswer a;
+  const auto t0 = std::chrono::steady_clock::now();
+  a.res = search_layouts(cfg, space, device, top, opt);
+  a.searched_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.res.best.empty()) return a;
+  a.fewest = min_gpus(cfg, space, device, opt);
+  if (!device.engine)
+    for (const std::string& name : device_names()) {
+      if (name == "cpu" || name == device.name) continue;
+      if (!search_layouts(cfg, space, parse_device(name), 1, opt).best.empty()) a.other_devices.push_back(name);
     }
-    write_file_atomic(f.json, j.dump(2) + "\n");
-    fmt::print("wrote {}\n", f.json);
-  };
+  return a;
+}
 
-  if (res.best.empty()) {
-    write_json();
-    std::string least = "no layout of these flags validates";
-    if (!res.refused.empty()) least += fmt::format(" ({})", res.refused);
-    if (!res.least.ranks.empty())
-      least = fmt::format("the smallest per-GPU peak is {} ({}, policy {})", bytes_str(res.least.peak()),
-                          to_string(res.least.layout), res.least.policy);
-    fail("{} x {} cannot train {}: {}; {}{}", space.gpus, device.name, describe(cfg), least,
-         fewest > 0 ? fmt::format("{} GPUs fit", fewest) : "no count up to 65536 fits",
-         other_devices.empty() ? "" : fmt::format("; at {} GPUs, {} fit", space.gpus, fmt::join(other_devices, ", ")));
+nlohmann::json device_json(const Device& device) {
+  return {{"name", device.name},
+          {"memory", device.memory},
+          {"bf16_tflops", device.bf16_tflops},
+          {"fp32_tflops", device.fp32_tflops},
+          {"hbm_gbps", device.hbm_gbps},
+          {"intra_gbps", device.intra_gbps},
+          {"inter_gbps", device.inter_gbps},
+          {"gpus_per_node", device.gpus_per_node},
+          {"source", device.source},
+          {"assumed",
+           {{"matmul_efficiency", device.matmul_efficiency},
+            {"memory_efficiency", device.memory_efficiency},
+            {"link_efficiency", device.link_efficiency}}}};
+}
+
+nlohmann::json layouts_json(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
+                            const LayoutAnswer& a) {
+  nlohmann::json j;
+  j["config"] = model_json(cfg);
+  j["device"] = device_json(device);
+  j["gpus"] = space.gpus;
+  if (!a.res.best.empty()) j["budget_per_gpu"] = a.res.best.front().budget;
+  j["fits"] = !a.res.best.empty();
+  j["searched_s"] = a.searched_s;
+  j["layouts"] = nlohmann::json::array();
+  for (const LayoutPlan& p : a.res.best) j["layouts"].push_back(plan_json(p));
+  if (a.res.best.empty()) {
+    if (!a.res.least.ranks.empty()) j["least"] = plan_json(a.res.least);
+    j["min_gpus"] = a.fewest;
+    j["devices_that_fit"] = a.other_devices;
   }
+  return j;
+}
 
+// Nothing fits: the least a GPU would need, and what would fit instead.
+[[noreturn]] void fail_no_layout(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
+                                 const LayoutAnswer& a) {
+  std::string least = "no layout of these flags validates";
+  if (!a.res.refused.empty()) least += fmt::format(" ({})", a.res.refused);
+  if (!a.res.least.ranks.empty())
+    least = fmt::format("the smallest per-GPU peak is {} ({}, policy {})", bytes_str(a.res.least.peak()),
+                        to_string(a.res.least.layout), a.res.least.policy);
+  fail(
+      "{} x {} cannot train {}: {}; {}{}", space.gpus, device.name, describe(cfg), least,
+      a.fewest > 0 ? fmt::format("{} GPUs fit", a.fewest) : "no count up to 65536 fits",
+      a.other_devices.empty() ? "" : fmt::format("; at {} GPUs, {} fit", space.gpus, fmt::join(a.other_devices, ", ")));
+}
+
+// The fastest layouts that fit, one row each, and what "tight" means when a row is.
+void print_layouts(const ModelConfig& cfg, const std::vector<LayoutPlan>& best, const Device& device) {
   Table t;
   t.header = {"#", "layout", "policy", "peak per GPU", "reserved", "headroom", "step", "MFU", "tokens/s"};
   t.numeric = {true, false, false, true, true, true, true, true, true};
   bool tight = false;
   int roomy = 0;  // the first (1-based) whose modelled reserved peak is under the budget
-  for (size_t i = 0; i < res.best.size(); ++i) {
-    const LayoutPlan& p = res.best[i];
+  for (size_t i = 0; i < best.size(); ++i) {
+    const LayoutPlan& p = best[i];
     std::string policy = p.policy == "auto" ? "auto (per stage)" : p.policy;
     int64_t reserved = 0;
     for (const RankPlan& r : p.ranks) reserved = std::max(reserved, r.memory.reserved_peak);
@@ -546,7 +551,7 @@ int run_layouts(PlanFlags& f) {
                       bytes_str(p.budget - (device.engine ? p.peak() : reserved)), seconds_str(p.time.step_s),
                       fmt::format("{:.1f}%", 100 * p.time.mfu), fmt::format("{:.0f}", p.time.tokens_per_s)});
   }
-  fmt::print("\n{}: {:.3g}B parameters\n", describe(cfg), static_cast<double>(res.best.front().params) / 1e9);
+  fmt::print("\n{}: {:.3g}B parameters\n", describe(cfg), static_cast<double>(best.front().params) / 1e9);
   fmt::print("\nfastest layouts that fit:\n\n{}", t.markdown());
   if (tight) {
     fmt::print(
@@ -556,7 +561,37 @@ int run_layouts(PlanFlags& f) {
         100 * kReservedUncertainty);
     if (roomy > 1) fmt::print("(the fastest with its reserved peak under the budget is #{})\n", roomy);
   }
-  print_breakdown(res.best.front(), tokens, device, opt.reserve >= 0 || opt.budget > 0);
+}
+
+int run_layouts(PlanFlags& f) {
+  ModelConfig cfg = f.shape.resolve();
+  // torchtitan computes its loss as PyTorch's cross_entropy(logits.float()) (components/loss.py).
+  if (f.framework == "torchtitan" && f.shape.loss.empty() && cfg.dtype != DType::F32) cfg.loss = Loss::Upcast;
+  check_layout_flags(f);
+  const double tokens = f.tokens.empty() ? 0 : parse_tokens(f.tokens);
+  const PlanOptions opt = plan_options(f);
+  SearchSpace space = search_space(f, cfg, opt);
+  const Device device = parse_device(f.device);  // (cpu: calibrates this machine once)
+  if (opt.budget > device.memory)
+    fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, device.name,
+         bytes_str(device.memory));
+  size_space(space, f, cfg, device);
+  const LayoutAnswer a = answer_layouts(cfg, space, device, f.top, opt);
+  cfg.batch = space.global_batch;
+  print_layout_header(cfg, space, device, opt);
+  fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", a.res.candidates, a.res.evaluated,
+             a.searched_s);
+  auto write_json = [&] {
+    if (f.json.empty()) return;
+    write_file_atomic(f.json, layouts_json(cfg, space, device, a).dump(2) + "\n");
+    fmt::print("wrote {}\n", f.json);
+  };
+  if (a.res.best.empty()) {
+    write_json();
+    fail_no_layout(cfg, space, device, a);
+  }
+  print_layouts(cfg, a.res.best, device);
+  print_breakdown(a.res.best.front(), tokens, device, opt.reserve >= 0 || opt.budget > 0);
   write_json();
   return 0;
 }

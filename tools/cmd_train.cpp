@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -135,22 +137,11 @@ void check(TrainFlags& f) {
   f.checked = true;
 }
 
-int run(TrainFlags& f, CLI::App* app) {
-  if (!f.checked) check(f);
-  if (launches(f)) return launch(f);
-  const bool leader = f.o.dist.rank == 0;
-  std::vector<std::string> given;
-  for (const CLI::Option* opt : app->get_options())
-    if (opt->count() > 0 && !opt->get_lnames().empty()) given.push_back(opt->get_lnames()[0]);
-  // --gemm auto is no GEMM of its own: a resumed run keeps the one it was trained on, a new run
-  // measures.
-  const std::string gemm_flag = app->get_option("--gemm")->as<std::string>();
-  if (gemm_flag == "auto") given.erase(std::remove(given.begin(), given.end(), "gemm"), given.end());
-  const GemmMeasurement gemm_choice = f.resume.empty() ? settle_gemm(f.o.threads) : GemmMeasurement{};
-
+// One progress line per step on a terminal (redrawn), about twenty in all elsewhere.
+std::function<void(const TrainProgress&)> progress_printer() {
   const bool tty = isatty(fileno(stderr));
-  int64_t last_line = 0;
-  f.o.progress = [&](const TrainProgress& p) {
+  auto last_line = std::make_shared<int64_t>(0);
+  return [tty, last_line](const TrainProgress& p) {
     const std::string val = std::isnan(p.val_loss) ? "-" : fmt::format("{:.3f}", p.val_loss);
     const int width = 24, done = static_cast<int>(width * p.step / p.steps);
     const std::string line =
@@ -159,34 +150,41 @@ int run(TrainFlags& f, CLI::App* app) {
                     bytes_str(p.peak_bytes), duration(p.eta_s));
     if (tty) {
       fmt::print(stderr, "\r\033[K{}", line);
-    } else if (p.step == p.steps || p.step - last_line >= std::max<int64_t>(1, p.steps / 20)) {
+    } else if (p.step == p.steps || p.step - *last_line >= std::max<int64_t>(1, p.steps / 20)) {
       fmt::print(stderr, "{}\n", line);
-      last_line = p.step;
+      *last_line = p.step;
     }
   };
-  const std::string resume = f.resume;
-  const double bucket_mb = f.bucket_mb;
-  f.o.started = [resume, bucket_mb, gemm_choice](const TrainOptions& o, int64_t first_step) {
+}
+
+// The header, once the run has started (after its checks, on the leader).
+std::function<void(const TrainOptions&, int64_t)> header_printer(const TrainFlags& f, const GemmMeasurement& gemm) {
+  return [resume = f.resume, bucket_mb = f.bucket_mb, gemm](const TrainOptions& o, int64_t first_step) {
     fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(o.model), o.policy, o.steps,
                o.model.batch * o.model.seq * o.accum * o.dist.world, o.seed);
     if (o.dist.world > 1)
       fmt::print(
           "  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
           o.dist.world, o.accum, o.model.batch, o.zero, bucket_mb, o.dist.master_addr, o.dist.master_port);
-    fmt::print("  BLAS: {}\n  GEMM: {}\n{}", blas_name(), gemm_name(), describe(gemm_choice));
+    fmt::print("  BLAS: {}\n  GEMM: {}\n{}", blas_name(), gemm_name(), describe(gemm));
     if (!resume.empty()) fmt::print("  resuming the run saved in {} at step {}\n", resume, first_step + 1);
     std::fflush(stdout);
   };
-  const TrainResult r = train(f.o, f.resume, given);
-  end_progress();
-  if (!leader) return 0;
-  std::vector<double> speed;
+}
+
+template <typename Field>
+double median_of(const std::vector<TrainRecord>& log, Field field) {
+  std::vector<double> v;
+  for (const TrainRecord& rec : log) v.push_back(rec.*field);
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// What a finished run prints: the policy, loss, speed and peak against the prediction, per rank.
+void print_summary(const TrainResult& r) {
   int64_t peak = 0;
-  for (const TrainRecord& rec : r.log) {
-    speed.push_back(rec.tokens_per_s);
-    peak = std::max(peak, rec.peak_bytes);
-  }
-  std::sort(speed.begin(), speed.end());
+  for (const TrainRecord& rec : r.log) peak = std::max(peak, rec.peak_bytes);
   fmt::print("  policy as run: {}\n", r.policy_text);
   const std::string against =
       r.predicted_peak == 0
@@ -194,16 +192,9 @@ int run(TrainFlags& f, CLI::App* app) {
           : fmt::format("predicted {}{}", bytes_str(r.predicted_peak),
                         peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
   fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} ({})\n", r.final_val_loss,
-             speed.empty() ? 0.0 : speed[speed.size() / 2] / 1000, bytes_str(peak), against);
+             median_of(r.log, &TrainRecord::tokens_per_s) / 1000, bytes_str(peak), against);
   if (r.rank_peaks.size() > 1) {
-    std::vector<double> reduce, exposed;
-    for (const TrainRecord& rec : r.log) {
-      reduce.push_back(rec.reduce_s);
-      exposed.push_back(rec.exposed_s);
-    }
-    std::sort(reduce.begin(), reduce.end());
-    std::sort(exposed.begin(), exposed.end());
-    const double red = reduce[reduce.size() / 2], exp = exposed[exposed.size() / 2];
+    const double red = median_of(r.log, &TrainRecord::reduce_s), exp = median_of(r.log, &TrainRecord::exposed_s);
     fmt::print(
         "  all-reduce: {} buckets, {:.1f} ms per step (median), {:.1f} ms not hidden by the backward ({:.0f}% "
         "hidden)\n",
@@ -216,6 +207,26 @@ int run(TrainFlags& f, CLI::App* app) {
                      : fmt::format(", {:+d} B", r.rank_peaks[q] - r.rank_predicted[q]));
   }
   fmt::print("  weights digest: {}\n", r.weights_digest);
+}
+
+int run(TrainFlags& f, CLI::App* app) {
+  if (!f.checked) check(f);
+  if (launches(f)) return launch(f);
+  const bool leader = f.o.dist.rank == 0;
+  std::vector<std::string> given;
+  for (const CLI::Option* opt : app->get_options())
+    if (opt->count() > 0 && !opt->get_lnames().empty()) given.push_back(opt->get_lnames()[0]);
+  // --gemm auto is no GEMM of its own: a resumed run keeps the one it was trained on, a new run
+  // measures.
+  const std::string gemm_flag = app->get_option("--gemm")->as<std::string>();
+  if (gemm_flag == "auto") given.erase(std::remove(given.begin(), given.end(), "gemm"), given.end());
+  const GemmMeasurement gemm_choice = f.resume.empty() ? settle_gemm(f.o.threads) : GemmMeasurement{};
+  f.o.progress = progress_printer();
+  f.o.started = header_printer(f, gemm_choice);
+  const TrainResult r = train(f.o, f.resume, given);
+  end_progress();
+  if (!leader) return 0;
+  print_summary(r);
   if (!f.o.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", f.o.save_dir);
   if (!f.csv.empty()) {
     write_file_atomic(f.csv, r.csv());

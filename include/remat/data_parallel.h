@@ -130,7 +130,7 @@ class GradientBuckets {
 };
 
 // ZeRO-1's exchange: after each rank has updated the parameter elements it owns (a ShardedAdam over
-// [shard_first(r), shard_first(r + 1)), memory_model.h), every element is broadcast from its owner,
+// [shard_first(r), shard_first(r + 1)), src/core/shard.h), every element is broadcast from its owner,
 // in place.
 void exchange_owned(const std::vector<at::Tensor>& params, Communicator& comm);
 

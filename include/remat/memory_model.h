@@ -127,10 +127,6 @@ struct MemoryTrace {
 // pipeline order), the optimizer step. Fills `trace` when given (of the first micro-batch; steps
 // without gradient buffers only).
 // REQUIRES: plan.chunk == 0; plan.chunks.size() == shape.chunks.
-// ZeRO's split of `total` parameter elements (laid end to end in model order) over `world` ranks:
-// rank r owns [shard_first(total, r, world), shard_first(total, r + 1, world)).
-int64_t shard_first(int64_t total, int rank, int world);
-
 StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx = {}, MemoryTrace* trace = nullptr,
                            const StepShape& shape = {});
 

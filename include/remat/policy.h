@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "remat/block.h"
@@ -152,5 +153,10 @@ class Policy {
 // "none,save:ln1,qkv,layers:0-1=attn,2-5=full" -> none | save:ln1,qkv | layers:0-1=attn,2-5=full.
 // Throws remat::Error for an empty piece ("none,,full", a trailing ',').
 std::vector<std::string> split_policy_list(std::string_view list);
+
+// The policy text of per-layer presets, given as (layer, preset text) in ascending layer order:
+// the preset itself when every layer has the same one, else "layers:0-5=attn,6-11=none" (runs of
+// consecutive layers with one preset). REQUIRES: layers is not empty.
+std::string layers_policy_text(const std::vector<std::pair<int64_t, std::string>>& layers);
 
 }  // namespace remat

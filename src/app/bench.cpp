@@ -707,20 +707,42 @@ std::string BenchResult::csv() const {
   return s;
 }
 
+namespace {
+
+// A row as the bench's JSON keeps it; a value not predicted is null.
+nlohmann::json row_json(const BenchRow& r) {
+  auto predicted = [](auto v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  return {{"policy", r.policy},
+          {"engine", to_string(r.engine)},
+          {"attention", to_string(r.attention)},
+          {"step_ms_median", r.step_ms_median},
+          {"step_ms_min", r.step_ms_min},
+          {"step_ms_max", r.step_ms_max},
+          {"step_ms", r.step_ms},
+          {"step_gflops", r.step_gflops},
+          {"fwd_ms_median", r.fwd_ms_median},
+          {"bwd_ms_median", r.bwd_ms_median},
+          {"saved_bytes", r.saved_bytes},
+          {"predicted_saved_bytes", predicted(r.predicted_saved_bytes)},
+          {"peak_bytes", r.peak_bytes},
+          {"grad_max_abs_diff",
+           std::isnan(r.grad_max_abs_diff) ? nlohmann::json("nan") : nlohmann::json(r.grad_max_abs_diff)},
+          {"flops_per_step", r.flops_per_step},
+          {"floor_ratio", r.floor_ratio},
+          {"floor_ratio_min", r.floor_ratio_min},
+          {"floor_ratio_max", r.floor_ratio_max},
+          {"verified", r.verified},
+          {"predicted_peak_bytes", predicted(r.predicted_peak_bytes)},
+          {"predicted_step_ms", predicted(r.predicted_step_ms)},
+          {"plan", r.plan}};
+}
+
+}  // namespace
+
 std::string BenchResult::json() const {
   const ModelConfig& m = options.model;
-  nlohmann::json config = {
-      {"arch", m.arch},
-      {"layers", m.layers},
-      {"dim", m.dim},
-      {"heads", m.heads},
-      {"kv_heads", m.kv()},
-      {"batch", m.batch},
-      {"seq", m.seq},
-      {"hidden", m.hidden()},
-      {"dtype", to_string(m.dtype)},
-      {"vocab", m.vocab},
-      {"dropout", m.dropout},
+  nlohmann::json config = model_json(m);
+  config.update({
       {"steps", options.steps},
       {"warmup", options.warmup},
       {"seed", options.seed},
@@ -742,52 +764,18 @@ std::string BenchResult::json() const {
       {"costs_in_run", costs_in_run},
       {"costs_matmul_gflops", costs_gflops},
       {"libtorch", TORCH_VERSION},
-  };
+  });
   nlohmann::json engines = nlohmann::json::array();
   for (Engine e : options.engines) engines.push_back(to_string(e));
   config["engines"] = engines;
   nlohmann::json floor_rates = nlohmann::json::object();
   for (const auto& [name, rate] : floor_gemm_rates) floor_rates[name] = rate;
   config["floor_gemm_gflops"] = floor_rates;
-  if (!options.gemm_choice.classes.empty()) {
-    nlohmann::json classes = nlohmann::json::array();
-    for (const GemmClassRates& c : options.gemm_choice.classes) {
-      nlohmann::json rates = nlohmann::json::object();
-      for (const auto& [name, rate] : c.gflops) rates[name] = rate;
-      classes.push_back({{"product", c.product}, {"chosen", c.chosen}, {"gflops", rates}});
-    }
-    config["gemm_choice"] = {{"source", options.gemm_choice.source}, {"classes", classes}};
-  }
+  if (!options.gemm_choice.classes.empty())
+    config["gemm_choice"] = {{"source", options.gemm_choice.source},
+                             {"classes", detail::gemm_classes_json(options.gemm_choice.classes)}};
   nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}, {"notes", notes}};
-  for (const BenchRow& r : rows) {
-    out["rows"].push_back(
-        {{"policy", r.policy},
-         {"engine", to_string(r.engine)},
-         {"attention", to_string(r.attention)},
-         {"step_ms_median", r.step_ms_median},
-         {"step_ms_min", r.step_ms_min},
-         {"step_ms_max", r.step_ms_max},
-         {"step_ms", r.step_ms},
-         {"step_gflops", r.step_gflops},
-         {"fwd_ms_median", r.fwd_ms_median},
-         {"bwd_ms_median", r.bwd_ms_median},
-         {"saved_bytes", r.saved_bytes},
-         {"predicted_saved_bytes",
-          r.predicted_saved_bytes >= 0 ? nlohmann::json(r.predicted_saved_bytes) : nlohmann::json(nullptr)},
-         {"peak_bytes", r.peak_bytes},
-         {"grad_max_abs_diff",
-          std::isnan(r.grad_max_abs_diff) ? nlohmann::json("nan") : nlohmann::json(r.grad_max_abs_diff)},
-         {"flops_per_step", r.flops_per_step},
-         {"floor_ratio", r.floor_ratio},
-         {"floor_ratio_min", r.floor_ratio_min},
-         {"floor_ratio_max", r.floor_ratio_max},
-         {"verified", r.verified},
-         {"predicted_peak_bytes",
-          r.predicted_peak_bytes >= 0 ? nlohmann::json(r.predicted_peak_bytes) : nlohmann::json(nullptr)},
-         {"predicted_step_ms",
-          r.predicted_step_ms >= 0 ? nlohmann::json(r.predicted_step_ms) : nlohmann::json(nullptr)},
-         {"plan", r.plan}});
-  }
+  for (const BenchRow& r : rows) out["rows"].push_back(row_json(r));
   return out.dump(2) + "\n";
 }
 

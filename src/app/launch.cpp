@@ -121,98 +121,122 @@ int reap(std::vector<Rank>& ranks) {
 
 bool failed(const Rank& r) { return r.status && !(WIFEXITED(*r.status) && WEXITSTATUS(*r.status) == 0); }
 
+void kill_all(const std::vector<Rank>& ranks, int sig) {
+  for (const Rank& r : ranks)
+    if (r.pid > 0 && !r.status) ::kill(r.pid, sig);
+}
+
+// Forks rank k, its stderr into a pipe, with the environment c10d reads. A rank never outlives
+// its launcher, however the launcher ends (kill -9 included).
+void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std::string>& args) {
+  const pid_t launcher = ::getpid();
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    kill_all(ranks, SIGKILL);
+    fail_runtime("cannot start rank {}: {}", k, std::strerror(errno));
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    kill_all(ranks, SIGKILL);
+    fail_runtime("cannot start rank {}: {}", k, std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(1);
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::setenv("RANK", std::to_string(k).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(k).c_str(), 1);
+    ::setenv("WORLD_SIZE", std::to_string(ranks.size()).c_str(), 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  ::close(pipe_fds[1]);
+  ranks[k].pid = pid;
+  ranks[k].err = pipe_fds[0];
+}
+
+// Ctrl-C, kill and a closed terminal stop the ranks too, while this lives; the last saved state
+// stays as it was.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGHUP, &sa, &old_hup_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGHUP, &old_hup_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{}, old_hup_{};
+};
+
+// A failure or a signal: stop the others, quietly (their errors are the failure's echo); SIGKILL
+// after `grace`. Returns when every rank has ended.
+void stop_ranks(std::vector<Rank>& ranks, int stop, std::chrono::seconds grace) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the failure's cause may end a moment later
+  reap(ranks);
+  kill_all(ranks, stop != 0 ? stop : SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (reap(ranks) > 0 && std::chrono::steady_clock::now() < deadline) drain(ranks, 20, true);
+  kill_all(ranks, SIGKILL);
+  for (Rank& r : ranks)
+    if (!r.status) {
+      int status = 0;
+      ::waitpid(r.pid, &status, 0);
+      r.status = status;
+    }
+}
+
+// The cause of a failed run: a rank killed by a signal (the others' errors are its echo), else the
+// first that failed; nullptr when every rank succeeded.
+const Rank* failure_cause(const std::vector<Rank>& ranks) {
+  for (const Rank& r : ranks)
+    if (failed(r) && WIFSIGNALED(*r.status) && WTERMSIG(*r.status) != SIGTERM) return &r;
+  for (const Rank& r : ranks)
+    if (failed(r) && !(WIFSIGNALED(*r.status) && WTERMSIG(*r.status) == SIGTERM)) return &r;
+  return nullptr;
+}
+
 }  // namespace
 
 int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::seconds grace,
                  const std::function<void(const std::string&)>& say) {
   const int port = free_port();
-  const pid_t launcher = ::getpid();
   std::vector<Rank> ranks(nproc);
-  auto kill_all = [&](int sig) {
-    for (const Rank& r : ranks)
-      if (r.pid > 0 && !r.status) ::kill(r.pid, sig);
-  };
-  for (int k = 0; k < nproc; ++k) {
-    int pipe_fds[2];
-    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-      kill_all(SIGKILL);
-      fail_runtime("cannot start rank {}: {}", k, std::strerror(errno));
+  for (int k = 0; k < nproc; ++k) start_rank(ranks, k, port, args);
+  int stop = 0;
+  {
+    const StopSignals signals;
+    int running = nproc;
+    while (running > 0 && !g_stop) {
+      drain(ranks, 50, false);
+      running = reap(ranks);
+      if (std::any_of(ranks.begin(), ranks.end(), failed)) break;
     }
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      kill_all(SIGKILL);
-      fail_runtime("cannot start rank {}: {}", k, std::strerror(errno));
-    }
-    if (pid == 0) {
-      // A rank never outlives its launcher, however the launcher ends (kill -9 included).
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() != launcher) ::_exit(1);
-      ::dup2(pipe_fds[1], STDERR_FILENO);
-      ::setenv("RANK", std::to_string(k).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(k).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<char*> argv;
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      ::_exit(127);
-    }
-    ::close(pipe_fds[1]);
-    ranks[k].pid = pid;
-    ranks[k].err = pipe_fds[0];
+    stop = g_stop;
+    if (running > 0) stop_ranks(ranks, stop, grace);
+    const bool quiet = stop != 0 || std::any_of(ranks.begin(), ranks.end(), failed);
+    while (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.err >= 0; })) drain(ranks, 20, quiet);
   }
-  // Ctrl-C, kill and a closed terminal stop the ranks too; the last saved state stays as it was.
-  struct sigaction sa {
-  }, old_int{}, old_term{}, old_hup{};
-  sa.sa_handler = on_stop;
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
-  ::sigaction(SIGHUP, &sa, &old_hup);
-
-  int running = nproc;
-  while (running > 0 && !g_stop) {
-    drain(ranks, 50, false);
-    running = reap(ranks);
-    bool any = false;
-    for (const Rank& r : ranks) any = any || failed(r);
-    if (any) break;
-  }
-  const int stop = g_stop;
-  // A failure or a signal: stop the others, quietly (their errors are the failure's echo).
-  if (running > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the failure's cause may end a moment later
-    running = reap(ranks);
-    kill_all(stop != 0 ? stop : SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + grace;
-    while ((running = reap(ranks)) > 0 && std::chrono::steady_clock::now() < deadline) drain(ranks, 20, true);
-    kill_all(SIGKILL);
-    for (Rank& r : ranks)
-      if (!r.status) {
-        int status = 0;
-        ::waitpid(r.pid, &status, 0);
-        r.status = status;
-      }
-  }
-  const bool quiet = stop != 0 || std::any_of(ranks.begin(), ranks.end(), failed);
-  while (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.err >= 0; })) drain(ranks, 20, quiet);
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  ::sigaction(SIGHUP, &old_hup, nullptr);
   if (stop != 0) {
     say(fmt::format("stopped by signal {} ({}); the {} ranks were stopped with it", stop, strsignal(stop), nproc));
     return 128 + stop;
   }
-  // The cause: a rank killed by a signal (the others' errors are its echo), else the first that failed.
-  const Rank* cause = nullptr;
-  for (const Rank& r : ranks)
-    if (failed(r) && WIFSIGNALED(*r.status) && WTERMSIG(*r.status) != SIGTERM) {
-      cause = &r;
-      break;
-    }
-  for (const Rank& r : ranks)
-    if (cause == nullptr && failed(r) && !(WIFSIGNALED(*r.status) && WTERMSIG(*r.status) == SIGTERM)) cause = &r;
+  const Rank* cause = failure_cause(ranks);
   if (cause == nullptr) return 0;
   const int k = static_cast<int>(cause - ranks.data());
   say(fmt::format("rank {} (pid {}) {}{}; the other {} rank(s) were stopped", k, cause->pid,

@@ -17,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "remat/error.h"
 
 namespace remat {
@@ -181,6 +183,22 @@ void render_chart(const Chart& chart, const std::string& path) {
     fail_runtime("gnuplot could not draw '{}' (is gnuplot-nox installed?): {}", path, output);
   }
   write_file_atomic(path, image);
+}
+
+nlohmann::json model_json(const ModelConfig& cfg) {
+  return {{"describe", describe(cfg)},
+          {"arch", cfg.arch},
+          {"layers", cfg.layers},
+          {"dim", cfg.dim},
+          {"heads", cfg.heads},
+          {"kv_heads", cfg.kv()},
+          {"batch", cfg.batch},
+          {"seq", cfg.seq},
+          {"ffn", cfg.hidden()},
+          {"vocab", cfg.vocab},
+          {"dtype", to_string(cfg.dtype)},
+          {"dropout", cfg.dropout},
+          {"attention", to_string(cfg.attention)}};
 }
 
 }  // namespace remat

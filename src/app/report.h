@@ -1,10 +1,14 @@
-// Output shared by the CLI subcommands: files written atomically, Markdown tables, gnuplot charts.
+// Output shared by the CLI subcommands: files written atomically, Markdown tables, gnuplot charts,
+// the model as JSON.
 #pragma once
 
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "remat/config.h"
 #include "util/atomic_file.h"
 
 namespace remat {
@@ -44,5 +48,9 @@ void render_chart(const Chart& chart, const std::string& path);
 
 // The extension check alone, for validating flags before a long run.
 void check_chart_path(const std::string& path);
+
+// A model's shape as every JSON report (bench, plan) writes it: describe, arch, layers, dim, heads,
+// kv_heads, batch, seq, ffn (the MLP width), vocab, dtype, dropout, attention.
+nlohmann::json model_json(const ModelConfig& cfg);
 
 }  // namespace remat

@@ -17,6 +17,7 @@
 #include "app/corpus.h"
 #include "app/report.h"
 #include "app/train_state.h"
+#include "core/shard.h"
 #include "remat/blas_kernel.h"
 #include "remat/data_parallel.h"
 #include "remat/error.h"

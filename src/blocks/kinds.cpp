@@ -43,8 +43,11 @@ std::string block_kind_doc(std::string_view kind) { return blocks::block_kind(ki
 
 bool routes_experts(std::string_view kind) { return blocks::block_kind(kind).routes; }
 
-void validate(const ModelConfig& c) {
-  const blocks::BlockKind& kind = blocks::block_kind(c.arch);
+namespace {
+
+// Every size positive and below a bound far past any model trained, so that every size and
+// product of sizes fits int64 (overflow corrupted plans and the heap) and a plan answers in bounded time.
+void validate_sizes(const ModelConfig& c) {
   auto positive = [](const char* name, int64_t v) {
     if (v <= 0) fail("ModelConfig.{} must be a positive integer, got {}", name, v);
   };
@@ -57,8 +60,6 @@ void validate(const ModelConfig& c) {
   positive("attn_block", c.attn_block);
   if (c.ffn < 0) fail("ModelConfig.ffn must be >= 0 (0 means 4 * dim), got {}", c.ffn);
   if (c.kv_heads < 0) fail("ModelConfig.kv_heads must be >= 0 (0 means heads), got {}", c.kv_heads);
-  // Upper bounds, far past any model trained, so that every size and product of sizes below fits
-  // int64 (overflow corrupted plans and the heap) and a plan answers in bounded time.
   auto at_most = [](const char* name, int64_t v, int64_t limit, const char* why) {
     if (v > limit) fail("ModelConfig.{} {} is over the limit {} ({})", name, v, limit, why);
   };
@@ -83,19 +84,10 @@ void validate(const ModelConfig& c) {
         "ModelConfig batch {} x seq {} x dim {} (heads {}, vocab {}) makes tensors of {:.3g} bytes, over 2^60: "
         "shrink the batch, sequence or width",
         c.batch, c.seq, c.dim, c.heads, c.vocab, largest);
-  if (c.head_size < 0 || c.head_size > 65536)
-    fail("ModelConfig.head_size must be in 0..65536 (0: dim / heads), got {}", c.head_size);
-  if (c.head_size == 0 && c.dim % c.heads != 0)
-    fail("ModelConfig.dim {} is not divisible by ModelConfig.heads {}; pick heads that divide dim (e.g. {})", c.dim,
-         c.heads, c.dim % 8 == 0 ? 8 : 1);
-  if (c.heads % c.kv() != 0)
-    fail("ModelConfig.heads {} is not divisible by ModelConfig.kv_heads {}; key/value heads must divide the heads",
-         c.heads, c.kv());
-  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("ModelConfig.dropout must be in [0, 1), got {}", c.dropout);
-  if (c.dtype == DType::Bool || c.dtype == DType::I64)
-    fail("ModelConfig.dtype {} is not a floating-point type; allowed: fp32, bf16, fp16", to_string(c.dtype));
-  if (!(c.rope_theta > 0)) fail("ModelConfig.rope_theta must be > 0, got {}", c.rope_theta);
-  if (!(c.norm_eps > 0 && c.norm_eps < 1)) fail("ModelConfig.norm_eps must be in (0, 1), got {}", c.norm_eps);
+}
+
+// The split over tensor-, sequence- and context-parallel ranks.
+void validate_split(const ModelConfig& c) {
   if (c.tp < 1) fail("ModelConfig.tp must be a positive integer, got {}", c.tp);
   if (c.tp > 1) {
     if (c.heads % c.tp != 0 || c.kv() % c.tp != 0)
@@ -122,6 +114,27 @@ void validate(const ModelConfig& c) {
         "ModelConfig.seq {} is not divisible by ModelConfig.tp {} (x cp {}); sequence parallelism gives each rank "
         "seq / (cp tp) tokens",
         c.seq, c.tp, c.cp);
+}
+
+}  // namespace
+
+void validate(const ModelConfig& c) {
+  const blocks::BlockKind& kind = blocks::block_kind(c.arch);
+  validate_sizes(c);
+  if (c.head_size < 0 || c.head_size > 65536)
+    fail("ModelConfig.head_size must be in 0..65536 (0: dim / heads), got {}", c.head_size);
+  if (c.head_size == 0 && c.dim % c.heads != 0)
+    fail("ModelConfig.dim {} is not divisible by ModelConfig.heads {}; pick heads that divide dim (e.g. {})", c.dim,
+         c.heads, c.dim % 8 == 0 ? 8 : 1);
+  if (c.heads % c.kv() != 0)
+    fail("ModelConfig.heads {} is not divisible by ModelConfig.kv_heads {}; key/value heads must divide the heads",
+         c.heads, c.kv());
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("ModelConfig.dropout must be in [0, 1), got {}", c.dropout);
+  if (c.dtype == DType::Bool || c.dtype == DType::I64)
+    fail("ModelConfig.dtype {} is not a floating-point type; allowed: fp32, bf16, fp16", to_string(c.dtype));
+  if (!(c.rope_theta > 0)) fail("ModelConfig.rope_theta must be > 0, got {}", c.rope_theta);
+  if (!(c.norm_eps > 0 && c.norm_eps < 1)) fail("ModelConfig.norm_eps must be in (0, 1), got {}", c.norm_eps);
+  validate_split(c);
   if (c.ep != 1 && !kind.routes)
     fail("ModelConfig.ep {} splits experts over ranks; a {} block has none (use arch moe)", c.ep, c.arch);
   if (kind.validate) kind.validate(c);

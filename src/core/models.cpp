@@ -109,6 +109,148 @@ const NamedModel& named_model(std::string_view name) {
   fail("unknown model '{}'; the presets are: {}", name, names());
 }
 
+namespace {
+
+// A Hugging Face config.json read into a ModelConfig, one architecture family per method.
+class ConfigReader {
+ public:
+  ConfigReader(const Json& j, const std::string& path, const std::string& arch) : j_(j), path_(path), arch_(arch) {
+    c.batch = 1, c.dtype = DType::BF16, c.dropout = 0;
+  }
+
+  // LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
+  void llama() {
+    c.arch = "llama";
+    llama_fields(10000.0);
+    c.ffn = get<int64_t>("intermediate_size", 0);
+    if (get<std::string>("hidden_act", "silu") != "silu")
+      refuse("hidden_act '" + get<std::string>("hidden_act", "") + "': the llama block's MLP is SwiGLU (silu)");
+    if (get<bool>("mlp_bias", false)) refuse("mlp_bias: biases on the MLP alone are not modelled");
+    if (arch_ == "Qwen2ForCausalLM")
+      c.qkv_bias = true;  // modeling_qwen2.py: q/k/v biased, o_proj not
+    else if (get<bool>("attention_bias", false))
+      refuse("attention_bias: biases on o_proj too are not modelled (q/k/v biases alone are: Qwen2)");
+    if (arch_ == "Qwen3ForCausalLM") c.qk_norm = true;
+  }
+
+  void gpt2() {
+    c.arch = "gpt2";
+    c.layers = get<int64_t>("n_layer", 0);
+    c.dim = get<int64_t>("n_embd", 0);
+    c.heads = get<int64_t>("n_head", 0);
+    c.ffn = get<int64_t>("n_inner", 0);
+    c.vocab = get<int64_t>("vocab_size", 0);
+    c.seq = get<int64_t>("n_positions", 1024);
+    c.norm_eps = get<double>("layer_norm_epsilon", 1e-5);
+    c.dropout = get<double>("resid_pdrop", 0.0);
+    const std::string act = get<std::string>("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu") refuse("activation_function '" + act + "': the gpt2 block's MLP is GELU");
+  }
+
+  void neox() {
+    c.arch = "gpt2";
+    c.positions = Positions::Rope;
+    c.layers = get<int64_t>("num_hidden_layers", 0);
+    c.dim = get<int64_t>("hidden_size", 0);
+    c.heads = get<int64_t>("num_attention_heads", 0);
+    c.ffn = get<int64_t>("intermediate_size", 0);
+    c.vocab = get<int64_t>("vocab_size", 0);
+    c.seq = get<int64_t>("max_position_embeddings", 2048);
+    c.norm_eps = get<double>("layer_norm_eps", 1e-5);
+    c.rope_theta = get<double>("rotary_emb_base", 10000.0);
+    c.rotary_fraction = get<double>("rotary_pct", 0.25);  // GPTNeoXConfig's defaults
+    c.parallel_residual = get<bool>("use_parallel_residual", true);
+    c.tied = get<bool>("tie_word_embeddings", false) ? Switch::On : Switch::Off;
+    const std::string act = get<std::string>("hidden_act", "gelu");
+    if (act != "gelu" && act != "gelu_new") refuse("hidden_act '" + act + "': the gpt2 block's MLP is GELU");
+  }
+
+  // modeling_mixtral.py, modeling_qwen3_moe.py: LLaMA's attention (Qwen3's q/k norms), every layer
+  // a softmax router over SwiGLU experts, no shared expert.
+  void moe() {
+    c.arch = "moe";
+    llama_fields(1e6);
+    c.aux_loss = get<double>("router_aux_loss_coef", 0.001);
+    c.top_k = get<int64_t>("num_experts_per_tok", 2);
+    if (arch_ == "MixtralForCausalLM") {
+      c.experts = get<int64_t>("num_local_experts", 8);
+      c.ffn = get<int64_t>("intermediate_size", 0);
+    } else {
+      c.qk_norm = true;
+      c.experts = get<int64_t>("num_experts", 0);
+      c.ffn = get<int64_t>("moe_intermediate_size", 0);
+      c.norm_topk = get<bool>("norm_topk_prob", false);
+      if (get<int64_t>("decoder_sparse_step", 1) != 1 ||
+          (j_.contains("mlp_only_layers") && j_.at("mlp_only_layers").is_array() && !j_.at("mlp_only_layers").empty()))
+        refuse(
+            "dense layers among the experts' (decoder_sparse_step, mlp_only_layers): every layer of a model is one "
+            "block kind");
+    }
+    if (get<std::string>("hidden_act", "silu") != "silu")
+      refuse("hidden_act '" + get<std::string>("hidden_act", "") + "': the moe block's experts are SwiGLU (silu)");
+  }
+
+  // head_dim, where it is not the width over the heads (Qwen3: 128 whatever the width).
+  void head_dim() {
+    const int64_t head_dim = get<int64_t>("head_dim", c.heads > 0 ? c.dim / c.heads : 0);
+    if (c.heads > 0 && head_dim != c.dim / c.heads) c.head_size = head_dim;
+  }
+
+  [[noreturn]] void refuse(const std::string& why) const { fail("--model-config '{}' ({}): {}", path_, arch_, why); }
+
+  ModelConfig c;
+
+ private:
+  template <typename T>
+  T get(const char* key, T fallback) const {
+    return field<T>(j_, key, fallback);
+  }
+
+  // The fields Hugging Face's LLaMA-like configs share (modeling_llama.py and its descendants).
+  void llama_fields(double rope_theta) {
+    c.layers = get<int64_t>("num_hidden_layers", 0);
+    c.dim = get<int64_t>("hidden_size", 0);
+    c.heads = get<int64_t>("num_attention_heads", 0);
+    c.kv_heads = get<int64_t>("num_key_value_heads", c.heads);
+    c.vocab = get<int64_t>("vocab_size", 0);
+    c.seq = get<int64_t>("max_position_embeddings", 4096);
+    c.rope_theta = get<double>("rope_theta", rope_theta);
+    c.norm_eps = get<double>("rms_norm_eps", 1e-6);
+    c.tied = get<bool>("tie_word_embeddings", false) ? Switch::On : Switch::Off;
+    c.dropout = get<double>("attention_dropout", 0.0);
+  }
+
+  const Json& j_;
+  const std::string& path_;
+  const std::string& arch_;
+};
+
+void read_architecture(ConfigReader& r, const std::string& path, const std::string& arch) {
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
+      arch == "Qwen3ForCausalLM")
+    r.llama();
+  else if (arch == "GPT2LMHeadModel")
+    r.gpt2();
+  else if (arch == "GPTNeoXForCausalLM")
+    r.neox();
+  else if (arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM")
+    r.moe();
+  else if (arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV2ForCausalLM" || arch == "Qwen2MoeForCausalLM")
+    r.refuse(arch == "Qwen2MoeForCausalLM"
+                 ? "a gated shared expert (shared_expert_gate) and q/k/v biases are not modelled"
+                 : "multi-head latent attention (q_lora_rank, kv_lora_rank: compressed keys and values) and its "
+                   "first_k_dense_replace dense layers are not modelled; the moe block has LLaMA's attention and "
+                   "every layer routed");
+  else
+    fail(
+        "--model-config '{}': architecture '{}' is not modelled; remat reads LlamaForCausalLM, MistralForCausalLM, "
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel and "
+        "GPTNeoXForCausalLM",
+        path, arch.empty() ? "(none named)" : arch);
+}
+
+}  // namespace
+
 ModelConfig read_model_config(const std::string& path) {
   const std::string text = read_regular_file("--model-config", path, int64_t{4} << 20);
   Json j;
@@ -118,111 +260,19 @@ ModelConfig read_model_config(const std::string& path) {
     fail("--model-config '{}' is not JSON: {}", path, e.what());
   }
   if (!j.is_object()) fail("--model-config '{}' must hold one JSON object (a Hugging Face config.json)", path);
-  std::string arch = j.contains("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty()
-                         ? j.at("architectures")[0].get<std::string>()
-                         : field<std::string>(j, "model_type", "");
-  ModelConfig c;
-  c.batch = 1, c.dtype = DType::BF16, c.dropout = 0;
+  const std::string arch =
+      j.contains("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty()
+          ? j.at("architectures")[0].get<std::string>()
+          : field<std::string>(j, "model_type", "");
+  ConfigReader r(j, path, arch);
   try {
-    auto refuse = [&](const std::string& why) { fail("--model-config '{}' ({}): {}", path, arch, why); };
-    // The fields Hugging Face's LLaMA-like configs share (modeling_llama.py and its descendants).
-    auto llama_fields = [&](double rope_theta) {
-      c.layers = field<int64_t>(j, "num_hidden_layers", 0);
-      c.dim = field<int64_t>(j, "hidden_size", 0);
-      c.heads = field<int64_t>(j, "num_attention_heads", 0);
-      c.kv_heads = field<int64_t>(j, "num_key_value_heads", c.heads);
-      c.vocab = field<int64_t>(j, "vocab_size", 0);
-      c.seq = field<int64_t>(j, "max_position_embeddings", 4096);
-      c.rope_theta = field<double>(j, "rope_theta", rope_theta);
-      c.norm_eps = field<double>(j, "rms_norm_eps", 1e-6);
-      c.tied = field<bool>(j, "tie_word_embeddings", false) ? Switch::On : Switch::Off;
-      c.dropout = field<double>(j, "attention_dropout", 0.0);
-    };
-    if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-        arch == "Qwen3ForCausalLM") {
-      c.arch = "llama";
-      llama_fields(10000.0);
-      c.ffn = field<int64_t>(j, "intermediate_size", 0);
-      if (field<std::string>(j, "hidden_act", "silu") != "silu")
-        refuse("hidden_act '" + field<std::string>(j, "hidden_act", "") + "': the llama block's MLP is SwiGLU (silu)");
-      if (field<bool>(j, "mlp_bias", false)) refuse("mlp_bias: biases on the MLP alone are not modelled");
-      if (arch == "Qwen2ForCausalLM")
-        c.qkv_bias = true;  // modeling_qwen2.py: q/k/v biased, o_proj not
-      else if (field<bool>(j, "attention_bias", false))
-        refuse("attention_bias: biases on o_proj too are not modelled (q/k/v biases alone are: Qwen2)");
-      if (arch == "Qwen3ForCausalLM") c.qk_norm = true;
-    } else if (arch == "GPT2LMHeadModel") {
-      c.arch = "gpt2";
-      c.layers = field<int64_t>(j, "n_layer", 0);
-      c.dim = field<int64_t>(j, "n_embd", 0);
-      c.heads = field<int64_t>(j, "n_head", 0);
-      c.ffn = field<int64_t>(j, "n_inner", 0);
-      c.vocab = field<int64_t>(j, "vocab_size", 0);
-      c.seq = field<int64_t>(j, "n_positions", 1024);
-      c.norm_eps = field<double>(j, "layer_norm_epsilon", 1e-5);
-      c.dropout = field<double>(j, "resid_pdrop", 0.0);
-      const std::string act = field<std::string>(j, "activation_function", "gelu_new");
-      if (act != "gelu_new" && act != "gelu") refuse("activation_function '" + act + "': the gpt2 block's MLP is GELU");
-    } else if (arch == "GPTNeoXForCausalLM") {
-      c.arch = "gpt2";
-      c.positions = Positions::Rope;
-      c.layers = field<int64_t>(j, "num_hidden_layers", 0);
-      c.dim = field<int64_t>(j, "hidden_size", 0);
-      c.heads = field<int64_t>(j, "num_attention_heads", 0);
-      c.ffn = field<int64_t>(j, "intermediate_size", 0);
-      c.vocab = field<int64_t>(j, "vocab_size", 0);
-      c.seq = field<int64_t>(j, "max_position_embeddings", 2048);
-      c.norm_eps = field<double>(j, "layer_norm_eps", 1e-5);
-      c.rope_theta = field<double>(j, "rotary_emb_base", 10000.0);
-      c.rotary_fraction = field<double>(j, "rotary_pct", 0.25);  // GPTNeoXConfig's defaults
-      c.parallel_residual = field<bool>(j, "use_parallel_residual", true);
-      c.tied = field<bool>(j, "tie_word_embeddings", false) ? Switch::On : Switch::Off;
-      const std::string act = field<std::string>(j, "hidden_act", "gelu");
-      if (act != "gelu" && act != "gelu_new") refuse("hidden_act '" + act + "': the gpt2 block's MLP is GELU");
-    } else if (arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM") {
-      // modeling_mixtral.py, modeling_qwen3_moe.py: LLaMA's attention (Qwen3's q/k norms), every
-      // layer a softmax router over SwiGLU experts, no shared expert.
-      c.arch = "moe";
-      llama_fields(1e6);
-      c.aux_loss = field<double>(j, "router_aux_loss_coef", 0.001);
-      c.top_k = field<int64_t>(j, "num_experts_per_tok", 2);
-      if (arch == "MixtralForCausalLM") {
-        c.experts = field<int64_t>(j, "num_local_experts", 8);
-        c.ffn = field<int64_t>(j, "intermediate_size", 0);
-      } else {
-        c.qk_norm = true;
-        c.experts = field<int64_t>(j, "num_experts", 0);
-        c.ffn = field<int64_t>(j, "moe_intermediate_size", 0);
-        c.norm_topk = field<bool>(j, "norm_topk_prob", false);
-        if (field<int64_t>(j, "decoder_sparse_step", 1) != 1 ||
-            (j.contains("mlp_only_layers") && j.at("mlp_only_layers").is_array() && !j.at("mlp_only_layers").empty()))
-          refuse(
-              "dense layers among the experts' (decoder_sparse_step, mlp_only_layers): every layer of a model is one "
-              "block kind");
-      }
-      if (field<std::string>(j, "hidden_act", "silu") != "silu")
-        refuse("hidden_act '" + field<std::string>(j, "hidden_act", "") +
-               "': the moe block's experts are SwiGLU (silu)");
-    } else if (arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV2ForCausalLM" || arch == "Qwen2MoeForCausalLM") {
-      refuse(arch == "Qwen2MoeForCausalLM"
-                 ? "a gated shared expert (shared_expert_gate) and q/k/v biases are not modelled"
-                 : "multi-head latent attention (q_lora_rank, kv_lora_rank: compressed keys and values) and its "
-                   "first_k_dense_replace dense layers are not modelled; the moe block has LLaMA's attention and "
-                   "every layer routed");
-    } else {
-      fail(
-          "--model-config '{}': architecture '{}' is not modelled; remat reads LlamaForCausalLM, MistralForCausalLM, "
-          "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel and "
-          "GPTNeoXForCausalLM",
-          path, arch.empty() ? "(none named)" : arch);
-    }
-    const int64_t head_dim = field<int64_t>(j, "head_dim", c.heads > 0 ? c.dim / c.heads : 0);
-    if (c.heads > 0 && head_dim != c.dim / c.heads) c.head_size = head_dim;  // Qwen3: 128 whatever the width
+    read_architecture(r, path, arch);
+    r.head_dim();
   } catch (const nlohmann::json::exception& e) {
     fail("--model-config '{}': a field has the wrong type ({})", path, e.what());
   }
-  validate(c);
-  return c;
+  validate(r.c);
+  return r.c;
 }
 
 }  // namespace remat

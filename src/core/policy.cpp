@@ -106,6 +106,51 @@ std::vector<int> save_list_of(const BlockSpec& spec) {
   return kept;
 }
 
+// A layers: policy's rules before their presets are parsed. Pieces split on ','; a piece "I=..."
+// or "I-J=..." starts a rule, any other piece continues the previous rule's name list
+// (save:ln1,qkv).
+struct LayerRule {
+  int64_t first = 0, last = 0;  // inclusive
+  std::string token;            // "I-J=PRESET"
+  std::string_view preset() const { return std::string_view(token).substr(token.find('=') + 1); }
+};
+
+std::vector<LayerRule> layer_rules(std::string_view text) {
+  std::vector<LayerRule> rules;
+  for (std::string_view piece : split(text.substr(7), ',')) {
+    const size_t eq = piece.find('=');
+    const std::string_view range = piece.substr(0, eq);
+    const size_t dash = range.find('-');
+    const bool starts_rule = eq != std::string_view::npos && is_digits(range.substr(0, dash)) &&
+                             (dash == std::string_view::npos || is_digits(range.substr(dash + 1)));
+    if (!starts_rule) {
+      if (rules.empty() || piece.empty() || piece.find('=') != std::string_view::npos)
+        fail(
+            "bad layer assignment '{}' in policy '{}'; write I=PRESET or I-J=PRESET, "
+            "e.g. layers:0-3=attn,4-5=full",
+            piece, text);
+      rules.back().token += "," + std::string(piece);
+      continue;
+    }
+    LayerRule rule;
+    rule.first = to_int(range.substr(0, dash));
+    rule.last = dash == std::string_view::npos ? rule.first : to_int(range.substr(dash + 1));
+    if (rule.first < 0 || rule.last < 0 || rule.first > rule.last)
+      fail("bad layer range '{}' in policy '{}'; write I or I-J with I <= J", range, text);
+    rule.token = std::string(piece);
+    rules.push_back(std::move(rule));
+  }
+  if (rules.empty()) fail("empty layer list in policy '{}'", text);
+  return rules;
+}
+
+void check_no_overlap(std::vector<LayerRule> rules, std::string_view text) {
+  std::sort(rules.begin(), rules.end(), [](const LayerRule& a, const LayerRule& b) { return a.first < b.first; });
+  for (size_t i = 1; i < rules.size(); ++i)
+    if (rules[i].first <= rules[i - 1].last)
+      fail("layer ranges '{}' and '{}' overlap in policy '{}'", rules[i - 1].token, rules[i].token, text);
+}
+
 }  // namespace
 
 bool LayerPolicy::same_choices(const LayerPolicy& other) const {
@@ -216,42 +261,14 @@ Policy Policy::parse(std::string_view text) {
   }
   if (starts_with(text, "layers:")) {
     p.form_ = Form::Layers;
-    // Pieces split on ','; a piece "I=..." or "I-J=..." starts a rule, any other piece continues the
-    // previous rule's name list (save:ln1,qkv).
-    for (std::string_view piece : split(text.substr(7), ',')) {
-      const size_t eq = piece.find('=');
-      const std::string_view range = piece.substr(0, eq);
-      const size_t dash = range.find('-');
-      const bool starts_rule = eq != std::string_view::npos && is_digits(range.substr(0, dash)) &&
-                               (dash == std::string_view::npos || is_digits(range.substr(dash + 1)));
-      if (!starts_rule) {
-        if (p.rules_.empty() || piece.empty() || piece.find('=') != std::string_view::npos)
-          fail(
-              "bad layer assignment '{}' in policy '{}'; write I=PRESET or I-J=PRESET, "
-              "e.g. layers:0-3=attn,4-5=full",
-              piece, text);
-        p.rules_.back().token += "," + std::string(piece);
-        continue;
-      }
+    const std::vector<LayerRule> rules = layer_rules(text);
+    for (const LayerRule& r : rules) {
       Rule rule;
-      rule.first = to_int(range.substr(0, dash));
-      rule.last = dash == std::string_view::npos ? rule.first : to_int(range.substr(dash + 1));
-      if (rule.first < 0 || rule.last < 0 || rule.first > rule.last)
-        fail("bad layer range '{}' in policy '{}'; write I or I-J with I <= J", range, text);
-      rule.token = std::string(piece);
+      rule.first = r.first, rule.last = r.last, rule.token = r.token;
+      rule.terms = parse_preset(r.preset(), text);
       p.rules_.push_back(std::move(rule));
     }
-    if (p.rules_.empty()) fail("empty layer list in policy '{}'", text);
-    for (Rule& rule : p.rules_) {
-      const std::string preset = rule.token.substr(rule.token.find('=') + 1);
-      rule.terms = parse_preset(preset, text);
-    }
-    std::vector<const Rule*> sorted;
-    for (const Rule& r : p.rules_) sorted.push_back(&r);
-    std::sort(sorted.begin(), sorted.end(), [](const Rule* a, const Rule* b) { return a->first < b->first; });
-    for (size_t i = 1; i < sorted.size(); ++i)
-      if (sorted[i]->first <= sorted[i - 1]->last)
-        fail("layer ranges '{}' and '{}' overlap in policy '{}'", sorted[i - 1]->token, sorted[i]->token, text);
+    check_no_overlap(rules, text);
     return p;
   }
   p.form_ = Form::All;
@@ -424,6 +441,24 @@ std::vector<std::string> split_policy_list(std::string_view list) {
     }
   }
   return out;
+}
+
+std::string layers_policy_text(const std::vector<std::pair<int64_t, std::string>>& layers) {
+  bool uniform = true;
+  for (const auto& [l, t] : layers) uniform = uniform && t == layers.front().second;
+  if (uniform) return layers.front().second;
+  std::string s = "layers:";
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1].first == layers[j].first + 1 &&
+           layers[j + 1].second == layers[i].second)
+      ++j;
+    s += fmt::format("{}{}={}", i ? "," : "",
+                     i == j ? std::to_string(layers[i].first) : fmt::format("{}-{}", layers[i].first, layers[j].first),
+                     layers[i].second);
+    i = j + 1;
+  }
+  return s;
 }
 
 }  // namespace remat

@@ -256,5 +256,22 @@ TEST(Budget, IsParsedWithThePolicy) {
   EXPECT_THROW(Policy::parse("budget:1GB").resolve(gpt2(), 4), Error);
 }
 
+// A per-layer choice is written back as the policy a user would type, and parses to the same layers.
+TEST(LayersPolicyText, OnePresetEverywhereIsThatPreset) {
+  EXPECT_EQ(layers_policy_text({{0, "attn"}, {1, "attn"}, {2, "attn"}}), "attn");
+}
+
+TEST(LayersPolicyText, RunsOfConsecutiveLayersShareARange) {
+  const std::string text = layers_policy_text({{0, "attn"}, {1, "attn"}, {2, "full"}, {3, "save:ln1,qkv"}});
+  EXPECT_EQ(text, "layers:0-1=attn,2=full,3=save:ln1,qkv");
+  EXPECT_EQ(Policy::parse(text).resolve(gpt2(), 4).layers[3].same_choices(
+                Policy::parse("save:ln1,qkv").resolve(gpt2(), 1).layers[0]),
+            true);
+}
+
+TEST(LayersPolicyText, AGapInTheLayersEndsARange) {
+  EXPECT_EQ(layers_policy_text({{2, "full"}, {3, "full"}, {6, "full"}, {7, "attn"}}), "layers:2-3=full,6=full,7=attn");
+}
+
 }  // namespace
 }  // namespace remat

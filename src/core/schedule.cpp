@@ -49,38 +49,30 @@ class GradState {
   std::vector<int> refs_;
 };
 
-}  // namespace
-
-Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std::vector<bool> need) {
-  const int n_tensors = static_cast<int>(spec.tensors.size());
-  const int n_ops = static_cast<int>(spec.ops.size());
-  if (static_cast<int>(policy.tensors.size()) != n_tensors)
-    REMAT_INTERNAL("policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors, spec.kind);
-  if (need.empty())
-    for (int in : spec.inputs) need.push_back(is_float(spec.tensors[in].dtype));
-  if (need.size() != spec.inputs.size())
-    REMAT_INTERNAL("need_input_grad has {} entries for {} inputs", need.size(), spec.inputs.size());
-  Schedule s;
-  s.need_input_grad = need;
-  s.saved.assign(n_tensors, false);
-  for (int t = 0; t < n_tensors; ++t)
-    s.saved[t] = spec.is_input(t) || ((spec.tensors[t].read_by_backward || policy.holds(t)) && policy.saves(t));
-
-  // Forward: run each op; drop what neither a later op nor the backward needs.
+// Forward: run each op; drop what neither a later op nor the backward needs.
+std::vector<Step> forward_steps(const BlockSpec& spec, const std::vector<bool>& saved) {
+  const int n_tensors = static_cast<int>(spec.tensors.size()), n_ops = static_cast<int>(spec.ops.size());
   std::vector<int> last_forward_use(n_tensors, -1);
   for (int t = 0; t < n_tensors; ++t) last_forward_use[t] = spec.tensors[t].producer;
   for (int o = 0; o < n_ops; ++o)
     for (int t : spec.ops[o].in) last_forward_use[t] = std::max(last_forward_use[t], o);
+  std::vector<Step> steps;
   for (int o = 0; o < n_ops; ++o) {
-    s.forward.push_back({Step::Kind::Forward, o});
+    steps.push_back({Step::Kind::Forward, o});
     for (int t = 0; t < n_tensors; ++t)
-      if (last_forward_use[t] == o && !s.saved[t] && t != spec.output && !spec.is_input(t))
-        s.forward.push_back({Step::Kind::Free, t});
+      if (last_forward_use[t] == o && !saved[t] && t != spec.output && !spec.is_input(t))
+        steps.push_back({Step::Kind::Free, t});
   }
+  return steps;
+}
 
-  // Backward, pass 1: before each op's backward, recompute what it reads and is missing
-  // (recursively, each op once). A recompute's outputs that are still held keep their forward value.
-  std::vector<bool> held = s.saved;
+// Backward, pass 1: before each op's backward, recompute what it reads and is missing
+// (recursively, each op once). A recompute's outputs that are still held keep their forward value.
+// Appends the recomputed ops to `recomputed`.
+std::vector<Step> backward_order(const BlockSpec& spec, const LayerPolicy& policy, const std::vector<bool>& saved,
+                                 std::vector<int>& recomputed) {
+  const int n_ops = static_cast<int>(spec.ops.size());
+  std::vector<bool> held = saved;
   std::vector<Step> steps;
   std::function<void(int)> ensure = [&](int t) {
     if (held[t]) return;
@@ -93,7 +85,7 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
       held[outs[i]] = true;
     }
     steps.push_back(st);
-    s.recomputed.push_back(p);
+    recomputed.push_back(p);
   };
   if (policy.eager) {
     // Everything the backward needs, recomputed at its start in forward order (a producer's op id
@@ -108,119 +100,169 @@ Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std:
       steps.push_back({Step::Kind::Backward, o});
     }
   }
+  return steps;
+}
 
-  // Pass 2: each tensor's last use, and where each gradient dies (after its producer's backward).
-  // A held tensor nothing reads in the backward goes at its first step (a checkpoint's recompute
-  // takes it from storage and lets it go).
-  std::vector<int> last_use(n_tensors, -1), grad_last_use(n_tensors, -1);
+// Pass 2: each tensor's last use, and where each gradient dies (after its producer's backward), as
+// indices into the backward's steps. A held tensor nothing reads in the backward goes at its first
+// step (a checkpoint's recompute takes it from storage and lets it go).
+struct Lifetimes {
+  std::vector<int> last_use, grad_last_use;  // by tensor; -1: never
+};
+
+Lifetimes lifetimes(const BlockSpec& spec, const LayerPolicy& policy, const std::vector<bool>& saved,
+                    const std::vector<Step>& steps) {
+  const int n_tensors = static_cast<int>(spec.tensors.size());
+  Lifetimes l{std::vector<int>(n_tensors, -1), std::vector<int>(n_tensors, -1)};
   for (int t = 0; t < n_tensors; ++t)
-    if (s.saved[t] && !spec.is_input(t) && policy.holds(t)) last_use[t] = 0;
+    if (saved[t] && !spec.is_input(t) && policy.holds(t)) l.last_use[t] = 0;
   for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
     const Step& step = steps[i];
     const OpNode& op = spec.ops[step.index];
     if (step.kind == Step::Kind::Recompute) {
-      for (int t : op.in) last_use[t] = i;
-      for (int t : op.out) last_use[t] = std::max(last_use[t], i);  // unused outputs die at once
+      for (int t : op.in) l.last_use[t] = i;
+      for (int t : op.out) l.last_use[t] = std::max(l.last_use[t], i);  // unused outputs die at once
     } else {
-      for (int t : spec.bwd_reads(step.index)) last_use[t] = i;
-      for (int t : op.out) grad_last_use[t] = i;
+      for (int t : spec.bwd_reads(step.index)) l.last_use[t] = i;
+      for (int t : op.out) l.grad_last_use[t] = i;
+    }
+  }
+  return l;
+}
+
+// Pass 3, in step order: each backward's gradient plan, decided on the buffers as they stand at
+// that step; then the frees. A backward with no output gradient is left out.
+class GradPlanner {
+ public:
+  GradPlanner(const BlockSpec& spec, const std::vector<bool>& need, const Lifetimes& life)
+      : spec_(spec), need_(need), life_(life), g_(spec.tensors.size(), spec.output), adopted_(spec.tensors.size()) {}
+
+  void run(const std::vector<Step>& steps, Schedule& s) {
+    for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+      Step step = steps[i];
+      if (step.kind != Step::Kind::Backward || plan_backward(step, i)) s.backward.push_back(step);
+      for (int t = 0; t < static_cast<int>(spec_.tensors.size()); ++t) {
+        if (life_.last_use[t] == i && !adopted_[t]) s.backward.push_back({Step::Kind::Free, t});
+        if (life_.grad_last_use[t] == i && !spec_.is_input(t)) {
+          GradState::Slot& slot = g_.slot(t);
+          if (slot.buf >= 0) s.backward.push_back({Step::Kind::FreeGrad, t});
+          g_.drop(slot.buf);
+          slot = {};
+        }
+      }
+    }
+    for (int in : spec_.inputs) s.input_grad_is_dy.push_back(g_.slot(in).buf == 0);
+  }
+
+ private:
+  bool needs_grad(int t) const {
+    if (!is_float(spec_.tensors[t].dtype)) return false;
+    const int k = spec_.input_index(t);
+    return k < 0 || need_[k];
+  }
+
+  // The op produces every gradient first, then each joins its input's slot; false when no
+  // gradient reaches the op's outputs.
+  bool plan_backward(Step& step, int i) {
+    const OpNode& op = spec_.ops[step.index];
+    bool any = false;
+    for (int t : op.out) any = any || g_.slot(t).buf >= 0;
+    if (!any) return false;
+    std::vector<GradState::Slot> incoming(op.in.size());
+    for (size_t k = 0; k < op.in.size(); ++k) incoming[k] = source(op, static_cast<int>(k), i, step.grads[k]);
+    for (size_t k = 0; k < op.in.size(); ++k) merge(op.in[k], incoming[k], step.grads[k]);
+    return true;
+  }
+
+  // Where the gradient of input k comes from (gs.source, gs.prep); the buffer it is made in.
+  GradState::Slot source(const OpNode& op, int k, int i, GradStep& gs) {
+    const int t = op.in[k];
+    const GradKind kind = grad_kind(op_def(op.kind), op, k);
+    if (kind == GradKind::None || !needs_grad(t)) return {};
+    GradState::Slot& out0 = g_.slot(op.out[0]);
+    if (kind == GradKind::OverDy && g_.sole(out0)) {
+      gs.source = GradSource::OverDy;
+      const GradState::Slot dy = out0;
+      out0 = {};
+      return dy;
+    }
+    if (kind == GradKind::OverInput && life_.last_use[t] == i && !spec_.is_input(t)) {
+      gs.source = GradSource::OverInput;
+      adopted_[t] = true;
+      return {g_.fresh(), true};
+    }
+    if (kind == GradKind::Alias) {
+      gs.source = GradSource::Alias;
+      g_.share(out0.buf);
+      return {out0.buf, false};
+    }
+    if (kind == GradKind::Slot) {
+      gs.source = GradSource::Slot;
+      GradState::Slot& mine = g_.slot(t);
+      if (mine.buf < 0) {
+        gs.prep = SlotPrep::Zeros;
+        mine = {g_.fresh(), true};
+      } else if (!g_.sole(mine)) {
+        gs.prep = SlotPrep::Copy;
+        g_.drop(mine.buf);
+        mine = {g_.fresh(), true};
+      } else {
+        gs.prep = SlotPrep::Existing;
+      }
+      return {};
+    }
+    gs.source = GradSource::Fresh;  // also the fallback of OverDy and OverInput
+    return {g_.fresh(), true};
+  }
+
+  // How the gradient made for tensor t joins t's slot (gs.merge).
+  void merge(int t, const GradState::Slot& in, GradStep& gs) {
+    if (gs.source == GradSource::None || gs.source == GradSource::Slot) return;
+    GradState::Slot& slot = g_.slot(t);
+    if (slot.buf < 0) {
+      gs.merge = GradMerge::Set;
+      slot = in;
+    } else if (g_.sole(slot)) {
+      gs.merge = GradMerge::AddIntoSlot;
+      g_.drop(in.buf);
+    } else if (in.owned) {
+      gs.merge = GradMerge::AddSlotIntoIt;
+      g_.drop(slot.buf);
+      slot = in;
+    } else {
+      gs.merge = GradMerge::Sum;
+      g_.drop(slot.buf);
+      g_.drop(in.buf);
+      slot = {g_.fresh(), true};
     }
   }
 
-  // Pass 3, in step order: each backward's gradient plan, decided on the buffers as they stand at
-  // that step; then the frees. A backward with no output gradient is left out.
-  GradState g(n_tensors, spec.output);
-  std::vector<bool> adopted(n_tensors, false);  // memory taken over by an OverInput gradient
-  auto needs_grad = [&](int t) {
-    if (!is_float(spec.tensors[t].dtype)) return false;
-    const int k = spec.input_index(t);
-    return k < 0 || need[k];
-  };
-  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
-    Step step = steps[i];
-    bool emit = true;
-    if (step.kind == Step::Kind::Backward) {
-      const OpNode& op = spec.ops[step.index];
-      const OpDef& def = op_def(op.kind);
-      bool any = false;
-      for (int t : op.out) any = any || g.slot(t).buf >= 0;
-      emit = any;
-      if (any) {
-        // The op produces every gradient first...
-        std::vector<GradState::Slot> incoming(op.in.size());
-        for (size_t k = 0; k < op.in.size(); ++k) {
-          const int t = op.in[k];
-          GradStep& gs = step.grads[k];
-          const GradKind kind = grad_kind(def, op, static_cast<int>(k));
-          if (kind == GradKind::None || !needs_grad(t)) continue;
-          GradState::Slot& out0 = g.slot(op.out[0]);
-          if (kind == GradKind::OverDy && g.sole(out0)) {
-            gs.source = GradSource::OverDy;
-            incoming[k] = out0;
-            out0 = {};
-          } else if (kind == GradKind::OverInput && last_use[t] == i && !spec.is_input(t)) {
-            gs.source = GradSource::OverInput;
-            incoming[k] = {g.fresh(), true};
-            adopted[t] = true;
-          } else if (kind == GradKind::Alias) {
-            gs.source = GradSource::Alias;
-            g.share(out0.buf);
-            incoming[k] = {out0.buf, false};
-          } else if (kind == GradKind::Slot) {
-            gs.source = GradSource::Slot;
-            GradState::Slot& mine = g.slot(t);
-            if (mine.buf < 0) {
-              gs.prep = SlotPrep::Zeros;
-              mine = {g.fresh(), true};
-            } else if (!g.sole(mine)) {
-              gs.prep = SlotPrep::Copy;
-              g.drop(mine.buf);
-              mine = {g.fresh(), true};
-            } else {
-              gs.prep = SlotPrep::Existing;
-            }
-          } else {  // Fresh, and the fallback of OverDy and OverInput
-            gs.source = GradSource::Fresh;
-            incoming[k] = {g.fresh(), true};
-          }
-        }
-        // ...then each joins its input's slot.
-        for (size_t k = 0; k < op.in.size(); ++k) {
-          GradStep& gs = step.grads[k];
-          if (gs.source == GradSource::None || gs.source == GradSource::Slot) continue;
-          GradState::Slot& slot = g.slot(op.in[k]);
-          const GradState::Slot in = incoming[k];
-          if (slot.buf < 0) {
-            gs.merge = GradMerge::Set;
-            slot = in;
-          } else if (g.sole(slot)) {
-            gs.merge = GradMerge::AddIntoSlot;
-            g.drop(in.buf);
-          } else if (in.owned) {
-            gs.merge = GradMerge::AddSlotIntoIt;
-            g.drop(slot.buf);
-            slot = in;
-          } else {
-            gs.merge = GradMerge::Sum;
-            g.drop(slot.buf);
-            g.drop(in.buf);
-            slot = {g.fresh(), true};
-          }
-        }
-      }
-    }
-    if (emit) s.backward.push_back(step);
-    for (int t = 0; t < n_tensors; ++t) {
-      if (last_use[t] == i && !adopted[t]) s.backward.push_back({Step::Kind::Free, t});
-      if (grad_last_use[t] == i && !spec.is_input(t)) {
-        GradState::Slot& slot = g.slot(t);
-        if (slot.buf >= 0) s.backward.push_back({Step::Kind::FreeGrad, t});
-        g.drop(slot.buf);
-        slot = {};
-      }
-    }
-  }
-  for (int in : spec.inputs) s.input_grad_is_dy.push_back(g.slot(in).buf == 0);
+  const BlockSpec& spec_;
+  const std::vector<bool>& need_;
+  const Lifetimes& life_;
+  GradState g_;
+  std::vector<bool> adopted_;  // memory taken over by an OverInput gradient
+};
+
+}  // namespace
+
+Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std::vector<bool> need) {
+  const int n_tensors = static_cast<int>(spec.tensors.size());
+  if (static_cast<int>(policy.tensors.size()) != n_tensors)
+    REMAT_INTERNAL("policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors, spec.kind);
+  if (need.empty())
+    for (int in : spec.inputs) need.push_back(is_float(spec.tensors[in].dtype));
+  if (need.size() != spec.inputs.size())
+    REMAT_INTERNAL("need_input_grad has {} entries for {} inputs", need.size(), spec.inputs.size());
+  Schedule s;
+  s.need_input_grad = need;
+  s.saved.assign(n_tensors, false);
+  for (int t = 0; t < n_tensors; ++t)
+    s.saved[t] = spec.is_input(t) || ((spec.tensors[t].read_by_backward || policy.holds(t)) && policy.saves(t));
+  s.forward = forward_steps(spec, s.saved);
+  const std::vector<Step> steps = backward_order(spec, policy, s.saved, s.recomputed);
+  const Lifetimes life = lifetimes(spec, policy, s.saved, steps);
+  GradPlanner(spec, need, life).run(steps, s);
   return s;
 }
 

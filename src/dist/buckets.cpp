@@ -2,6 +2,7 @@
 // complete (NOTE [Data parallelism]).
 #include <ATen/ATen.h>
 
+#include "core/shard.h"
 #include "remat/data_parallel.h"
 #include "remat/error.h"
 

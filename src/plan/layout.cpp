@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "core/shard.h"
 #include "remat/error.h"
 #include "remat/planner.h"
 #include "remat/policy.h"
@@ -46,6 +48,47 @@ std::string to_string(const Layout& l) {
   return s;
 }
 
+namespace {
+
+// How the pipeline splits the layers: evenly into pp x vpp chunks, or with the first and last
+// stages' layers given (an uneven pipeline, without interleaving).
+void validate_stages(const Layout& l, const ModelConfig& cfg) {
+  if (l.uneven()) {
+    if (l.first_layers < 1 || l.last_layers < 1 || l.pp < 2)
+      fail(
+          "Layout.first_layers {} and Layout.last_layers {} split a pipeline (Layout.pp {} >= 2): give both, each at "
+          "least 1",
+          l.first_layers, l.last_layers, l.pp);
+    if (l.vpp > 1)
+      fail("Layout.first_layers and Layout.last_layers split a pipeline without interleaving; Layout.vpp is {}", l.vpp);
+    const int64_t rest = cfg.layers - l.first_layers - l.last_layers;
+    if (rest < (l.pp - 2) || (l.pp == 2 ? rest != 0 : rest % (l.pp - 2) != 0))
+      fail(
+          "Layout.first_layers {} + Layout.last_layers {} leave {} of the {} layers for the {} middle stages, which "
+          "must share them evenly",
+          l.first_layers, l.last_layers, rest, cfg.layers, l.pp - 2);
+  } else if (cfg.layers % (l.pp * l.vpp) != 0) {
+    fail(
+        "Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many, or give the first and last "
+        "stages' layers (an uneven pipeline)",
+        l.pp, l.vpp, cfg.layers);
+  }
+  if (l.vpp > 1 && l.pp == 1) fail("Layout.vpp {} interleaves pipeline stages; it needs pp > 1", l.vpp);
+}
+
+// What remat's own engine and trainer run (device cpu).
+void validate_on_engine(const Layout& l, const ModelConfig& cfg) {
+  if (l.tp > 1 || l.pp > 1 || l.cp > 1 || l.ep > 1)
+    fail(
+        "device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
+        "pp {} for a GPU --device",
+        l.tp, l.cp, l.pp);
+  if (l.zero > 1) fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
+  if (cfg.dtype != DType::F32) fail("device cpu: the engine trains fp32, got {}", to_string(cfg.dtype));
+}
+
+}  // namespace
+
 void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   auto positive = [](const char* name, int64_t v) {
     if (v < 1) fail("Layout.{} must be a positive integer, got {}", name, v);
@@ -76,28 +119,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   if (l.cp > 1 && cfg.seq % l.cp != 0) fail("Layout.cp {} must divide the sequence ({})", l.cp, cfg.seq);
   if (l.cp > 1 && cfg.attention != AttentionImpl::Flash)
     fail("Layout.cp {} runs attention in a ring, which needs flash attention (--attention flash)", l.cp);
-  if (l.uneven()) {
-    if (l.first_layers < 1 || l.last_layers < 1 || l.pp < 2)
-      fail(
-          "Layout.first_layers {} and Layout.last_layers {} split a pipeline (Layout.pp {} >= 2): give both, each at "
-          "least 1",
-          l.first_layers, l.last_layers, l.pp);
-    if (l.vpp > 1)
-      fail("Layout.first_layers and Layout.last_layers split a pipeline without interleaving; Layout.vpp is {}", l.vpp);
-    const int64_t rest = cfg.layers - l.first_layers - l.last_layers;
-    if (rest < (l.pp - 2) || (l.pp == 2 ? rest != 0 : rest % (l.pp - 2) != 0))
-      fail(
-          "Layout.first_layers {} + Layout.last_layers {} leave {} of the {} layers for the {} middle stages, which "
-          "must "
-          "share them evenly",
-          l.first_layers, l.last_layers, rest, cfg.layers, l.pp - 2);
-  } else if (cfg.layers % (l.pp * l.vpp) != 0) {
-    fail(
-        "Layout.pp {} x vpp {} must divide the layers ({}): every chunk holds as many, or give the first and last "
-        "stages' layers (an uneven pipeline)",
-        l.pp, l.vpp, cfg.layers);
-  }
-  if (l.vpp > 1 && l.pp == 1) fail("Layout.vpp {} interleaves pipeline stages; it needs pp > 1", l.vpp);
+  validate_stages(l, cfg);
   if (l.batch() % (l.micro_batch * l.dp) != 0)
     fail("Layout.global_batch {} does not split into micro-batches of {} over dp {}: make it a multiple of {}",
          l.batch(), l.micro_batch, l.dp, l.micro_batch * l.dp);
@@ -121,16 +143,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
     at.tp = l.tp, at.sp = l.sp, at.cp = l.cp, at.ep = l.ep;
     remat::validate(at);
   }
-  if (device.engine) {
-    if (l.tp > 1 || l.pp > 1 || l.cp > 1 || l.ep > 1)
-      fail(
-          "device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
-          "pp {} for a GPU --device",
-          l.tp, l.cp, l.pp);
-    if (l.zero > 1)
-      fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
-    if (cfg.dtype != DType::F32) fail("device cpu: the engine trains fp32, got {}", to_string(cfg.dtype));
-  }
+  if (device.engine) validate_on_engine(l, cfg);
 }
 
 namespace {
@@ -211,21 +224,7 @@ std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::v
   std::vector<std::pair<int64_t, std::string>> layers;
   for (const LayerRange& c : chunks)
     for (int64_t l = c.first; l < c.end; ++l) layers.push_back({l, text[l]});
-  bool uniform = true;
-  for (const auto& [l, t] : layers) uniform = uniform && t == layers.front().second;
-  if (uniform) return layers.front().second;
-  std::string s = "layers:";
-  for (size_t i = 0; i < layers.size();) {
-    size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1].first == layers[j].first + 1 &&
-           layers[j + 1].second == layers[i].second)
-      ++j;
-    s += fmt::format("{}{}={}", i ? "," : "",
-                     i == j ? std::to_string(layers[i].first) : fmt::format("{}-{}", layers[i].first, layers[j].first),
-                     layers[i].second);
-    i = j + 1;
-  }
-  return s;
+  return layers_policy_text(layers);
 }
 
 class Evaluator {
@@ -594,18 +593,7 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
-}  // namespace
-
-LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Device& device, const std::string& policy,
-                       const PlanOptions& options) {
-  validate(cfg);
-  Evaluator e(cfg, device, options);
-  return e.plan(layout, policy, options.all_stages);
-}
-
-SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
-                            const PlanOptions& options) {
-  validate(cfg);
+void check_search_space(const SearchSpace& space, int top) {
   constexpr int64_t kMostGpus = int64_t{1} << 20;
   if (space.gpus < 1 || space.gpus > kMostGpus)
     fail("SearchSpace.gpus must be in 1..{}, got {}", kMostGpus, space.gpus);
@@ -625,14 +613,63 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
     for (size_t j = 0; j < i; ++j)
       if (space.policies[i] == space.policies[j]) fail("SearchSpace.policies lists '{}' twice", space.policies[i]);
   if (top < 1) fail("search_layouts: top must be >= 1, got {}", top);
-  Evaluator e(cfg, device, options);
-  SearchResult res;
-  // Every layout that validates, each timed with no recompute: a bound no policy beats.
-  struct Candidate {
-    Layout layout;
-    double bound;
-  };
-  std::vector<Candidate> layouts;
+}
+
+// Expert parallelism: the experts' divisors that divide the dp x cp ranks (an explicit one is
+// evaluated whatever they are: validate() says why it does not fit).
+std::vector<int64_t> expert_parallel_sizes(const ModelConfig& cfg, const SearchSpace& space, int64_t dp) {
+  if (space.ep > 0) return {space.ep};
+  std::vector<int64_t> eps;
+  for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
+    if ((dp * space.cp) % ep == 0) eps.push_back(ep);
+  return eps;
+}
+
+// The layouts of one (tp, sp, pp, dp, ep) that validate: each vpp, micro-batch and ZeRO stage.
+// Stages that do not divide the layers: the middle ones at ceil(layers / pp), the first and last
+// sharing the rest (torchtitan's split), without interleaving. An explicit vpp or micro-batch is
+// evaluated whatever the searched grid holds. The first refusal goes to `refused`.
+void add_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, Layout l,
+                 std::vector<Layout>& out, std::string& refused) {
+  std::vector<int64_t> vpps;
+  if (space.vpp > 0)
+    vpps = {space.vpp};
+  else
+    for (int64_t v = 1; v <= (l.pp > 1 ? space.max_vpp : 1); ++v) vpps.push_back(v);
+  const std::vector<int64_t> micro_batches =
+      space.micro_batch > 0 ? std::vector<int64_t>{space.micro_batch} : space.micro_batches;
+  int64_t first = space.first_layers, last = space.last_layers;
+  if (first == 0 && last == 0 && cfg.layers % l.pp != 0) {
+    const int64_t middle = (cfg.layers + l.pp - 1) / l.pp, rest = cfg.layers - (l.pp - 2) * middle;
+    first = rest / 2, last = rest - rest / 2;
+    if (first < 1) return;
+  }
+  l.first_layers = first, l.last_layers = last;
+  l.fsdp = space.fsdp;
+  l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
+  for (int64_t vpp : vpps) {
+    if (first > 0 ? vpp > 1 : cfg.layers % (l.pp * vpp) != 0) continue;
+    for (int64_t mb : micro_batches)
+      for (int zero : space.zero) {
+        if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
+        if (zero > 0 && l.dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
+        if (space.fsdp && zero != 0) continue;
+        l.vpp = vpp, l.micro_batch = mb, l.zero = zero;
+        try {
+          validate(l, cfg, device);
+        } catch (const Error& e) {
+          if (refused.empty()) refused = e.what();
+          continue;
+        }
+        out.push_back(l);
+      }
+  }
+}
+
+// Every layout of the space that validates.
+std::vector<Layout> candidate_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
+                                      std::string& refused) {
+  std::vector<Layout> layouts;
   for (int64_t tp : divisors(cfg.heads)) {
     if (space.tp > 0 && tp != space.tp) continue;
     if (tp > device.gpus_per_node || space.gpus % tp != 0 || cfg.kv() % tp != 0 || cfg.hidden() % tp != 0) continue;
@@ -645,76 +682,30 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
         if ((space.gpus / tp) % (pp * space.cp) != 0) continue;
         const int64_t dp = space.gpus / (tp * space.cp * pp);
         if (space.dp > 0 && dp != space.dp) continue;
-        // Expert parallelism: the experts' divisors that divide the dp x cp ranks (an explicit one
-        // is evaluated whatever they are: validate() says why it does not fit).
-        std::vector<int64_t> eps;
-        if (space.ep > 0)
-          eps = {space.ep};
-        else
-          for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
-            if ((dp * space.cp) % ep == 0) eps.push_back(ep);
-        for (int64_t ep : eps) {
-          // An explicit vpp or micro-batch is evaluated whatever the searched grid holds.
-          std::vector<int64_t> vpps;
-          if (space.vpp > 0)
-            vpps = {space.vpp};
-          else
-            for (int64_t v = 1; v <= (pp > 1 ? space.max_vpp : 1); ++v) vpps.push_back(v);
-          const std::vector<int64_t> micro_batches =
-              space.micro_batch > 0 ? std::vector<int64_t>{space.micro_batch} : space.micro_batches;
-          // Stages that do not divide the layers: the middle ones at ceil(layers / pp), the first and
-          // last sharing the rest (torchtitan's split), without interleaving.
-          int64_t first = space.first_layers, last = space.last_layers;
-          if (first == 0 && last == 0 && cfg.layers % pp != 0) {
-            const int64_t middle = (cfg.layers + pp - 1) / pp, rest = cfg.layers - (pp - 2) * middle;
-            first = rest / 2, last = rest - rest / 2;
-            if (first < 1) continue;
-          }
-          for (int64_t vpp : vpps) {
-            if (first > 0 ? vpp > 1 : cfg.layers % (pp * vpp) != 0) continue;
-            for (int64_t mb : micro_batches) {
-              for (int zero : space.zero) {
-                if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
-                if (zero > 0 && dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
-                if (space.fsdp && zero != 0) continue;
-                Layout l;
-                l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.vpp = vpp, l.dp = dp, l.zero = zero, l.ep = ep;
-                l.fsdp = space.fsdp;
-                l.first_layers = first, l.last_layers = last;
-                l.micro_batch = mb, l.global_batch = space.global_batch, l.grad_bytes = space.grad_bytes;
-                try {
-                  validate(l, cfg, device);
-                } catch (const Error& e) {
-                  if (res.refused.empty()) res.refused = e.what();
-                  continue;
-                }
-                layouts.push_back({l, 0});
-              }
-            }
-          }
-        }  // ep
+        for (int64_t ep : expert_parallel_sizes(cfg, space, dp)) {
+          Layout l;
+          l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.dp = dp, l.ep = ep;
+          add_layouts(cfg, space, device, l, layouts, refused);
+        }
       }
     }
   }
-  res.candidates = static_cast<int64_t>(layouts.size());
-  std::vector<std::string> fixed;
-  bool automatic = false;
-  for (const std::string& p : space.policies) {
-    if (p == "auto")
-      automatic = true;
-    else
-      fixed.push_back(p);
-  }
-  // Every (layout, policy) pair with a lower bound on its step time that needs no memory replay:
-  // the first stage's compute, sends and bubble ("auto" is bounded by recomputing nothing).
-  struct Pair {
-    size_t layout;
-    std::string policy;
-    double bound;
-  };
-  std::vector<Pair> pairs;
+  return layouts;
+}
+
+// A (layout, policy) pair with a lower bound on its step time that needs no memory replay: the
+// first stage's compute, sends and bubble ("auto" is bounded by recomputing nothing).
+struct BoundedPair {
+  size_t layout;
+  std::string policy;
+  double bound;
+};
+
+std::vector<BoundedPair> bounded_pairs(Evaluator& e, const ModelConfig& cfg, const std::vector<Layout>& layouts,
+                                       const std::vector<std::string>& fixed, bool automatic) {
+  std::vector<BoundedPair> pairs;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    const Layout& l = layouts[i].layout;
+    const Layout& l = layouts[i];
     Shapes& sh = e.shapes(l);
     auto bound = [&](const ResolvedPolicy& policy) {
       RankPlan r;
@@ -731,57 +722,93 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
       pairs.push_back({i, "auto", bound(none)});
     }
   }
-  std::stable_sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) { return a.bound < b.bound; });
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const BoundedPair& a, const BoundedPair& b) { return a.bound < b.bound; });
+  return pairs;
+}
 
-  // Replay the pairs fastest bound first until no bound beats the list's last entry: the list is
-  // then exactly the fastest that fit. "auto" (a search on each stage) stops after 48 layouts fit;
-  // one that cannot fit costs a replay per stage.
-  std::vector<LayoutPlan> found(layouts.size());
-  std::vector<bool> has(layouts.size(), false);
+// The fastest plan that fits of each layout (by index), from pairs replayed fastest bound first
+// until no bound beats the top-th found: the list is then exactly the fastest that fit. "auto" (a
+// search on each stage) stops after 48 layouts fit. Tracks in res.least the smallest peak seen
+// while nothing fits.
+std::vector<std::optional<LayoutPlan>> replay_pairs(Evaluator& e, const std::vector<Layout>& layouts,
+                                                    const std::vector<BoundedPair>& pairs, int top, SearchResult& res,
+                                                    bool& have_least) {
+  std::vector<std::optional<LayoutPlan>> found(layouts.size());
   auto kth = [&] {
     std::vector<double> t;
-    for (size_t i = 0; i < found.size(); ++i)
-      if (has[i]) t.push_back(found[i].time.step_s * 1e3);
+    for (const auto& f : found)
+      if (f) t.push_back(f->time.step_s * 1e3);
     if (static_cast<int>(t.size()) < top) return 1e300;
     std::nth_element(t.begin(), t.begin() + (top - 1), t.end());
     return t[top - 1];
   };
+  int automatic_fit = 0;
+  bool any_fit = false;
+  for (const BoundedPair& pair : pairs) {
+    if (pair.bound >= kth()) break;  // sorted: no later pair is faster
+    std::optional<LayoutPlan>& best = found[pair.layout];
+    if (pair.policy == "auto") {
+      if (automatic_fit >= 48) continue;
+      if (best && best->policy == "none") continue;  // nothing recomputed: auto cannot beat it
+    }
+    // Once one layout fits no refusal is printed, so a stage over the budget may end a replay.
+    LayoutPlan p = e.plan(layouts[pair.layout], pair.policy, false, any_fit);
+    if (pair.policy == "auto" && p.fits) ++automatic_fit;
+    if (!any_fit && (!have_least || p.peak() < res.least.peak())) res.least = p, have_least = true;
+    if (p.fits && (!best || p.time.step_s < best->time.step_s)) best = std::move(p), any_fit = true;
+  }
+  return found;
+}
+
+}  // namespace
+
+LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Device& device, const std::string& policy,
+                       const PlanOptions& options) {
+  validate(cfg);
+  Evaluator e(cfg, device, options);
+  return e.plan(layout, policy, options.all_stages);
+}
+
+SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
+                            const PlanOptions& options) {
+  validate(cfg);
+  check_search_space(space, top);
+  Evaluator e(cfg, device, options);
+  SearchResult res;
+  const std::vector<Layout> layouts = candidate_layouts(cfg, space, device, res.refused);
+  res.candidates = static_cast<int64_t>(layouts.size());
+  std::vector<std::string> fixed;
+  bool automatic = false;
+  for (const std::string& p : space.policies) {
+    if (p == "auto")
+      automatic = true;
+    else
+      fixed.push_back(p);
+  }
+  std::vector<BoundedPair> pairs = bounded_pairs(e, cfg, layouts, fixed, automatic);
   bool have_least = false;
   // Nothing fits unless full recompute (the least any policy keeps; "auto" recomputes no more)
   // fits somewhere: find that first, so a refusal costs one replay per layout, not one per policy.
   const bool probe = automatic || std::find(fixed.begin(), fixed.end(), "full") != fixed.end();
   bool hopeless = probe;
   for (size_t i = 0; probe && i < layouts.size() && hopeless; ++i) {
-    LayoutPlan p = e.plan(layouts[i].layout, "full", false);
+    LayoutPlan p = e.plan(layouts[i], "full", false);
     hopeless = !p.fits;
     if (!have_least || p.peak() < res.least.peak()) res.least = std::move(p), have_least = true;
   }
   if (hopeless) pairs.clear();
-  int automatic_fit = 0;
-  for (const Pair& pair : pairs) {
-    if (pair.bound >= kth()) break;  // sorted: no later pair is faster
-    const size_t i = pair.layout;
-    if (pair.policy == "auto") {
-      if (automatic_fit >= 48) continue;
-      if (has[i] && found[i].policy == "none") continue;  // nothing recomputed: auto cannot beat it
-    }
-    // Once one layout fits no refusal is printed, so a stage over the budget may end a replay.
-    const bool any_fit = std::find(has.begin(), has.end(), true) != has.end();
-    LayoutPlan p = e.plan(layouts[i].layout, pair.policy, false, any_fit);
-    if (pair.policy == "auto" && p.fits) ++automatic_fit;
-    if (!any_fit && (!have_least || p.peak() < res.least.peak())) res.least = p, have_least = true;
-    if (p.fits && (!has[i] || p.time.step_s < found[i].time.step_s)) found[i] = std::move(p), has[i] = true;
-  }
+  std::vector<std::optional<LayoutPlan>> found = replay_pairs(e, layouts, pairs, top, res, have_least);
   res.evaluated = e.evaluated();
   // The fastest, replayed on every stage.
   std::vector<size_t> order;
   for (size_t i = 0; i < found.size(); ++i)
-    if (has[i]) order.push_back(i);
+    if (found[i]) order.push_back(i);
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return found[a].time.step_s < found[b].time.step_s; });
+                   [&](size_t a, size_t b) { return found[a]->time.step_s < found[b]->time.step_s; });
   for (size_t i : order) {
     if (static_cast<int>(res.best.size()) >= top) break;
-    LayoutPlan full = e.plan(found[i].layout, found[i].policy, true);
+    LayoutPlan full = e.plan(found[i]->layout, found[i]->policy, true);
     if (full.fits) res.best.push_back(std::move(full));
   }
   std::stable_sort(res.best.begin(), res.best.end(),

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/shard.h"
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/layout.h"

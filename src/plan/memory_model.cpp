@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "core/shard.h"
 #include "plan/caching_allocator.h"
 #include "remat/error.h"
 
@@ -317,8 +318,6 @@ void settle(Sim& sim, ParamGrads& pg, Grads mode) {
 }
 
 }  // namespace
-
-int64_t shard_first(int64_t total, int rank, int world) { return total * rank / world; }
 
 StepShape trainer_step_shape(int accum, int world, int rank, int zero) {
   StepShape s;

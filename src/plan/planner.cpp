@@ -15,19 +15,9 @@ namespace remat {
 namespace {
 
 std::string plan_text(const std::vector<const BlockOption*>& choice) {
-  const int64_t n = static_cast<int64_t>(choice.size());
-  bool uniform = true;
-  for (int64_t l = 1; l < n; ++l) uniform = uniform && choice[l]->text == choice[0]->text;
-  if (uniform) return choice[0]->text;
-  std::string s = "layers:";
-  for (int64_t first = 0; first < n;) {
-    int64_t last = first;
-    while (last + 1 < n && choice[last + 1]->text == choice[first]->text) ++last;
-    s += fmt::format("{}{}={}", first ? "," : "",
-                     first == last ? std::to_string(first) : fmt::format("{}-{}", first, last), choice[first]->text);
-    first = last + 1;
-  }
-  return s;
+  std::vector<std::pair<int64_t, std::string>> layers;
+  for (size_t l = 0; l < choice.size(); ++l) layers.push_back({static_cast<int64_t>(l), choice[l]->text});
+  return layers_policy_text(layers);
 }
 
 ResolvedPolicy policy_of(const std::vector<const BlockOption*>& choice) {

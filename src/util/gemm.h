@@ -14,8 +14,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json_fwd.hpp>
+
+#include "remat/runtime.h"
 
 namespace remat::detail {
 
@@ -99,5 +103,9 @@ class SingleThreadedBlas {
  private:
   int previous_ = 0;
 };
+
+// The measured classes of choose_gemm as JSON, as its cache and bench's JSON keep them:
+// [{"product": ..., "chosen": ..., "gflops": {"onednn": ..., ...}}, ...].
+nlohmann::json gemm_classes_json(const std::vector<GemmClassRates>& classes);
 
 }  // namespace remat::detail

@@ -84,101 +84,35 @@ Workload workload(int c) {
   return w;
 }
 
-}  // namespace
-
-GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir) {
-  // Once per machine, GEMM libraries, thread count and remat release: a rebuild of the same release
-  // keeps the choice, so a run's bits do not change with it.
-  const std::string key = fmt::format("cpu={} {} threads={} remat={}", detail::cpu_model(), detail::gemm_libraries(),
-                                      to_string(threads), version());
-  const std::string folder = detail::cache_folder(cache_dir);
-  const std::string path = fmt::format("{}/gemm-{:016x}.json", folder, std::hash<std::string>{}(key));
-  GemmMeasurement m;
-  if (std::ifstream in(path); in) {
-    try {
-      const nlohmann::json j = nlohmann::json::parse(in);
-      if (j.at("key").get<std::string>() == key) {
-        const GemmTable t = detail::parse_gemm_table(j.at("table").get<std::string>());
-        for (const auto& c : j.at("classes")) {
-          GemmClassRates r;
-          r.product = c.at("product").get<std::string>();
-          r.chosen = c.at("chosen").get<std::string>();
-          for (const auto& [name, rate] : c.at("gflops").items()) r.gflops.emplace_back(name, rate.get<double>());
-          m.classes.push_back(std::move(r));
-        }
-        if (m.classes.size() == static_cast<size_t>(kGemmClasses)) {
-          detail::set_gemm_table(t);
-          m.source = "measured earlier, cached in " + path;
-          return m;
-        }
-        m.classes.clear();
-      }
-    } catch (const std::exception&) {
-      m.classes.clear();  // an unreadable or edited entry is measured again and replaced
+// The choice cached under `key` at `path`, set as the engine's table; false (m untouched) when
+// there is none, or it is another key's, or unreadable (measured again and replaced).
+bool load_choice(const std::string& path, const std::string& key, GemmMeasurement& m) {
+  std::ifstream in(path);
+  if (!in) return false;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (j.at("key").get<std::string>() != key) return false;
+    const GemmTable t = detail::parse_gemm_table(j.at("table").get<std::string>());
+    std::vector<GemmClassRates> classes;
+    for (const auto& c : j.at("classes")) {
+      GemmClassRates r;
+      r.product = c.at("product").get<std::string>();
+      r.chosen = c.at("chosen").get<std::string>();
+      for (const auto& [name, rate] : c.at("gflops").items()) r.gflops.emplace_back(name, rate.get<double>());
+      classes.push_back(std::move(r));
     }
-  }
-
-  const ThreadConfig before = current_threads();
-  apply_threads(threads);
-  GemmTable table = detail::gemm_table();
-  // In a step, the next op after a linear runs on remat's kernel threads (attention, a norm, the
-  // next tile). OpenBLAS's own threads, once done, spin for about 2^28 cycles on the same cores:
-  // blas-threads costs the work after it as well. So each linear sample is the product followed by
-  // a fixed neighbour (attention products on oneDNN or the BLAS, on the kernel threads), and its
-  // time is the pair's less the neighbour's own (its median measured alone, the BLAS's threads asleep).
-  const Workload neighbour = workload(static_cast<int>(GemmClass::HeadNN));
-  const GemmImpl neighbour_impl = detail::available(GemmImpl::OneDnn) ? GemmImpl::OneDnn : GemmImpl::Blas;
-  auto run_neighbour = [&] {
-    GemmTable t = table;
-    t[static_cast<int>(GemmClass::HeadNN)] = neighbour_impl;
+    if (classes.size() != static_cast<size_t>(kGemmClasses)) return false;
     detail::set_gemm_table(t);
-    detail::KernelThreadsAwake awake(threads.aten == 1);
-    const auto t0 = detail::Clock::now();
-    neighbour.run();
-    return detail::ms_since(t0);
-  };
-  std::vector<double> alone;
-  detail::let_blas_threads_sleep();
-  run_neighbour();
-  for (int rep = 0; rep < 5; ++rep) alone.push_back(run_neighbour());
-  const double neighbour_ms = detail::median(alone);
-  for (int c = 0; c < kGemmClasses; ++c) {
-    const Workload w = workload(c);
-    const std::vector<GemmImpl> impls = candidates(c);
-    std::vector<std::vector<double>> ms(impls.size());
-    auto run = [&](size_t i) {
-      double pair_ms = 0;
-      {
-        GemmTable t = table;
-        t[c] = impls[i];
-        detail::set_gemm_table(t);
-        // As a pass runs them: the kernel threads poll unless the BLAS's own threads need the cores.
-        detail::KernelThreadsAwake awake(impls[i] != GemmImpl::BlasThreads && threads.aten == 1);
-        const auto t0 = detail::Clock::now();
-        w.run();
-        pair_ms = detail::ms_since(t0);
-      }
-      if (c < 3) pair_ms += run_neighbour() - neighbour_ms;
-      if (impls[i] == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // every sample starts alike
-      return std::max(pair_ms, 1e-3);
-    };
-    for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
-    for (int rep = 0; rep < 5; ++rep)
-      for (size_t i = 0; i < impls.size(); ++i) ms[i].push_back(run(i));
-    GemmClassRates r;
-    r.product = std::string(detail::to_string(static_cast<GemmClass>(c)));
-    size_t best = 0;
-    for (size_t i = 0; i < impls.size(); ++i) {
-      r.gflops.emplace_back(detail::to_string(impls[i]), w.flops / (detail::median(ms[i]) * 1e6));
-      if (detail::median(ms[i]) < detail::median(ms[best])) best = i;
-    }
-    r.chosen = std::string(detail::to_string(impls[best]));
-    table[c] = impls[best];
-    m.classes.push_back(std::move(r));
+    m.classes = std::move(classes);
+    m.source = "measured earlier, cached in " + path;
+    return true;
+  } catch (const std::exception&) {
+    return false;
   }
-  detail::set_gemm_table(table);
-  apply_threads(before);
-  m.source = fmt::format("measured now, on {} (threads {})", detail::cpu_model(), to_string(threads));
+}
+
+void save_choice(const std::string& folder, const std::string& path, const std::string& key, const GemmTable& table,
+                 const GemmMeasurement& m) {
   try {
     std::filesystem::create_directories(folder);
     nlohmann::json classes = nlohmann::json::array();
@@ -192,6 +126,109 @@ GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cach
   } catch (const std::exception&) {
     // Unwritable: the next run measures again.
   }
+}
+
+// In a step, the next op after a linear runs on remat's kernel threads (attention, a norm, the
+// next tile). OpenBLAS's own threads, once done, spin for about 2^28 cycles on the same cores:
+// blas-threads costs the work after it as well. So each linear sample is the product followed by
+// a fixed neighbour (attention products on oneDNN or the BLAS, on the kernel threads), and its
+// time is the pair's less the neighbour's own (its median measured alone, the BLAS's threads asleep).
+class Neighbour {
+ public:
+  Neighbour(const ThreadConfig& threads, const GemmTable& table)
+      : threads_(threads), table_(table), w_(workload(static_cast<int>(GemmClass::HeadNN))) {
+    std::vector<double> alone;
+    detail::let_blas_threads_sleep();
+    run();
+    for (int rep = 0; rep < 5; ++rep) alone.push_back(run());
+    alone_ms_ = detail::median(alone);
+  }
+  // Milliseconds of one run.
+  double run() const {
+    GemmTable t = table_;
+    t[static_cast<int>(GemmClass::HeadNN)] = detail::available(GemmImpl::OneDnn) ? GemmImpl::OneDnn : GemmImpl::Blas;
+    detail::set_gemm_table(t);
+    detail::KernelThreadsAwake awake(threads_.aten == 1);
+    const auto t0 = detail::Clock::now();
+    w_.run();
+    return detail::ms_since(t0);
+  }
+  double alone_ms() const { return alone_ms_; }
+
+ private:
+  const ThreadConfig& threads_;
+  const GemmTable& table_;
+  const Workload w_;
+  double alone_ms_ = 0;
+};
+
+// Every candidate of class c, each sample interleaved with the others' (a warm-up, then five);
+// the fastest by median goes into table[c].
+GemmClassRates measure_class(int c, const ThreadConfig& threads, const Neighbour& neighbour, GemmTable& table) {
+  const Workload w = workload(c);
+  const std::vector<GemmImpl> impls = candidates(c);
+  std::vector<std::vector<double>> ms(impls.size());
+  auto run = [&](size_t i) {
+    double pair_ms = 0;
+    {
+      GemmTable t = table;
+      t[c] = impls[i];
+      detail::set_gemm_table(t);
+      // As a pass runs them: the kernel threads poll unless the BLAS's own threads need the cores.
+      detail::KernelThreadsAwake awake(impls[i] != GemmImpl::BlasThreads && threads.aten == 1);
+      const auto t0 = detail::Clock::now();
+      w.run();
+      pair_ms = detail::ms_since(t0);
+    }
+    if (c < 3) pair_ms += neighbour.run() - neighbour.alone_ms();
+    if (impls[i] == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // every sample starts alike
+    return std::max(pair_ms, 1e-3);
+  };
+  for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
+  for (int rep = 0; rep < 5; ++rep)
+    for (size_t i = 0; i < impls.size(); ++i) ms[i].push_back(run(i));
+  GemmClassRates r;
+  r.product = std::string(detail::to_string(static_cast<GemmClass>(c)));
+  size_t best = 0;
+  for (size_t i = 0; i < impls.size(); ++i) {
+    r.gflops.emplace_back(detail::to_string(impls[i]), w.flops / (detail::median(ms[i]) * 1e6));
+    if (detail::median(ms[i]) < detail::median(ms[best])) best = i;
+  }
+  r.chosen = std::string(detail::to_string(impls[best]));
+  table[c] = impls[best];
+  return r;
+}
+
+}  // namespace
+
+nlohmann::json detail::gemm_classes_json(const std::vector<GemmClassRates>& classes) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const GemmClassRates& r : classes) {
+    nlohmann::json rates = nlohmann::json::object();
+    for (const auto& [name, rate] : r.gflops) rates[name] = rate;
+    out.push_back({{"product", r.product}, {"chosen", r.chosen}, {"gflops", rates}});
+  }
+  return out;
+}
+
+GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir) {
+  // Once per machine, GEMM libraries, thread count and remat release: a rebuild of the same release
+  // keeps the choice, so a run's bits do not change with it.
+  const std::string key = fmt::format("cpu={} {} threads={} remat={}", detail::cpu_model(), detail::gemm_libraries(),
+                                      to_string(threads), version());
+  const std::string folder = detail::cache_folder(cache_dir);
+  const std::string path = fmt::format("{}/gemm-{:016x}.json", folder, std::hash<std::string>{}(key));
+  GemmMeasurement m;
+  if (load_choice(path, key, m)) return m;
+  const ThreadConfig before = current_threads();
+  apply_threads(threads);
+  GemmTable table = detail::gemm_table();
+  const Neighbour neighbour(threads, table);
+  for (int c = 0; c < kGemmClasses; ++c) m.classes.push_back(measure_class(c, threads, neighbour, table));
+  detail::set_gemm_table(table);
+  apply_threads(before);
+  m.source = fmt::format("measured now, on {} (threads {})", detail::cpu_model(), to_string(threads));
+  save_choice(folder, path, key, table, m);
   return m;
 }
 

@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const BlockSpec& b : blocks)
       fuzz::refuses_or_runs([&] {
         const ResolvedPolicy r = p.resolve(b, 6);
-        if (r.chunk == 0 && r.layers.size() != 6) std::abort();
+        if (r.segment == 0 && r.layers.size() != 6) std::abort();
         for (const LayerPolicy& l : r.layers)
           if (l.tensors.size() != b.tensors.size()) std::abort();
       });

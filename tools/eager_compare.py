@@ -183,6 +183,39 @@ def loaded_openblas_kernel():
         return "unknown"
 
 
+def cpu_name():
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def markdown(a, rows, config, floor, floors, torch, torch_kernel):
+    """The table and its header lines: the CPU, both sides' GEMMs and the floor."""
+    mib = 1 << 20
+    lines = [
+        f"CPU: {cpu_name()}, {os.cpu_count()} cores",
+        f"remat bench (ops engine) against PyTorch {torch.__version__} eager, seed model "
+        f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
+        f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "
+        f"GFLOP/s on {config.get('floor_gemm', 'its GEMM')}, the fastest here (last remat round)",
+        f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}",
+        f"floor: {floor:.1f} ms ({config['flops_per_step'] / 1e9:.1f} GFLOP per step at the 1024^3 rate of the fastest GEMM here; "
+        f"median of the {len(floors)} rounds, {min(floors):.1f}-{max(floors):.1f})",
+        "",
+        "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat / floor | PyTorch / floor | remat saved MiB | PyTorch saved MiB |",
+        "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|--------------:|----------------:|----------------:|------------------:|",
+    ]
+    for row in rows:
+        rm, tm = row["remat"], row["torch"]
+        lines.append(f"| {row['policy']} | {rm['median']:.1f} | {rm['min']:.0f}-{rm['max']:.0f} | {tm['median']:.1f} | "
+                     f"{tm['min']:.0f}-{tm['max']:.0f} | {row['ratio']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
+                     f"{row['remat_floor_ratio']:.2f}x | {row['torch_floor_ratio']:.2f}x | "
+                     f"{row['remat_saved_bytes'] / mib:.1f} | {row['torch_saved_bytes'] / mib:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     a = parse_args()
     remat_env = dict(os.environ)  # remat chooses its own kernel, as a user's run would
@@ -234,33 +267,7 @@ def main():
                      "remat_floor_ratio": rm["median"] / floor, "torch_floor_ratio": tm["median"] / floor,
                      "ratio_min": min(round_ratios[s]), "ratio_max": max(round_ratios[s]),
                      "remat_saved_bytes": remat_saved[s], "torch_saved_bytes": torch_saved[s]})
-    mib = 1 << 20
-    cpu = "unknown CPU"
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    lines = [
-        f"CPU: {cpu}, {os.cpu_count()} cores",
-        f"remat bench (ops engine) against PyTorch {torch.__version__} eager, seed model "
-        f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
-        f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "
-        f"GFLOP/s on {config.get('floor_gemm', 'its GEMM')}, the fastest here (last remat round)",
-        f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}",
-        f"floor: {floor:.1f} ms ({config['flops_per_step'] / 1e9:.1f} GFLOP per step at the 1024^3 rate of the fastest GEMM here; "
-        f"median of the {len(floors)} rounds, {min(floors):.1f}-{max(floors):.1f})",
-        "",
-        "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat / floor | PyTorch / floor | remat saved MiB | PyTorch saved MiB |",
-        "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|--------------:|----------------:|----------------:|------------------:|",
-    ]
-    for row in rows:
-        rm, tm = row["remat"], row["torch"]
-        lines.append(f"| {row['policy']} | {rm['median']:.1f} | {rm['min']:.0f}-{rm['max']:.0f} | {tm['median']:.1f} | "
-                     f"{tm['min']:.0f}-{tm['max']:.0f} | {row['ratio']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
-                     f"{row['remat_floor_ratio']:.2f}x | {row['torch_floor_ratio']:.2f}x | "
-                     f"{row['remat_saved_bytes'] / mib:.1f} | {row['torch_saved_bytes'] / mib:.1f} |")
-    table = "\n".join(lines) + "\n"
+    table = markdown(a, rows, config, floor, floors, torch, torch_kernel)
     print("\n" + table, end="")
     if a.markdown:
         write_atomic(a.markdown, table)

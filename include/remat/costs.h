@@ -1,7 +1,7 @@
 // Op costs for the planner's time predictions: measured on this machine, or estimated from rates.
 //
 //   remat::CostModel c = remat::choose_costs(cfg, remat::CostSource::Auto, remat::default_threads());
-//   c.step_ms(plan)   // predicted step time of a compiled StepPlan
+//   c.step_ms(plan)   // predicted step time of a compiled CompiledStep
 #pragma once
 
 #include <memory>
@@ -39,13 +39,13 @@ struct CostModel {
   // Time the ops a schedule reruns take, for one layer.
   double recompute_ms(const Schedule& schedule) const;
   // none_step_ms plus every block's recompute (op_ms(plan).recompute).
-  double step_ms(const StepPlan& plan) const;
+  double step_ms(const CompiledStep& plan) const;
   // What step_ms counts for each op of the block, summed over the plan's blocks (`remat bench
   // --profile` prints it beside the measured times).
   struct OpStepMs {
     std::vector<double> forward, recompute, backward;  // by op id of ModelSpec::block
   };
-  OpStepMs op_ms(const StepPlan& plan) const;
+  OpStepMs op_ms(const CompiledStep& plan) const;
 };
 
 // Rates that turn FLOPs and bytes into time.

@@ -3,7 +3,7 @@
 //
 //   remat::DistConfig d = remat::dist_config_from_env();      // RANK, WORLD_SIZE, MASTER_ADDR, ...
 //   remat::Communicator comm(d);                               // rendezvous through a c10d TCPStore
-//   remat::GradientBuckets buckets(model->step_plan(), model->parameters(), 2 << 20, comm);
+//   remat::GradientBuckets buckets(model->compiled_step(), model->parameters(), 2 << 20, comm);
 //   model->set_grad_sink(buckets.sink());                      // the engine hands gradients over
 //   ... forward, backward: each bucket's all-reduce starts when its last gradient arrives ...
 //   buckets.wait();                                            // only what is still in flight
@@ -93,7 +93,7 @@ class GradientBuckets {
   // `bucket_bytes`: a bucket closes at the first stage boundary at or past this size. `micro`:
   // backward passes per step (gradient accumulation) before the all-reduce. REQUIRES: `params`
   // are the plan's parameters, in its order.
-  GradientBuckets(const StepPlan& plan, const std::vector<at::Tensor>& params, int64_t bucket_bytes, int micro,
+  GradientBuckets(const CompiledStep& plan, const std::vector<at::Tensor>& params, int64_t bucket_bytes, int micro,
                   Communicator& comm);
 
   // What the engine calls with each parameter gradient (model parameter id); see GPT::set_grad_sink.

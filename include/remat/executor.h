@@ -56,7 +56,7 @@ class BlockExecutor {
  public:
   // Compiles `policy` for `spec` (both gradient variants lazily).
   BlockExecutor(BlockSpec spec, LayerPolicy policy, ExecOptions options = {});
-  // Runs a schedule compiled elsewhere (a StepPlan's). REQUIRES: it was compiled for `spec`.
+  // Runs a schedule compiled elsewhere (a CompiledStep's). REQUIRES: it was compiled for `spec`.
   BlockExecutor(const BlockSpec& spec, std::shared_ptr<const Schedule> schedule, ExecOptions options = {});
 
   const BlockSpec& spec() const { return spec_; }

@@ -1,8 +1,8 @@
 // The memory model: the exact bytes of one training step, from the tensor table and the compiled
-// StepPlan alone, without running anything (no ATen here: a 175B shape is replayed in
+// CompiledStep alone, without running anything (no ATen here: a 175B shape is replayed in
 // milliseconds).
 //
-//   remat::StepMemory m = remat::simulate_memory(model->step_plan());
+//   remat::StepMemory m = remat::simulate_memory(model->compiled_step());
 //   m.total_peak()   // == MemoryTracker's peak of a real step on CPU, to the byte
 //
 // It is a fold over the same schedules the executor runs: each step's allocations and frees follow
@@ -53,7 +53,7 @@ struct StepMemory {
 // gradient buffers (always so with world > 1), each stage's parameter gradients are handed to
 // persistent flat buffers, and freed, as the stage's backward returns; ZeRO shards what each rank
 // keeps. A pipeline rank (stages > 1) runs the 1F1B schedule (interleaved with chunks > 1) over the
-// chunks of its StepPlan: it receives each micro-batch's activations and output gradients and
+// chunks of its CompiledStep: it receives each micro-batch's activations and output gradients and
 // frees what it sent. The default is the step remat bench and the planner run: one micro-batch,
 // one process. See docs/design.md, NOTE [Parallel layouts].
 struct StepShape {
@@ -73,7 +73,7 @@ struct StepShape {
   int grad_bytes = 0;         // bytes per element of the gradient buffers; 0: the weights' dtype
   int stages = 1;             // pipeline ranks
   int stage = 0;              // this rank's pipeline stage
-  int chunks = 1;             // model chunks per pipeline rank (StepPlan::chunks)
+  int chunks = 1;             // model chunks per pipeline rank (CompiledStep::chunks)
   // Linear weight gradients are accumulated by their GEMM straight into the gradient buffers
   // (Megatron-LM's gradient_accumulation_fusion): no weight-gradient tensor is made for them.
   bool fused_wgrad = false;
@@ -127,7 +127,7 @@ struct MemoryTrace {
 // pipeline order), the optimizer step. Fills `trace` when given (of the first micro-batch; steps
 // without gradient buffers only).
 // REQUIRES: plan.chunk == 0; plan.chunks.size() == shape.chunks.
-StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx = {}, MemoryTrace* trace = nullptr,
+StepMemory simulate_memory(const CompiledStep& plan, const ThreadConfig& ctx = {}, MemoryTrace* trace = nullptr,
                            const StepShape& shape = {});
 
 // The same for `cfg` under `policy`.

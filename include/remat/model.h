@@ -5,7 +5,7 @@
 //   loss.backward();                                      // trains with torch::optim or remat::Adam
 //
 // Any block kind (cfg.arch): seed (inputs and targets are (B, T, C) floats, MSE loss, the engine's
-// twin of ModuleModel), gpt2 and llama (tokens in, cross-entropy out). The model runs the StepPlan
+// twin of ModuleModel), gpt2 and llama (tokens in, cross-entropy out). The model runs the CompiledStep
 // compiled from (cfg, policy): each stage is one autograd node; a uniform:N policy wraps chunks of
 // N blocks in remat::checkpoint.
 #pragma once
@@ -52,11 +52,11 @@ class GPTImpl : public torch::nn::Module {
   const ModelSpec& spec() const { return *spec_; }
   const ResolvedPolicy& policy() const { return policy_; }
   // The compiled training step this model runs (what the memory model replays).
-  const StepPlan& step_plan() const { return plan_; }
+  const CompiledStep& compiled_step() const { return plan_; }
 
   // Bytes that forward() leaves allocated until backward(), from the tensor table and the compiled
   // schedules: every stage's saved tensors, the stage outputs that the next stage keeps, the loss,
-  // and the RNG states of checkpointed chunks. Equals MemoryTracker's measurement on CPU.
+  // and the RNG states of checkpointed segments (uniform:N). Equals MemoryTracker's measurement on CPU.
   int64_t predicted_saved_bytes() const;
 
   // Per-op times of the block stage (summed over layers), when options.timer was given.
@@ -73,18 +73,18 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   void build_executors();
-  std::vector<at::Tensor> stage_params(const StagePlan& stage) const;
+  std::vector<at::Tensor> stage_params(const CompiledStage& stage) const;
 
   ModelConfig cfg_;
   std::shared_ptr<const ModelSpec> spec_;
   ResolvedPolicy policy_;
-  StepPlan plan_;
+  CompiledStep plan_;
   ExecOptions options_;
   std::vector<at::Tensor> params_;                           // by model parameter id
   std::vector<std::shared_ptr<const BlockExecutor>> execs_;  // by stage
   std::shared_ptr<const GradSink> sink_;
   // Eval mode: the same stages without dropout, keeping everything; and the logits head.
-  StepPlan eval_plan_;
+  CompiledStep eval_plan_;
   std::vector<std::shared_ptr<const BlockExecutor>> eval_execs_;
   std::shared_ptr<const BlockExecutor> logits_exec_;
 };

@@ -75,7 +75,7 @@ class Planner {
   std::vector<const BlockOption*> solve(int64_t total, int64_t buckets) const;
   std::vector<const BlockOption*> improve(std::vector<const BlockOption*> choice, int64_t total) const;
   std::vector<const BlockOption*> least_memory() const;
-  StepPlan plan_of(const std::vector<const BlockOption*>& choice) const;
+  CompiledStep plan_of(const std::vector<const BlockOption*>& choice) const;
   StepMemory memory_of(const std::vector<const BlockOption*>& choice) const;
 
   ModelConfig cfg_;

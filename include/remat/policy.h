@@ -8,8 +8,8 @@
 //                                    (default full): the seed note's "checkpoint every K-th layer"
 //            | block:N[=preset]      the first N layers run preset (default full), the rest none
 //                                    (Megatron's recompute_method=block)
-//            | uniform:N             chunks of N layers keep only the chunk input and recompute
-//                                    the whole chunk (Megatron's recompute_method=uniform)
+//            | uniform:N             segments of N layers keep only the segment input and recompute
+//                                    the whole segment (Megatron's recompute_method=uniform)
 //            | layers:R=preset[,R=preset...]   R is I or I-J (0-based, inclusive); others none
 //            | budget:SIZE[+keep:..][+drop:..]  the planner's choice (resolve.h): the fastest policy
 //                                    whose true peak fits SIZE ("300MiB", "2GB", "60%")
@@ -84,9 +84,9 @@ LayerPolicy keep_everything(const BlockSpec& spec);
 // A policy resolved for one model: one LayerPolicy per layer, plus layer chunks.
 struct ResolvedPolicy {
   std::vector<LayerPolicy> layers;
-  // 0: no chunks. N >= 1: layers are grouped into chunks of N (the last may be shorter); a chunk
-  // keeps only its input during forward and reruns all its layers in backward (uniform:N).
-  int64_t chunk = 0;
+  // 0: no segments. N >= 1: layers are grouped into segments of N (the last may be shorter); a
+  // segment keeps only its input during forward and reruns all its layers in backward (uniform:N).
+  int64_t segment = 0;
 };
 
 // A memory budget for the planner.

@@ -5,7 +5,7 @@
 //   remat::Schedule s = remat::compile_schedule(block, policy.layers[0]);
 //   for (const remat::Step& st : s.backward) ...   // Recompute, Backward (with its gradient plan), Free
 //
-// A StepPlan is one training step of a whole model: its stages in forward order, each with its
+// A CompiledStep is one training step of a whole model: its stages in forward order, each with its
 // schedule, and the parameters they share (a tied LM head). GPT runs it; simulate_memory replays it.
 #pragma once
 
@@ -85,16 +85,16 @@ struct Schedule {
 // REQUIRES: policy.tensors.size() == spec.tensors.size().
 Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std::vector<bool> need_input_grad = {});
 
-// One stage of a StepPlan.
-struct StagePlan {
+// One stage of a CompiledStep.
+struct CompiledStage {
   enum class Role : uint8_t { Stem, Block, Head };
   Role role = Role::Block;
   int64_t layer = 0;                // blocks: 0..layers-1; the stem -1; the head `layers`
-  const BlockSpec* spec = nullptr;  // points into StepPlan::model
+  const BlockSpec* spec = nullptr;  // points into CompiledStep::model
   std::shared_ptr<const Schedule> schedule;
   std::vector<int> params;     // model parameter id of each of the stage's parameters
   std::vector<bool> external;  // per stage input: data owned by the caller (needs no gradient)
-  int chunk = 0;               // pipeline parallelism: the model chunk it belongs to (StepPlan::chunks)
+  int chunk = 0;               // pipeline parallelism: the model chunk it belongs to (CompiledStep::chunks)
 };
 
 // A parameter of the model, once (a tied parameter is one entry used by two stages).
@@ -109,18 +109,20 @@ struct LayerRange {
   int64_t first = 0, end = 0;
 };
 
-struct StepPlan {
+struct CompiledStep {
   std::shared_ptr<const ModelSpec> model;
-  std::vector<ModelParam> params;  // in registration order: stem, blocks, head
-  std::vector<StagePlan> stages;   // forward order: stem, blocks, head
-  int64_t chunk = 0;               // ResolvedPolicy::chunk
+  std::vector<ModelParam> params;     // in registration order: stem, blocks, head
+  std::vector<CompiledStage> stages;  // forward order: stem, blocks, head
+  int64_t segment = 0;                // ResolvedPolicy::segment (uniform:N)
   // The layers of each model chunk, in the order the stages list them: one chunk of every layer
   // for a whole model; a pipeline rank's chunks otherwise (the stem goes with layer 0, the head
   // with the last layer).
   std::vector<LayerRange> chunks;
 
   // REQUIRES: the plan holds every layer (one chunk).
-  const StagePlan& block(int64_t layer) const { return stages[static_cast<size_t>(layer) + (model->has_stem ? 1 : 0)]; }
+  const CompiledStage& block(int64_t layer) const {
+    return stages[static_cast<size_t>(layer) + (model->has_stem ? 1 : 0)];
+  }
 };
 
 // Compiled schedules by (block, saved set, gradient variant): layers with equal choices share one.
@@ -137,13 +139,13 @@ class ScheduleCache {
 
 // The step of `model` under `policy`: stem and head keep everything, block l runs policy.layers[l].
 // REQUIRES: policy.layers.size() == model->layers.
-StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
-                      ScheduleCache* cache = nullptr);
+CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
+                          ScheduleCache* cache = nullptr);
 
 // One pipeline rank's part of the step: the layers of `chunks` (ascending, disjoint), with the
 // stem when they hold layer 0 and the head when they hold the last. A rank with the head but not
 // the stem keeps its own copy of a tied parameter (Megatron's copy of the word embedding).
-StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
-                      const std::vector<LayerRange>& chunks, ScheduleCache* cache = nullptr);
+CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
+                          const std::vector<LayerRange>& chunks, ScheduleCache* cache = nullptr);
 
 }  // namespace remat

@@ -350,8 +350,8 @@ std::optional<Entry> make_entry(const BenchOptions& o, const std::vector<Variant
   for (const OpNode& op : make_model(v.cfg).block.ops) e.ops.push_back(op.name);
   if (engine != Engine::Ops) return e;
   e.row.predicted_saved_bytes = e.model()->predicted_saved_bytes();
-  if (r.chunk == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
-  if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(e.model()->step_plan());
+  if (r.segment == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
+  if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(e.model()->compiled_step());
   if (v.resolved[i]->plan) e.row.plan = v.resolved[i]->text;
   if (o.verify) {
     say(o, fmt::format("{} {}: verifying every recompute", to_string(engine), text));
@@ -478,7 +478,7 @@ OpProfile op_profile(const BenchOptions& o, const Entry& e, const std::optional<
     prof.backward_ms.push_back(e.exec.timer->backward_ms[op] / o.steps);
   }
   if (in_run) {  // what the cost model says of each op, for the same step
-    CostModel::OpStepMs t = in_run->op_ms(e.model()->step_plan());
+    CostModel::OpStepMs t = in_run->op_ms(e.model()->compiled_step());
     prof.predicted_forward_ms = std::move(t.forward);
     prof.predicted_recompute_ms = std::move(t.recompute);
     prof.predicted_backward_ms = std::move(t.backward);
@@ -553,7 +553,7 @@ void measure(const BenchOptions& o, const std::vector<Variant>& variants, std::v
   const bool several = bench_attentions(o).size() > 1;
   for (Entry& e : entries) {
     if (e.row.engine == Engine::Ops && in_run[e.variant])
-      e.row.predicted_step_ms = in_run[e.variant]->step_ms(e.model()->step_plan());
+      e.row.predicted_step_ms = in_run[e.variant]->step_ms(e.model()->compiled_step());
     summarize_row(e.row, e.fwd_ms, e.bwd_ms, result);
     if (e.exec.timer) result.profiles.push_back(op_profile(o, e, in_run[e.variant], several));
     result.rows.push_back(e.row);

@@ -449,27 +449,27 @@ void build_model(Run& r) {
   r.model = GPT(engine_model, r.policy);
   make_optimizer(r);
   if (!r.parallel()) return;
-  if (r.policy.chunk > 0)
+  if (r.policy.segment > 0)
     fail(
-        "policy '{}' checkpoints chunks of layers, whose gradients reach autograd only; data parallelism takes "
+        "policy '{}' checkpoints segments of layers, whose gradients reach autograd only; data parallelism takes "
         "every other policy",
         r.o.policy);
   r.comm = std::make_unique<Communicator>(r.o.dist);
-  r.buckets = std::make_unique<GradientBuckets>(r.model->step_plan(), r.params, r.o.bucket_bytes,
+  r.buckets = std::make_unique<GradientBuckets>(r.model->compiled_step(), r.params, r.o.bucket_bytes,
                                                 static_cast<int>(r.o.accum), *r.comm);
   r.model->set_grad_sink(r.buckets->sink());
   r.loss_sum = at::zeros({1}, at::kDouble);  // trainer_step_shape counts it
 }
 
 // The memory guard, checked against the memory this machine has (or TrainOptions.memory_limit).
-// uniform:N chunks run under remat::checkpoint (autograd), which the memory model does not replay:
+// uniform:N segments run under remat::checkpoint (autograd), which the memory model does not replay:
 // they are guarded by a bound instead, none's step plus all of its activations once more (a
 // chunk's rerun in backward never keeps more than that).
 void guard_memory(Run& r, int64_t outside) {
   const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
   int64_t needs = 0;
-  if (r.policy.chunk == 0) {
-    r.predicted_peak = simulate_memory(r.model->step_plan(), r.o.threads, nullptr, shape).total_peak();
+  if (r.policy.segment == 0) {
+    r.predicted_peak = simulate_memory(r.model->compiled_step(), r.o.threads, nullptr, shape).total_peak();
     needs = r.predicted_peak;
   } else {
     ResolvedPolicy none;
@@ -480,7 +480,7 @@ void guard_memory(Run& r, int64_t outside) {
     needs = r.peak_bound;
   }
   if (r.o.memory_limit > 0) {
-    if (r.policy.chunk == 0 && outside + needs > r.o.memory_limit)
+    if (r.policy.segment == 0 && outside + needs > r.o.memory_limit)
       fail("policy '{}' peaks at {} per step{}, over TrainOptions.memory_limit {}; {}", r.o.policy, bytes_str(needs),
            outside > 0 ? " with " + bytes_str(outside) + " held before" : std::string(), bytes_str(r.o.memory_limit),
            plan_that_fits(r, r.o.memory_limit - outside));
@@ -489,7 +489,7 @@ void guard_memory(Run& r, int64_t outside) {
     fail(
         "policy '{}' needs {} {} per step on each of {} process(es) and this machine has {} available; try "
         "--policy budget:{}MiB (the planner then recomputes what it must)",
-        r.o.policy, r.policy.chunk == 0 ? "about" : "at most", bytes_str(needs), r.o.dist.world, bytes_str(available),
+        r.o.policy, r.policy.segment == 0 ? "about" : "at most", bytes_str(needs), r.o.dist.world, bytes_str(available),
         available * 6 / 10 / r.o.dist.world / (1 << 20));
   }
 }

@@ -390,7 +390,7 @@ ResolvedPolicy Policy::resolve(const BlockSpec& spec, int64_t layers) const {
     }
     case Form::Uniform:
       if (n_ > layers) fail("uniform:{} exceeds the model's {} layers in policy '{}'", n_, layers, text_);
-      r.chunk = n_;
+      r.segment = n_;
       break;
     case Form::Budget:
       break;  // refused above

@@ -109,7 +109,7 @@ TEST(Policy, BlockNRecomputesTheFirstNLayers) {
 
 TEST(Policy, UniformNChunksLayers) {
   const ResolvedPolicy r = Policy::parse("uniform:2").resolve(gpt2(), 6);
-  EXPECT_EQ(r.chunk, 2);
+  EXPECT_EQ(r.segment, 2);
   EXPECT_TRUE(r.layers[3].keeps_all(gpt2()));
 }
 

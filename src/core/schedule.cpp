@@ -282,13 +282,13 @@ std::shared_ptr<const Schedule> ScheduleCache::get(const BlockSpec& spec, const 
   return s;
 }
 
-StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy, ScheduleCache* cache) {
+CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy, ScheduleCache* cache) {
   const int64_t layers = model->layers;
   return compile_step(std::move(model), policy, {{0, layers}}, cache);
 }
 
-StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
-                      const std::vector<LayerRange>& chunks, ScheduleCache* cache) {
+CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
+                          const std::vector<LayerRange>& chunks, ScheduleCache* cache) {
   const ModelSpec& m = *model;
   if (static_cast<int64_t>(policy.layers.size()) != m.layers)
     fail("the policy has {} layers; the model has {}", policy.layers.size(), m.layers);
@@ -297,8 +297,8 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
       REMAT_INTERNAL("chunk {} holds layers [{}, {}) of {}", c, chunks[c].first, chunks[c].end, m.layers);
   ScheduleCache local;
   ScheduleCache& sc = cache ? *cache : local;
-  StepPlan plan;
-  plan.chunk = policy.chunk;
+  CompiledStep plan;
+  plan.segment = policy.segment;
   plan.chunks = chunks;
   const bool stem = m.has_stem && !chunks.empty() && chunks.front().first == 0;
   std::unordered_map<std::string, int> ids;  // model parameter id by name (stem and head only)
@@ -306,8 +306,9 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
   const LayerPolicy* last_policy = nullptr;
   std::vector<bool> last_need;
   // Parameters by model name: the stem's and the head's as they are, block l's as "h<l>.<name>".
-  auto add_stage = [&](StagePlan::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp, int chunk) {
-    StagePlan st;
+  auto add_stage = [&](CompiledStage::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp,
+                       int chunk) {
+    CompiledStage st;
     st.role = role;
     st.layer = layer;
     st.spec = &spec;
@@ -315,18 +316,18 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
     // Data the caller owns: the model's first input (tokens, or the seed block's x), and the head's
     // targets. A pipeline rank's received activations are its own, and need their gradient.
     const bool model_first =
-        role == StagePlan::Role::Stem || (!m.has_stem && role == StagePlan::Role::Block && layer == 0);
+        role == CompiledStage::Role::Stem || (!m.has_stem && role == CompiledStage::Role::Block && layer == 0);
     for (size_t k = 0; k < spec.inputs.size(); ++k)
-      st.external.push_back((model_first && k == 0) || (role == StagePlan::Role::Head && k > 0));
+      st.external.push_back((model_first && k == 0) || (role == CompiledStage::Role::Head && k > 0));
     std::vector<bool> need;
     for (size_t k = 0; k < spec.inputs.size(); ++k)
       need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
     // Consecutive layers mostly choose alike: reuse the last block's schedule without a lookup.
     const bool same =
-        role == StagePlan::Role::Block && last_block && need == last_need && last_policy->same_choices(lp);
+        role == CompiledStage::Role::Block && last_block && need == last_need && last_policy->same_choices(lp);
     st.schedule = same ? last_block : sc.get(spec, lp, need);
-    if (role == StagePlan::Role::Block) last_block = st.schedule, last_policy = &lp, last_need = need;
-    const bool block = role == StagePlan::Role::Block;
+    if (role == CompiledStage::Role::Block) last_block = st.schedule, last_policy = &lp, last_need = need;
+    const bool block = role == CompiledStage::Role::Block;
     const std::string prefix = block ? "h" + std::to_string(layer) + "." : std::string();
     for (const ParamSpec& p : spec.params) {
       std::string name = p.tied_to.empty() ? prefix + p.name : p.tied_to;
@@ -350,10 +351,11 @@ StepPlan compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPoli
   for (size_t c = 0; c < chunks.size(); ++c) {
     const int chunk = static_cast<int>(c);
     if (chunks[c].first == 0 && m.has_stem)
-      add_stage(StagePlan::Role::Stem, m.stem, -1, keep_everything(m.stem), chunk);
+      add_stage(CompiledStage::Role::Stem, m.stem, -1, keep_everything(m.stem), chunk);
     for (int64_t l = chunks[c].first; l < chunks[c].end; ++l)
-      add_stage(StagePlan::Role::Block, m.block, l, policy.layers[l], chunk);
-    if (chunks[c].end == m.layers) add_stage(StagePlan::Role::Head, m.head, m.layers, keep_everything(m.head), chunk);
+      add_stage(CompiledStage::Role::Block, m.block, l, policy.layers[l], chunk);
+    if (chunks[c].end == m.layers)
+      add_stage(CompiledStage::Role::Head, m.head, m.layers, keep_everything(m.head), chunk);
   }
   plan.model = std::move(model);
   return plan;

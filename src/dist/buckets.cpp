@@ -8,7 +8,7 @@
 
 namespace remat {
 
-GradientBuckets::GradientBuckets(const StepPlan& plan, const std::vector<at::Tensor>& params, int64_t bucket_bytes,
+GradientBuckets::GradientBuckets(const CompiledStep& plan, const std::vector<at::Tensor>& params, int64_t bucket_bytes,
                                  int micro, Communicator& comm)
     : comm_(comm), micro_(micro) {
   if (params.size() != plan.params.size())

@@ -36,8 +36,8 @@ TEST(DataParallel, BucketsFollowTheBackwardAndTiedWeightsAreReducedOnce) {
   d.master_port = free_port();
   Communicator comm(d);
   const std::vector<at::Tensor> params = model->parameters();
-  GradientBuckets buckets(model->step_plan(), params, /*bucket_bytes=*/1, /*micro=*/1, comm);
-  const StepPlan& plan = model->step_plan();
+  GradientBuckets buckets(model->compiled_step(), params, /*bucket_bytes=*/1, /*micro=*/1, comm);
+  const CompiledStep& plan = model->compiled_step();
   EXPECT_EQ(buckets.buckets(), static_cast<int>(plan.stages.size()));  // 1 byte: a bucket per stage
   // The head's own parameters come first, the stem's (with the tied wte) last.
   for (int id : plan.stages.back().params) {

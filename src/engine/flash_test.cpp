@@ -49,7 +49,7 @@ Outcome run(const ModelConfig& c, const std::string& policy) {
   r.loss.backward();
   r.peak = MemoryTracker::peak() - before;
   for (const at::Tensor& p : model->parameters()) r.grads.push_back(p.grad());
-  if (model->step_plan().chunk == 0) r.predicted = simulate_memory(model->step_plan(), current_threads());
+  if (model->compiled_step().segment == 0) r.predicted = simulate_memory(model->compiled_step(), current_threads());
   return r;
 }
 

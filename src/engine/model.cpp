@@ -1,4 +1,4 @@
-// remat::GPT: runs a StepPlan. Parameters are made from their roles in the tensor table; stages
+// remat::GPT: runs a CompiledStep. Parameters are made from their roles in the tensor table; stages
 // run in the plan's order; nothing here knows a tensor's or a parameter's name.
 #include "remat/model.h"
 
@@ -74,14 +74,14 @@ void GPTImpl::build_executors() {
   untimed.timer = nullptr;
   execs_.clear();
   std::vector<const Schedule*> seen;
-  for (const StagePlan& st : plan_.stages) {
+  for (const CompiledStage& st : plan_.stages) {
     // Layers that share a compiled schedule share one executor.
     std::shared_ptr<const BlockExecutor> same;
     for (size_t i = 0; i < execs_.size() && !same; ++i)
       if (seen[i] == st.schedule.get()) same = execs_[i];
     execs_.push_back(same ? same
-                          : std::make_shared<BlockExecutor>(*st.spec, st.schedule,
-                                                            st.role == StagePlan::Role::Block ? options_ : untimed));
+                          : std::make_shared<BlockExecutor>(
+                                *st.spec, st.schedule, st.role == CompiledStage::Role::Block ? options_ : untimed));
     seen.push_back(st.schedule.get());
   }
   // Eval mode: the dropout-free twin of the model, keeping everything. Its parameters are ours, in
@@ -97,7 +97,7 @@ void GPTImpl::build_executors() {
     if (eval_plan_.params[i].name != plan_.params[i].name)
       REMAT_INTERNAL("the dropout-free model's parameter {} is '{}', not '{}'", i, eval_plan_.params[i].name,
                      plan_.params[i].name);
-  for (const StagePlan& st : eval_plan_.stages)
+  for (const CompiledStage& st : eval_plan_.stages)
     eval_execs_.push_back(std::make_shared<BlockExecutor>(*st.spec, st.schedule, untimed));
   if (!eval_spec->logits.kind.empty())
     logits_exec_ = std::make_shared<BlockExecutor>(eval_spec->logits, keep_everything(eval_spec->logits), untimed);
@@ -107,14 +107,14 @@ void GPTImpl::set_policy(const Policy& policy) { set_policy(policy.resolve(spec_
 
 void GPTImpl::set_policy(const ResolvedPolicy& policy) {
   policy_ = policy;
-  StepPlan plan = compile_step(spec_, policy_);
+  CompiledStep plan = compile_step(spec_, policy_);
   for (size_t i = 0; i < plan.params.size(); ++i)
     if (plan.params[i].name != plan_.params[i].name) REMAT_INTERNAL("the parameters changed with the policy");
   plan_ = std::move(plan);
   build_executors();
 }
 
-std::vector<at::Tensor> GPTImpl::stage_params(const StagePlan& stage) const {
+std::vector<at::Tensor> GPTImpl::stage_params(const CompiledStage& stage) const {
   std::vector<at::Tensor> ps;
   for (int id : stage.params) ps.push_back(params_[id]);
   return ps;
@@ -134,25 +134,25 @@ std::vector<bool> GPTImpl::decays() const {
 
 at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
   const bool eval = !is_training();
-  const StepPlan& plan = eval ? eval_plan_ : plan_;
+  const CompiledStep& plan = eval ? eval_plan_ : plan_;
   const auto& execs = eval ? eval_execs_ : execs_;
   const size_t n = plan.stages.size();
   at::Tensor x = input;
   for (size_t i = 0; i < n;) {
-    const StagePlan& st = plan.stages[i];
+    const CompiledStage& st = plan.stages[i];
     const std::shared_ptr<const GradSink> sink = eval ? nullptr : sink_;
-    if (st.role == StagePlan::Role::Head) {
+    if (st.role == CompiledStage::Role::Head) {
       x = run_stage(execs[i], {x, target}, stage_params(st), st.layer, sink, &st.params);
       ++i;
       continue;
     }
-    if (st.role == StagePlan::Role::Stem || plan.chunk == 0 || eval) {
+    if (st.role == CompiledStage::Role::Stem || plan.segment == 0 || eval) {
       x = run_stage(execs[i], {x}, stage_params(st), st.layer, sink, &st.params);
       ++i;
       continue;
     }
-    // uniform:N: a chunk of N blocks under remat::checkpoint keeps only its input.
-    const size_t last = std::min(i + static_cast<size_t>(plan.chunk), n - 1);
+    // uniform:N: a segment of N blocks under remat::checkpoint keeps only its input.
+    const size_t last = std::min(i + static_cast<size_t>(plan.segment), n - 1);
     std::vector<at::Tensor> params;
     std::vector<std::vector<at::Tensor>> per_stage;
     std::vector<std::shared_ptr<const BlockExecutor>> chunk_execs;
@@ -165,9 +165,9 @@ at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
     }
     if (sink_)
       fail(
-          "uniform:{} chunks run under remat::checkpoint, which returns parameter gradients to autograd; "
+          "uniform:{} segments run under remat::checkpoint, which returns parameter gradients to autograd; "
           "data parallelism takes every other policy",
-          plan.chunk);
+          plan.segment);
     x = checkpoint(
         [chunk_execs, per_stage, layers](const at::Tensor& h) {
           at::Tensor t = h;
@@ -206,15 +206,15 @@ int64_t GPTImpl::predicted_saved_bytes() const {
   int64_t bytes = 0;
   const int64_t rng = static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
   for (size_t i = 0; i < plan_.stages.size(); ++i) {
-    const StagePlan& st = plan_.stages[i];
-    if (st.role != StagePlan::Role::Block || plan_.chunk == 0) {
+    const CompiledStage& st = plan_.stages[i];
+    if (st.role != CompiledStage::Role::Block || plan_.segment == 0) {
       bytes += st.schedule->saved_bytes(*st.spec) + output_bytes(*st.spec);
       continue;
     }
-    // A checkpointed chunk keeps its input (counted as the previous output), its output and the
+    // A checkpointed segment keeps its input (counted as the previous output), its output and the
     // CPU RNG state.
-    if (st.layer % plan_.chunk == 0) bytes += rng;
-    if (st.layer % plan_.chunk == plan_.chunk - 1 || st.layer == cfg_.layers - 1) bytes += output_bytes(*st.spec);
+    if (st.layer % plan_.segment == 0) bytes += rng;
+    if (st.layer % plan_.segment == plan_.segment - 1 || st.layer == cfg_.layers - 1) bytes += output_bytes(*st.spec);
   }
   return bytes;
 }

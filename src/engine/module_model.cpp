@@ -49,9 +49,9 @@ std::vector<Run> plan_runs(const ModelConfig& cfg, const Policy& policy) {
   const BlockSpec spec = make_block(cfg);
   const ResolvedPolicy resolved = policy.resolve(spec, cfg.layers);
   std::vector<Run> runs;
-  if (resolved.chunk > 0) {
-    for (int64_t first = 0; first < cfg.layers; first += resolved.chunk)
-      runs.push_back({first, std::min(first + resolved.chunk, cfg.layers) - 1, true});
+  if (resolved.segment > 0) {
+    for (int64_t first = 0; first < cfg.layers; first += resolved.segment)
+      runs.push_back({first, std::min(first + resolved.segment, cfg.layers) - 1, true});
   } else {
     for (int64_t i = 0; i < cfg.layers; ++i) {
       const LayerPolicy& lp = resolved.layers[i];

@@ -21,13 +21,13 @@ double CostModel::recompute_ms(const Schedule& schedule) const {
   return ms;
 }
 
-CostModel::OpStepMs CostModel::op_ms(const StepPlan& plan) const {
+CostModel::OpStepMs CostModel::op_ms(const CompiledStep& plan) const {
   OpStepMs t;
   t.forward.assign(block.size(), 0.0);
   t.recompute.assign(block.size(), 0.0);
   t.backward.assign(block.size(), 0.0);
-  for (const StagePlan& st : plan.stages) {
-    if (st.role != StagePlan::Role::Block) continue;
+  for (const CompiledStage& st : plan.stages) {
+    if (st.role != CompiledStage::Role::Block) continue;
     for (size_t op = 0; op < block.size(); ++op) {
       t.forward[op] += block[op].forward_ms;
       t.backward[op] += block[op].backward_ms;
@@ -37,7 +37,7 @@ CostModel::OpStepMs CostModel::op_ms(const StepPlan& plan) const {
   return t;
 }
 
-double CostModel::step_ms(const StepPlan& plan) const {
+double CostModel::step_ms(const CompiledStep& plan) const {
   double ms = none_step_ms(plan.model->layers);
   for (double r : op_ms(plan).recompute) ms += r;
   return ms;

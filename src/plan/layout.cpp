@@ -247,7 +247,7 @@ class Evaluator {
     if (parsed.is_budget())
       fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto", policy);
     ResolvedPolicy r = parsed.resolve(sh.spec->block, cfg_.layers);
-    if (r.chunk > 0) fail("policy '{}' checkpoints chunks of layers, which layouts do not plan", policy);
+    if (r.segment > 0) fail("policy '{}' checkpoints segments of layers, which layouts do not plan", policy);
     return sh.resolved.emplace(policy, std::move(r)).first->second;
   }
 
@@ -273,7 +273,7 @@ class Evaluator {
   // Stage `stage`'s part of the step under per-layer policies `layers` (all of the model's layers).
   // On a GPU a checkpointed layer reruns its forward when its backward starts (torch.utils.checkpoint,
   // Megatron-LM): the eager order (LayerPolicy::eager).
-  StepPlan compile(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
+  CompiledStep compile(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
     if (device_.engine) return compile_step(sh.spec, layers, stage_layers(cfg_.layers, l, stage), &sh.cache);
     ResolvedPolicy eager = layers;
     for (LayerPolicy& lp : eager.layers) lp.eager = true;
@@ -295,7 +295,7 @@ class Evaluator {
     return m;
   }
 
-  StepMemory memory(const Layout& l, int stage, const StepPlan& plan, bool cuda = false) {
+  StepMemory memory(const Layout& l, int stage, const CompiledStep& plan, bool cuda = false) {
     int64_t numel = 0;
     for (const ModelParam& p : plan.params) numel += p.spec->numel();
     const int m = static_cast<int>(l.micro_batches());

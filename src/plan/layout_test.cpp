@@ -215,7 +215,7 @@ TEST(Pipeline, FoldingChunkPassesEqualsReplayingEveryOp) {
           std::vector<LayerRange> chunks;
           const int64_t per = c.layers / (p * v);
           for (int k = 0; k < v; ++k) chunks.push_back({(k * p + r) * per, (k * p + r + 1) * per});
-          const StepPlan plan = compile_step(spec, none, chunks);
+          const CompiledStep plan = compile_step(spec, none, chunks);
           StepShape s;
           s.micro = m;
           s.scaled_loss = true;
@@ -237,7 +237,7 @@ TEST(Pipeline, FirstStagePeakCountsPMicroBatches) {
   auto spec = std::make_shared<const ModelSpec>(make_model(c));
   const ResolvedPolicy full = Policy::parse("full").resolve(spec->block, c.layers);
   const int p = 4;
-  const StepPlan plan = compile_step(spec, full, {{2, 4}});  // stage 1 of 4: no stem, no head
+  const CompiledStep plan = compile_step(spec, full, {{2, 4}});  // stage 1 of 4: no stem, no head
   auto peak = [&](int m) {
     StepShape s;
     s.micro = m, s.scaled_loss = true, s.stages = p, s.stage = 1;

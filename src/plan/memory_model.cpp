@@ -1,4 +1,4 @@
-// The memory model: a fold over a StepPlan's schedules on byte sizes (NOTE [One plan]).
+// The memory model: a fold over a CompiledStep's schedules on byte sizes (NOTE [One plan]).
 //
 // Every decision (what is saved, what is recomputed, how each gradient buffer is made and merged)
 // is read from the schedule. What is written here is what memory does as a consequence: an
@@ -31,7 +31,7 @@ namespace {
 
 struct Where {
   const char* pass = "";  // "forward", "backward", "recompute"
-  const StagePlan* stage = nullptr;
+  const CompiledStage* stage = nullptr;
   int op = -1;
 };
 
@@ -60,7 +60,7 @@ class Sim {
       live.pop_back();
     }
   }
-  void at(const char* pass, const StagePlan* stage, int op) { where_ = {pass, stage, op}; }
+  void at(const char* pass, const CompiledStage* stage, int op) { where_ = {pass, stage, op}; }
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
   // Where the highest level of the whole run was reached, and that level.
@@ -78,14 +78,14 @@ class Sim {
 
 std::string describe(const Where& w) {
   if (w.stage == nullptr) return "start of the step";
-  const std::string stage = w.stage->role == StagePlan::Role::Stem   ? "the embedding"
-                            : w.stage->role == StagePlan::Role::Head ? "the head"
-                                                                     : fmt::format("layer {}", w.stage->layer);
+  const std::string stage = w.stage->role == CompiledStage::Role::Stem   ? "the embedding"
+                            : w.stage->role == CompiledStage::Role::Head ? "the head"
+                                                                         : fmt::format("layer {}", w.stage->layer);
   if (w.op < 0) return fmt::format("{} after the backward of {}", w.pass, stage);
   return fmt::format("{} of {}, op '{}'", w.pass, stage, w.stage->spec->ops[w.op].name);
 }
 
-void forward_stage(Sim& sim, const StagePlan& st, const ThreadConfig& ctx) {
+void forward_stage(Sim& sim, const CompiledStage& st, const ThreadConfig& ctx) {
   const BlockSpec& b = *st.spec;
   for (const Step& step : st.schedule->forward) {
     if (step.kind == Step::Kind::Free) {
@@ -151,7 +151,7 @@ struct ParamGrads {
 // One stage's backward, with its incoming gradient owned by the caller.
 class StageBackward {
  public:
-  StageBackward(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad)
+  StageBackward(Sim& sim, const CompiledStage& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad)
       : sim_(sim),
         st_(st),
         b_(*st.spec),
@@ -280,7 +280,7 @@ class StageBackward {
   }
 
   Sim& sim_;
-  const StagePlan& st_;
+  const CompiledStage& st_;
   const BlockSpec& b_;
   ParamGrads& pg_;
   const ThreadConfig& ctx_;
@@ -290,7 +290,8 @@ class StageBackward {
   std::vector<bool> held_;  // each tensor's value is alive
 };
 
-void backward_stage(Sim& sim, const StagePlan& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad = false) {
+void backward_stage(Sim& sim, const CompiledStage& st, ParamGrads& pg, const ThreadConfig& ctx,
+                    bool fused_wgrad = false) {
   StageBackward(sim, st, pg, ctx, fused_wgrad).run();
 }
 
@@ -376,7 +377,7 @@ struct Chunk {
   bool begins = false, ends = false;
 };
 
-std::vector<Chunk> chunks_of(const StepPlan& plan) {
+std::vector<Chunk> chunks_of(const CompiledStep& plan) {
   std::vector<Chunk> chunks(plan.chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     bool any = false;
@@ -386,9 +387,9 @@ std::vector<Chunk> chunks_of(const StepPlan& plan) {
       chunks[c].last = i;
       any = true;
     }
-    const StagePlan& f = plan.stages[chunks[c].first];
+    const CompiledStage& f = plan.stages[chunks[c].first];
     chunks[c].begins = !f.external.empty() && f.external[0];
-    chunks[c].ends = plan.stages[chunks[c].last].role == StagePlan::Role::Head;
+    chunks[c].ends = plan.stages[chunks[c].last].role == CompiledStage::Role::Head;
   }
   return chunks;
 }
@@ -412,7 +413,7 @@ ElementBytes element_bytes(DType dtype, const StepShape& shape) {
 }
 
 // What a rank keeps between steps: weights, gradients, optimizer state, buckets and the batch.
-StepMemory persistent_memory(const StepPlan& plan, const StepShape& shape, const ElementBytes& e) {
+StepMemory persistent_memory(const CompiledStep& plan, const StepShape& shape, const ElementBytes& e) {
   StepMemory m;
   int64_t numel = 0, expert_numel = 0;
   for (const ModelParam& p : plan.params) (p.spec->expert ? expert_numel : numel) += p.spec->numel();
@@ -436,10 +437,10 @@ StepMemory persistent_memory(const StepPlan& plan, const StepShape& shape, const
     m.optimizer = (shape.zero >= 1 ? owned : numel) * (e.master + e.state);
     if (shape.bucketed()) m.buffers = m.grads + shape.extra_buffers;
   }
-  for (const StagePlan& st : plan.stages) {
-    if (st.role == StagePlan::Role::Stem || (st.external.size() > 0 && st.external[0]))
+  for (const CompiledStage& st : plan.stages) {
+    if (st.role == CompiledStage::Role::Stem || (st.external.size() > 0 && st.external[0]))
       m.data += st.spec->tensors[st.spec->inputs[0]].bytes();
-    if (st.role == StagePlan::Role::Head) m.data += st.spec->tensors[st.spec->inputs[1]].bytes();
+    if (st.role == CompiledStage::Role::Head) m.data += st.spec->tensors[st.spec->inputs[1]].bytes();
   }
   return m;
 }
@@ -448,7 +449,7 @@ StepMemory persistent_memory(const StepPlan& plan, const StepShape& shape, const
 // order, with FSDP2's all-gathers and reduce-scatters (StepShape::fsdp) where its hooks run them.
 class StepReplay {
  public:
-  StepReplay(const StepPlan& plan, const ThreadConfig& ctx, const StepShape& shape, const ElementBytes& e)
+  StepReplay(const CompiledStep& plan, const ThreadConfig& ctx, const StepShape& shape, const ElementBytes& e)
       : plan_(plan), ctx_(ctx), shape_(shape), e_(e), chunks_(chunks_of(plan)) {
     const size_t layers = static_cast<size_t>(plan.model->layers);
     t_ = {std::vector<int64_t>(layers),
@@ -565,13 +566,13 @@ class StepReplay {
   // A stage's pass, its start and peak recorded in `tr`; under ZeRO-3 the stage's whole weights
   // are gathered for it.
   template <typename Body>
-  void phase(const StagePlan& st, bool backward, MemoryTrace& tr, Body body) {
+  void phase(const CompiledStage& st, bool backward, MemoryTrace& tr, Body body) {
     int64_t* peak = nullptr;
-    if (st.role == StagePlan::Role::Block) {
+    if (st.role == CompiledStage::Role::Block) {
       (backward ? tr.bwd_start : tr.fwd_start)[st.layer] = sim_.live();
       peak = &(backward ? tr.bwd_peak : tr.fwd_peak)[st.layer];
     } else {
-      peak = st.role == StagePlan::Role::Head ? &tr.head_peak : &tr.stem_peak;
+      peak = st.role == CompiledStage::Role::Head ? &tr.head_peak : &tr.stem_peak;
     }
     sim_.restart_peak();
     int64_t gathered = 0;
@@ -608,7 +609,8 @@ class StepReplay {
       sim_.free(w, kAllGather);
   }
   void fsdp_after_forward(size_t i) {
-    if (!shape_.fsdp || !unsharded_[i] || !shape_.fsdp_reshard || plan_.stages[i].role == StagePlan::Role::Head) return;
+    if (!shape_.fsdp || !unsharded_[i] || !shape_.fsdp_reshard || plan_.stages[i].role == CompiledStage::Role::Head)
+      return;
     sim_.free(weights(i));
     unsharded_[i] = 0;
   }
@@ -642,29 +644,29 @@ class StepReplay {
   // stage (received: counted here, freed by the first block's backward); its output goes to the
   // next stage (sent, then freed) or is the loss.
   void forward(const Chunk& c, MemoryTrace& tr) {
-    const StagePlan& first = plan_.stages[c.first];
+    const CompiledStage& first = plan_.stages[c.first];
     if (!c.begins) sim_.alloc(first.spec->tensors[first.spec->inputs[0]].bytes());
     for (size_t i = c.first; i <= c.last; ++i) {
       if (shape_.fsdp) gather(i, /*keep_flat=*/true);
       phase(plan_.stages[i], false, tr, [&] { forward_stage(sim_, plan_.stages[i], ctx_); });
       fsdp_after_forward(i);
     }
-    const StagePlan& last = plan_.stages[c.last];
+    const CompiledStage& last = plan_.stages[c.last];
     if (!c.ends) sim_.free(last.spec->tensors[last.spec->output].bytes());
   }
 
   // Its backward: the root gradient first (rule 1), or the gradient received for its output; each
   // stage's dy is the gradient the stage after it returned (rule 2); the last one is sent.
   void backward(const Chunk& c, Grads mode, MemoryTrace& tr) {
-    const StagePlan& last = plan_.stages[c.last];
+    const CompiledStage& last = plan_.stages[c.last];
     const int64_t root = last.spec->tensors[last.spec->output].bytes();
     int64_t dy = c.ends ? (shape_.scaled_loss ? root : 0) : root;  // rule 5: the gradient through the division
     if (!c.ends) sim_.alloc(dy);
     for (size_t i = c.last + 1; i-- > c.first;) {
-      const StagePlan& st = plan_.stages[i];
+      const CompiledStage& st = plan_.stages[i];
       // A unit's pre-backward hook fires when the gradient reaches its output: for the head, after
       // the loss's backward (the loss is computed outside the model).
-      const bool head = st.role == StagePlan::Role::Head;
+      const bool head = st.role == CompiledStage::Role::Head;
       if (!head) fsdp_backward(c, i);
       phase(st, true, tr, [&] {
         if (head) {
@@ -694,7 +696,7 @@ class StepReplay {
     }
   }
 
-  const StepPlan& plan_;
+  const CompiledStep& plan_;
   const ThreadConfig& ctx_;
   const StepShape& shape_;
   const ElementBytes e_;
@@ -708,9 +710,9 @@ class StepReplay {
   std::vector<int64_t> sharded_grads_;     // FSDP2: this step's reduce-scatter outputs, the stages' gradients
 };
 
-void check_step_shape(const StepPlan& plan, const StepShape& shape) {
-  if (plan.chunk > 0)
-    fail("the memory model does not cover uniform:{} chunks yet (they run under remat::checkpoint)", plan.chunk);
+void check_step_shape(const CompiledStep& plan, const StepShape& shape) {
+  if (plan.segment > 0)
+    fail("the memory model does not cover uniform:{} segments yet (they run under remat::checkpoint)", plan.segment);
   if (shape.micro < 1 || shape.world < 1 || shape.rank < 0 || shape.rank >= shape.world || shape.stages < 1 ||
       shape.stage < 0 || shape.stage >= shape.stages || shape.chunks < 1 ||
       static_cast<int>(plan.chunks.size()) != shape.chunks || shape.zero < 0 || shape.zero > 3 ||
@@ -721,7 +723,8 @@ void check_step_shape(const StepPlan& plan, const StepShape& shape) {
 
 }  // namespace
 
-StepMemory simulate_memory(const StepPlan& plan, const ThreadConfig& ctx, MemoryTrace* out, const StepShape& shape) {
+StepMemory simulate_memory(const CompiledStep& plan, const ThreadConfig& ctx, MemoryTrace* out,
+                           const StepShape& shape) {
   check_step_shape(plan, shape);
   const ElementBytes e = element_bytes(plan.model->block.dtype, shape);
   StepMemory m = persistent_memory(plan, shape, e);
@@ -747,7 +750,7 @@ StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy,
 }
 
 BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, const ThreadConfig& ctx) {
-  StagePlan st;
+  CompiledStage st;
   st.spec = &spec;
   st.schedule = std::shared_ptr<const Schedule>(&schedule, [](const Schedule*) {});
   st.params.resize(spec.params.size());

@@ -151,7 +151,7 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWithGradientAccumulation) {
     StepShape shape;
     shape.micro = 3;
     shape.scaled_loss = true;
-    const StepMemory predicted = simulate_memory(model->step_plan(), current_threads(), nullptr, shape);
+    const StepMemory predicted = simulate_memory(model->compiled_step(), current_threads(), nullptr, shape);
     // `before` holds weights and moments; the data of each micro-batch comes within the step.
     EXPECT_EQ(predicted.peak + predicted.data, measured)
         << GetParam().name << " " << p << " (peak at " << predicted.peak_at << ")";

@@ -110,7 +110,7 @@ std::vector<const BlockOption*> Planner::solve(int64_t total, int64_t buckets) c
   return knapsack(frontier_, spec_->layers, fwd_const_, bwd_const_, head_const_, limit, buckets);
 }
 
-StepPlan Planner::plan_of(const std::vector<const BlockOption*>& choice) const {
+CompiledStep Planner::plan_of(const std::vector<const BlockOption*>& choice) const {
   return compile_step(spec_, policy_of(choice), &cache_);
 }
 
@@ -164,7 +164,7 @@ Plan Planner::plan(const Budget& budget) const {
     p.fits = true;
     p.policy = policy_of(choice);
     p.policy_text = plan_text(choice);
-    const StepPlan step = plan_of(choice);
+    const CompiledStep step = plan_of(choice);
     p.memory = simulate_memory(step, costs_.threads);
     p.step_ms = costs_.step_ms(step);
     if (p.memory.total_peak() > p.budget)  // the knapsack rounds up and improve() checks exactly

@@ -69,7 +69,7 @@ TEST(CostModel, PerOpTimesAreWhatTheStepTimeAddsUp) {
   auto spec = std::make_shared<const ModelSpec>(make_model(c));
   const CostModel costs = unit_costs(*spec);
   const ResolvedPolicy policy = Policy::parse("layers:0=full").resolve(spec->block, c.layers);
-  const StepPlan plan = compile_step(spec, policy);
+  const CompiledStep plan = compile_step(spec, policy);
   const CostModel::OpStepMs t = costs.op_ms(plan);
   ASSERT_EQ(t.forward.size(), costs.block.size());
   double sum = costs.other_ms;

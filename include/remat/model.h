@@ -6,8 +6,8 @@
 //
 // Any block kind (cfg.arch): seed (inputs and targets are (B, T, C) floats, MSE loss, the engine's
 // twin of ModuleModel), gpt2 and llama (tokens in, cross-entropy out). The model runs the CompiledStep
-// compiled from (cfg, policy): each stage is one autograd node; a uniform:N policy wraps chunks of
-// N blocks in remat::checkpoint.
+// compiled from (cfg, policy): each stage is one autograd node; a uniform:N policy wraps segments
+// of N blocks in remat::checkpoint.
 #pragma once
 
 #include <memory>
@@ -53,6 +53,7 @@ class GPTImpl : public torch::nn::Module {
   const ResolvedPolicy& policy() const { return policy_; }
   // The compiled training step this model runs (what the memory model replays).
   const CompiledStep& compiled_step() const { return plan_; }
+  [[deprecated("renamed compiled_step()")]] const CompiledStep& step_plan() const { return plan_; }
 
   // Bytes that forward() leaves allocated until backward(), from the tensor table and the compiled
   // schedules: every stage's saved tensors, the stage outputs that the next stage keeps, the loss,

@@ -81,7 +81,7 @@ struct LayerPolicy {
 // Keeps every activation of `spec`: how stems and heads always run.
 LayerPolicy keep_everything(const BlockSpec& spec);
 
-// A policy resolved for one model: one LayerPolicy per layer, plus layer chunks.
+// A policy resolved for one model: one LayerPolicy per layer, plus uniform:N's segment size.
 struct ResolvedPolicy {
   std::vector<LayerPolicy> layers;
   // 0: no segments. N >= 1: layers are grouped into segments of N (the last may be shorter); a

@@ -148,4 +148,8 @@ CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const Resolved
 CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
                           const std::vector<LayerRange>& chunks, ScheduleCache* cache = nullptr);
 
+// The former names of CompiledStep and CompiledStage, for one release.
+using StepPlan [[deprecated("renamed remat::CompiledStep")]] = CompiledStep;
+using StagePlan [[deprecated("renamed remat::CompiledStage")]] = CompiledStage;
+
 }  // namespace remat

@@ -520,6 +520,8 @@ std::vector<BenchResult::FrontierPoint> frontier(const ModelConfig& cfg, const C
 // Probes and the floor's GEMM before the rounds, every row's medians, predictions and profile after.
 void measure(const BenchOptions& o, const std::vector<Variant>& variants, std::vector<Entry>& entries,
              BenchResult& result) {
+  // One layer of each variant whose costs are measured, stepped by run_rounds; its first step is
+  // its warm-up.
   std::vector<std::unique_ptr<LayerProbe>> probes(variants.size());
   for (size_t vi = 0; vi < variants.size(); ++vi)
     if (variants[vi].costs && variants[vi].costs->measured) {
@@ -742,6 +744,10 @@ nlohmann::json row_json(const BenchRow& r) {
 std::string BenchResult::json() const {
   const ModelConfig& m = options.model;
   nlohmann::json config = model_json(m);
+  std::string attentions;  // the rows' attention implementations, "math,flash"
+  for (AttentionImpl a : bench_attentions(options))
+    attentions += (attentions.empty() ? "" : ",") + std::string(to_string(a));
+  config["attention"] = attentions;
   config.update({
       {"steps", options.steps},
       {"warmup", options.warmup},

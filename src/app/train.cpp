@@ -464,7 +464,7 @@ void build_model(Run& r) {
 // The memory guard, checked against the memory this machine has (or TrainOptions.memory_limit).
 // uniform:N segments run under remat::checkpoint (autograd), which the memory model does not replay:
 // they are guarded by a bound instead, none's step plus all of its activations once more (a
-// chunk's rerun in backward never keeps more than that).
+// segment's rerun in backward never keeps more than that).
 void guard_memory(Run& r, int64_t outside) {
   const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
   int64_t needs = 0;

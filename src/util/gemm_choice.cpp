@@ -115,14 +115,9 @@ void save_choice(const std::string& folder, const std::string& path, const std::
                  const GemmMeasurement& m) {
   try {
     std::filesystem::create_directories(folder);
-    nlohmann::json classes = nlohmann::json::array();
-    for (const GemmClassRates& r : m.classes) {
-      nlohmann::json rates = nlohmann::json::object();
-      for (const auto& [name, rate] : r.gflops) rates[name] = rate;
-      classes.push_back({{"product", r.product}, {"chosen", r.chosen}, {"gflops", rates}});
-    }
-    write_file_atomic(
-        path, nlohmann::json{{"key", key}, {"table", detail::to_string(table)}, {"classes", classes}}.dump(1) + "\n");
+    const nlohmann::json j = {
+        {"key", key}, {"table", detail::to_string(table)}, {"classes", detail::gemm_classes_json(m.classes)}};
+    write_file_atomic(path, j.dump(1) + "\n");
   } catch (const std::exception&) {
     // Unwritable: the next run measures again.
   }

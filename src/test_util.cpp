@@ -95,6 +95,11 @@ std::vector<EngineCase> engine_cases() {
   ModelConfig m = tiny("moe", 0.1);  // a capacity that drops copies, a shared expert, sigmoid scores
   m.capacity_factor = 0.5, m.shared_ffn = 24, m.router = Router::Sigmoid, m.norm_topk = false, m.top_k = 3;
   out.push_back({"moe_capacity_shared_sigmoid", m});
+  ModelConfig a = tiny("moe", 0.1);  // Megatron-LM's experts: GELU, the weights on the activation
+  a.mlp = Mlp::Gelu, a.expert_weights = ExpertWeights::Activation;
+  out.push_back({"moe_gelu_weighted_activation", a});
+  a.mlp = Mlp::Swiglu, a.capacity_factor = 0.5;
+  out.push_back({"moe_capacity_weighted_activation", a});
   return out;
 }
 

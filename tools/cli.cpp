@@ -55,6 +55,10 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--router", router, "moe: softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3) scores")
       ->capture_default_str();
   a->add_option("--aux-loss", cfg.aux_loss, "moe: load-balancing loss coefficient; 0 = off")->capture_default_str();
+  a->add_option("--expert-weights", expert_weights,
+                "moe: where the routing weights multiply: combine (the experts' outputs; Hugging Face, torchtitan) "
+                "or activation (the experts' activation, before their second linear; Megatron-LM)")
+      ->capture_default_str();
 }
 
 void ShapeFlags::add_planning(CLI::App* a) {
@@ -99,6 +103,7 @@ ModelConfig ShapeFlags::resolve() {
     if (app->get_option_no_throw("--expert-imbalance") && !unset("--expert-imbalance"))
       cfg.expert_imbalance = flags.expert_imbalance;
     if (unset("--router")) router = std::string(to_string(base.router));
+    if (unset("--expert-weights")) expert_weights = std::string(to_string(base.expert_weights));
     if (unset("--dtype")) dtype = std::string(to_string(base.dtype));
   }
   cfg.dtype = parse_dtype(dtype);
@@ -114,6 +119,7 @@ ModelConfig ShapeFlags::resolve() {
   }
   if (!loss.empty()) parse_loss(loss, cfg);
   cfg.router = parse_router(router);
+  cfg.expert_weights = parse_expert_weights(expert_weights);
   if (attention.find(',') != std::string::npos && !lists_attention)
     fail("--attention takes one of math, flash here, got '{}'; remat bench takes a list", attention);
   validate(cfg);

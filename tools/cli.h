@@ -35,6 +35,7 @@ struct ShapeFlags {
   std::string attention = "math";
   std::string norm, positions, mlp, qkv, loss;  // "" = the kind's
   std::string router = "softmax";
+  std::string expert_weights = "combine";
   bool bias_flag = false, tied_flag = false;
   std::string model;         // plan: a preset (remat/models.h)
   std::string model_config;  // plan: a Hugging Face config.json
@@ -45,7 +46,7 @@ struct ShapeFlags {
   // --arch --layers --dim --heads --kv-heads --batch --seq --ffn --dropout --attn-block --attention
   // and the decoder's choices: --norm --positions --mlp --bias/--no-bias --qkv-bias --tied/--untied
   // --qkv --loss; the mixture of experts': --experts --top-k --shared-ffn --capacity-factor --router
-  // --aux-loss
+  // --aux-loss --expert-weights
   void add(CLI::App* a);
   // plan: --model --model-config --vocab --dtype
   void add_planning(CLI::App* a);

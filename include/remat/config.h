@@ -35,6 +35,15 @@ enum class Router : uint8_t {
   Sigmoid,  // a sigmoid per expert (DeepSeek-V3)
 };
 
+// Where a mixture of experts multiplies each token copy by its routing weight (moe). The same
+// function (the experts' second linear has no bias), with different tensors kept for the backward.
+enum class ExpertWeights : uint8_t {
+  Combine,     // the experts' outputs, weighted as they are summed back into token order (Hugging
+               // Face's Mixtral and Qwen3-MoE, torchtitan): the combine keeps the outputs (rows x dim)
+  Activation,  // the experts' activation, before their second linear (Megatron-LM's experts.py): the
+               // activation and its weighted copy are both kept (rows x ffn each)
+};
+
 // How the head computes its cross-entropy (planning bf16/fp16 models: frameworks up-cast first).
 enum class Loss : uint8_t {
   Default,  // Fp32 (the model's dtype when that is fp32)
@@ -98,6 +107,7 @@ struct ModelConfig {
   Router router = Router::Softmax;
   bool norm_topk = true;   // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
   double aux_loss = 0.01;  // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
+  ExpertWeights expert_weights = ExpertWeights::Combine;
   // One rank of an expert-parallel group (planning only): it holds experts / ep of the experts and
   // exchanges the dispatched tokens with the group's other ranks (all-to-all), receiving as many
   // rows as it sent when routing is balanced, `expert_imbalance` times as many on the busiest rank.
@@ -156,6 +166,7 @@ std::string_view to_string(Norm n);
 std::string_view to_string(Positions p);
 std::string_view to_string(Mlp m);
 std::string_view to_string(Router r);
+std::string_view to_string(ExpertWeights w);
 std::string to_string(Loss l, int64_t chunks);
 DType parse_dtype(std::string_view s);
 AttentionImpl parse_attention(std::string_view s);
@@ -163,6 +174,7 @@ Norm parse_norm(std::string_view s);
 Positions parse_positions(std::string_view s);
 Mlp parse_mlp(std::string_view s);
 Router parse_router(std::string_view s);
+ExpertWeights parse_expert_weights(std::string_view s);
 // "fp32", "model", "chunked:N" into cfg.loss and cfg.loss_chunks.
 void parse_loss(std::string_view s, ModelConfig& cfg);
 

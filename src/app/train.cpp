@@ -76,6 +76,7 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
           {"router", std::string(to_string(m.router))},
           {"norm-topk", m.norm_topk},
           {"aux-loss", m.aux_loss},
+          {"expert-weights", std::string(to_string(m.expert_weights))},
           {"steps", o.steps},
           {"accum", o.accum},
           {"lr", o.lr},
@@ -155,6 +156,8 @@ TrainOptions options_from(const Json& j, TrainOptions o) {
     m.router = parse_router(j.at("router").get<std::string>());
     m.norm_topk = j.at("norm-topk");
     m.aux_loss = j.at("aux-loss");
+    if (j.contains("expert-weights"))  // (absent before 0.6: combine)
+      m.expert_weights = parse_expert_weights(j.at("expert-weights").get<std::string>());
   }
   m.layers = j.at("layers");
   m.dim = j.at("dim");

@@ -9,10 +9,12 @@
 //          (weights, experts, probs) = route(router(n2))
 //          (xs, slots, rows) = dispatch(n2, experts)
 //          moe = combine(down(silu(gate(xs)) * up(xs)), weights, slots) [+ the shared expert's MLP of n2]
+//          or, with ModelConfig.expert_weights activation (Megatron-LM's placement), the same sum as
+//          moe = unpermute(down(weigh(silu(gate(xs)) * up(xs), weights, slots)), slots)
 //          y = x2 + drop(moe)
 //   head   cross_entropy(logits(rmsf(x)), targets)
 // Tags: router (its logits, probabilities, weights), experts (every routed tensor), expert-act (the
-// experts' SwiGLU product, which mlp-act also means here), shared (the shared expert's), so the
+// experts' SwiGLU product and its weighted copy, which mlp-act also means here), shared (the shared expert's), so the
 // presets moe-act, moe and shared drop what Megatron-LM's recompute modules of those names do.
 #include "blocks/decoder.h"
 #include "blocks/kinds.h"
@@ -86,10 +88,21 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
     const int fc = expert_linear(b, "fc", xs, row_expert, f, kInner, "experts' first linears (GELU input)");
     act = unary(b, OpKind::Gelu, "act", fc, kInner | tag::kExpertAct | tag::kMlpAct, "experts' GELU output");
   }
+  const bool weigh_act = c.expert_weights == ExpertWeights::Activation;
+  if (weigh_act)
+    act = b.op(OpKind::Weigh, "weighed", {act, routed[0], slots},
+               {{"weighed",
+                 {rows, f},
+                 c.dtype,
+                 kInner | tag::kExpertAct | tag::kMlpAct,
+                 "experts' activation times each row's routing weight"}})[0];
   const int down =
       expert_linear(b, "down", act, row_expert, c.dim, kInner, "experts' down projections", Init::ResidualNormal);
-  int out = b.op(OpKind::Combine, "combine", {down, routed[0], slots},
-                 {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
+  int out = weigh_act
+                ? b.op(OpKind::Unpermute, "combine", {down, slots},
+                       {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs summed into token order"}})[0]
+                : b.op(OpKind::Combine, "combine", {down, routed[0], slots},
+                       {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
   b.last().routing = routing;
   if (c.shared_ffn > 0) out = add(b, "moe", out, shared_expert(b, n2), "routed plus shared experts");
   return out;

@@ -11,6 +11,7 @@
 #include "remat/executor.h"
 #include "remat/model.h"
 #include "remat/policy.h"
+#include "remat/schedule.h"
 #include "test_util.h"
 
 namespace remat {
@@ -46,6 +47,25 @@ TEST(Moe, PresetsDropWhatTheirMegatronModulesRecompute) {
   EXPECT_EQ(dropped("moe"), (std::vector<std::string>{"weights", "experts", "probs", "xs", "slots", "rows", "gate",
                                                       "up", "act", "down"}));
   EXPECT_THROW(Policy::parse("moe").resolve(make_block(tiny("llama")), 1), Error);
+}
+
+// Megatron-LM's placement keeps the activation and its weighted copy (rows x ffn each) where the
+// combine keeps the experts' outputs (rows x dim); moe-act drops both copies.
+TEST(Moe, WeightsOnTheActivationKeepItsWeightedCopyInsteadOfTheOutputs) {
+  ModelConfig c = tiny("moe");  // 32 dispatch rows, ffn 64, dim 16, fp32
+  auto saved = [](const BlockSpec& b) {
+    return compile_schedule(b, Policy::parse("none").resolve(b, 1).layers[0]).saved_bytes(b);
+  };
+  const int64_t on_outputs = saved(make_block(c));
+  c.expert_weights = ExpertWeights::Activation;
+  const BlockSpec b = make_block(c);
+  EXPECT_EQ(saved(b) - on_outputs, 32 * (64 - 16) * 4);
+  EXPECT_EQ(b.tensors[b.find("weighed")].shape, (std::vector<int64_t>{32, 64}));
+  std::vector<std::string> dropped;
+  const LayerPolicy act = Policy::parse("moe-act").resolve(b, 1).layers[0];
+  for (int t : b.choosable())
+    if (!act.saves(t)) dropped.push_back(b.tensors[t].name);
+  EXPECT_EQ(dropped, (std::vector<std::string>{"act", "weighed"}));
 }
 
 // Equal scores go to the lower experts, so a recompute of the same logits routes the same way:

@@ -47,6 +47,7 @@ std::string_view to_string(Positions p) {
 }
 std::string_view to_string(Mlp m) { return m == Mlp::Gelu ? "gelu" : m == Mlp::Swiglu ? "swiglu" : "default"; }
 std::string_view to_string(Router r) { return r == Router::Sigmoid ? "sigmoid" : "softmax"; }
+std::string_view to_string(ExpertWeights w) { return w == ExpertWeights::Activation ? "activation" : "combine"; }
 std::string to_string(Loss l, int64_t chunks) {
   switch (l) {
     case Loss::Default:
@@ -86,6 +87,15 @@ Router parse_router(std::string_view s) {
   if (s == "softmax") return Router::Softmax;
   if (s == "sigmoid") return Router::Sigmoid;
   fail("unknown ModelConfig.router '{}'; allowed: softmax, sigmoid", s);
+}
+
+ExpertWeights parse_expert_weights(std::string_view s) {
+  if (s == "combine") return ExpertWeights::Combine;
+  if (s == "activation") return ExpertWeights::Activation;
+  fail(
+      "unknown ModelConfig.expert_weights '{}'; allowed: combine (weight the experts' outputs), activation "
+      "(weight their activation, as Megatron-LM does)",
+      s);
 }
 
 int64_t ModelConfig::expert_capacity() const {
@@ -147,6 +157,7 @@ std::string describe(const ModelConfig& c) {
     if (c.shared_ffn > 0) s += fmt::format(" shared-ffn={}", c.shared_ffn);
     if (c.capacity_factor > 0) s += fmt::format(" capacity={}", c.capacity_factor);
     if (c.router != Router::Softmax) s += fmt::format(" router={}", to_string(c.router));
+    if (c.expert_weights != ExpertWeights::Combine) s += fmt::format(" weights={}", to_string(c.expert_weights));
     if (c.ep > 1) s += fmt::format(" ep={}", c.ep);
   }
   if (c.tp > 1) s += fmt::format(" tp={}{}", c.tp, c.sp ? "+sp" : "");

@@ -45,6 +45,8 @@ class OpEnv {
   // schedule marks as still held keeps its forward value (verify mode checks the new one equals it).
   void set_out(const OpNode& op, int i, at::Tensor t);
   const std::vector<int64_t>& out_shape(const OpNode& op, int i) const { return spec_.tensors[op.out[i]].shape; }
+  // Input i's shape from the table: known in the backward whether or not the input was kept.
+  const std::vector<int64_t>& in_shape(const OpNode& op, int i) const { return spec_.tensors[op.in[i]].shape; }
   // The device the stage runs on (for ops with no inputs).
   at::Device device() const;
   // The op's random seed: drawn from the default generator in the forward, replayed in a recompute

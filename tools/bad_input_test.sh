@@ -122,7 +122,7 @@ bad "--seq: '99999999999999999999' is out of range (a 64-bit integer)" plan --se
 bad "--layers: '-99999999999999999999' is out of range" bench --layers -99999999999999999999
 bad "with math attention, none (every bench's reference step) is predicted to peak at" \
   bench --arch gpt2 --seq 65536 --batch 8 --policies none --steps 1 --warmup 0
-bad "needs at most" train --policy uniform:2 --batch 100000 --seq 1024 --data "$box/text.txt"
+bad "needs about" train --policy uniform:2 --batch 100000 --seq 1024 --data "$box/text.txt"
 bad "needs about" train --policy none --batch 100000 --seq 1024 --data "$box/text.txt"
 # ---- policies and budgets -----------------------------------------------------------------------
 bad "unknown policy term 'atn'" bench "${tiny[@]}" --policies none,atn

@@ -187,10 +187,8 @@ void print_summary(const TrainResult& r) {
   for (const TrainRecord& rec : r.log) peak = std::max(peak, rec.peak_bytes);
   fmt::print("  policy as run: {}\n", r.policy_text);
   const std::string against =
-      r.predicted_peak == 0
-          ? fmt::format("not modelled for uniform:N; at most {}", bytes_str(r.peak_bound))
-          : fmt::format("predicted {}{}", bytes_str(r.predicted_peak),
-                        peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
+      fmt::format("predicted {}{}", bytes_str(r.predicted_peak),
+                  peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
   fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} ({})\n", r.final_val_loss,
              median_of(r.log, &TrainRecord::tokens_per_s) / 1000, bytes_str(peak), against);
   if (r.rank_peaks.size() > 1) {

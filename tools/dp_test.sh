@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel training end to end, on c10d Gloo between local processes (one thread each):
 #   - 2 ranks of batch b train bitwise like one process with --accum 2 of batch b;
-#   - under data parallelism the policy changes nothing (none, attn, full, a budget), nor does ZeRO-1;
+#   - under data parallelism the policy changes nothing (none, attn, full, uniform:2, a budget), nor
+#     does ZeRO-1;
 #   - 3 and 4 ranks match one process with --accum 3 and 4 within a stated tolerance;
 #   - every rank's peak memory is predicted to the byte, with and without ZeRO-1;
 #   - kill -9 of a rank stops the run within seconds with one line naming it, keeps the last saved
@@ -31,14 +32,14 @@ run dp2 --steps 30 --nproc 2
   fail "2 ranks: weights $(digest dp2), one process with --accum 2: $(digest accum2)"
 [ "$(val dp2)" = "$(val accum2)" ] || fail "2 ranks: validation loss $(val dp2), --accum 2: $(val accum2)"
 
-for p in attn full budget:80%; do
+for p in attn full uniform:2 budget:80%; do
   run "dp2_$p" --steps 30 --nproc 2 --policy "$p"
   [ "$(digest "dp2_$p")" = "$(digest dp2)" ] || fail "2 ranks under $p: weights $(digest "dp2_$p"), under none $(digest dp2)"
 done
 run zero1 --steps 30 --nproc 2 --zero 1 --bucket-mb 0.05
 [ "$(digest zero1)" = "$(digest dp2)" ] || fail "ZeRO-1 (small buckets): weights $(digest zero1), ZeRO-0 $(digest dp2)"
 grep -q "rank 1: peak .*equal" "$tmp/zero1.out" || fail "ZeRO-1 peak not predicted: $(grep rank "$tmp/zero1.out")"
-for f in dp2 zero1; do
+for f in dp2 zero1 dp2_uniform:2; do
   [ "$(grep -c 'rank [0-9]: peak .*, equal)' "$tmp/$f.out")" -eq 2 ] || fail "$f: a rank's peak differs from its prediction: $(grep 'rank ' "$tmp/$f.out")"
 done
 

@@ -63,8 +63,11 @@ class BlockExecutor {
   const Schedule& schedule() const { return *schedule_; }
 
   // Runs the forward. `inputs` in spec().inputs order, `params` in spec().params order. Returns
-  // the output; ctx keeps the saved tensors. `layer` names the layer in errors.
-  at::Tensor forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx, int64_t layer) const;
+  // the output; ctx keeps the saved tensors. `layer` names the layer in errors. With replay_seeds,
+  // ctx.seeds already holds the seeds an earlier forward of this stage drew (a uniform:N segment's
+  // rerun) and the random ops use them; otherwise they are drawn from the default generator.
+  at::Tensor forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx, int64_t layer,
+                     bool replay_seeds = false) const;
 
   struct Grads {
     std::vector<at::Tensor> inputs;  // undefined where not needed
@@ -95,5 +98,23 @@ using GradSink = std::function<void(int param, at::Tensor grad)>;
 at::Tensor run_stage(std::shared_ptr<const BlockExecutor> exec, at::TensorList inputs, at::TensorList params,
                      int64_t layer, std::shared_ptr<const GradSink> sink = nullptr,
                      const std::vector<int>* param_ids = nullptr);
+
+// One stage of a uniform:N segment (CompiledStage::segment).
+struct SegmentStage {
+  std::shared_ptr<const BlockExecutor> first;  // runs CompiledStage::first_pass: keeps nothing
+  std::shared_ptr<const BlockExecutor> exec;   // runs CompiledStage::schedule: the rerun and the backward
+  std::vector<at::Tensor> params;
+  int64_t layer = 0;
+  std::vector<int> param_ids;  // with a sink: the model id of each of `params`
+};
+
+// Runs consecutive one-input stages as one segment, one autograd node (NOTE [Segments]): the
+// forward runs each stage's `first` executor and keeps the segment's input and the random seeds
+// drawn; the backward reruns the forwards with `exec` (the same seeds, so the same bits), then runs
+// their backwards from the last stage. verify: the rerun's stage outputs are checked bitwise against
+// the first forward's (throws remat::Error naming the layer). Parameter gradients go to `sink` as each
+// stage's backward returns, or to autograd when the segment's does.
+at::Tensor run_segment(std::vector<SegmentStage> stages, const at::Tensor& x, std::shared_ptr<const GradSink> sink,
+                       bool verify);
 
 }  // namespace remat

@@ -6,8 +6,8 @@
 //
 // Any block kind (cfg.arch): seed (inputs and targets are (B, T, C) floats, MSE loss, the engine's
 // twin of ModuleModel), gpt2 and llama (tokens in, cross-entropy out). The model runs the CompiledStep
-// compiled from (cfg, policy): each stage is one autograd node; a uniform:N policy wraps segments
-// of N blocks in remat::checkpoint.
+// compiled from (cfg, policy): each stage is one autograd node, and each uniform:N segment of N
+// blocks one node too (run_segment, NOTE [Segments]).
 #pragma once
 
 #include <memory>
@@ -56,8 +56,8 @@ class GPTImpl : public torch::nn::Module {
   [[deprecated("renamed compiled_step()")]] const CompiledStep& step_plan() const { return plan_; }
 
   // Bytes that forward() leaves allocated until backward(), from the tensor table and the compiled
-  // schedules: every stage's saved tensors, the stage outputs that the next stage keeps, the loss,
-  // and the RNG states of checkpointed segments (uniform:N). Equals MemoryTracker's measurement on CPU.
+  // schedules: every stage's saved tensors and the stage outputs that the next stage keeps (of a
+  // uniform:N segment, its output alone), and the loss. Equals MemoryTracker's measurement on CPU.
   int64_t predicted_saved_bytes() const;
 
   // Per-op times of the block stage (summed over layers), when options.timer was given.
@@ -81,8 +81,9 @@ class GPTImpl : public torch::nn::Module {
   ResolvedPolicy policy_;
   CompiledStep plan_;
   ExecOptions options_;
-  std::vector<at::Tensor> params_;                           // by model parameter id
-  std::vector<std::shared_ptr<const BlockExecutor>> execs_;  // by stage
+  std::vector<at::Tensor> params_;                                 // by model parameter id
+  std::vector<std::shared_ptr<const BlockExecutor>> execs_;        // by stage
+  std::vector<std::shared_ptr<const BlockExecutor>> first_execs_;  // by stage: a segment's first forward, or null
   std::shared_ptr<const GradSink> sink_;
   // Eval mode: the same stages without dropout, keeping everything; and the logits head.
   CompiledStep eval_plan_;

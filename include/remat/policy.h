@@ -80,6 +80,9 @@ struct LayerPolicy {
 
 // Keeps every activation of `spec`: how stems and heads always run.
 LayerPolicy keep_everything(const BlockSpec& spec);
+// Recomputes every choosable tensor of `spec` (its inputs are kept): a uniform:N segment's first
+// forward, whose backward never runs.
+LayerPolicy keep_nothing(const BlockSpec& spec);
 
 // A policy resolved for one model: one LayerPolicy per layer, plus uniform:N's segment size.
 struct ResolvedPolicy {

@@ -95,6 +95,12 @@ struct CompiledStage {
   std::vector<int> params;     // model parameter id of each of the stage's parameters
   std::vector<bool> external;  // per stage input: data owned by the caller (needs no gradient)
   int chunk = 0;               // pipeline parallelism: the model chunk it belongs to (CompiledStep::chunks)
+  // uniform:N (NOTE [Segments]): the segment of blocks this one runs in (layer / N; consecutive
+  // blocks with one number form it), -1 outside one; and the schedule of the segment's first
+  // forward, which keeps nothing (every choosable tensor recomputed). `schedule` then runs the rerun
+  // and the backward.
+  int64_t segment = -1;
+  std::shared_ptr<const Schedule> first_pass;
 };
 
 // A parameter of the model, once (a tied parameter is one entry used by two stages).
@@ -113,7 +119,7 @@ struct CompiledStep {
   std::shared_ptr<const ModelSpec> model;
   std::vector<ModelParam> params;     // in registration order: stem, blocks, head
   std::vector<CompiledStage> stages;  // forward order: stem, blocks, head
-  int64_t segment = 0;                // ResolvedPolicy::segment (uniform:N)
+  int64_t segment = 0;                // ResolvedPolicy::segment (uniform:N): N, 0 for none
   // The layers of each model chunk, in the order the stages list them: one chunk of every layer
   // for a whole model; a pipeline rank's chunks otherwise (the stem goes with layer 0, the head
   // with the last layer).

@@ -350,7 +350,7 @@ std::optional<Entry> make_entry(const BenchOptions& o, const std::vector<Variant
   for (const OpNode& op : make_model(v.cfg).block.ops) e.ops.push_back(op.name);
   if (engine != Engine::Ops) return e;
   e.row.predicted_saved_bytes = e.model()->predicted_saved_bytes();
-  if (r.segment == 0) e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
+  e.row.predicted_peak_bytes = v.resolved[i]->memory.peak;
   if (v.costs) e.row.predicted_step_ms = v.costs->step_ms(e.model()->compiled_step());
   if (v.resolved[i]->plan) e.row.plan = v.resolved[i]->text;
   if (o.verify) {

@@ -239,8 +239,7 @@ struct Run {
   int64_t step = 0;
   ResolvedPolicy policy;
   std::string policy_text;
-  int64_t predicted_peak = 0;  // 0 for uniform:N, which the memory model does not cover
-  int64_t peak_bound = 0;      // uniform:N: an upper bound instead
+  int64_t predicted_peak = 0;
   bool parallel() const { return o.dist.world > 1; }
   bool leader() const { return o.dist.rank == 0; }
 };
@@ -452,11 +451,6 @@ void build_model(Run& r) {
   r.model = GPT(engine_model, r.policy);
   make_optimizer(r);
   if (!r.parallel()) return;
-  if (r.policy.segment > 0)
-    fail(
-        "policy '{}' checkpoints segments of layers, whose gradients reach autograd only; data parallelism takes "
-        "every other policy",
-        r.o.policy);
   r.comm = std::make_unique<Communicator>(r.o.dist);
   r.buckets = std::make_unique<GradientBuckets>(r.model->compiled_step(), r.params, r.o.bucket_bytes,
                                                 static_cast<int>(r.o.accum), *r.comm);
@@ -465,34 +459,21 @@ void build_model(Run& r) {
 }
 
 // The memory guard, checked against the memory this machine has (or TrainOptions.memory_limit).
-// uniform:N segments run under remat::checkpoint (autograd), which the memory model does not replay:
-// they are guarded by a bound instead, none's step plus all of its activations once more (a
-// segment's rerun in backward never keeps more than that).
 void guard_memory(Run& r, int64_t outside) {
   const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
-  int64_t needs = 0;
-  if (r.policy.segment == 0) {
-    r.predicted_peak = simulate_memory(r.model->compiled_step(), r.o.threads, nullptr, shape).total_peak();
-    needs = r.predicted_peak;
-  } else {
-    ResolvedPolicy none;
-    none.layers.assign(r.o.model.layers, keep_everything(make_block(r.o.model)));
-    const StepMemory m = simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(r.o.model)), none),
-                                         r.o.threads, nullptr, shape);
-    r.peak_bound = m.total_peak() + m.saved;
-    needs = r.peak_bound;
-  }
+  r.predicted_peak = simulate_memory(r.model->compiled_step(), r.o.threads, nullptr, shape).total_peak();
+  const int64_t needs = r.predicted_peak;
   if (r.o.memory_limit > 0) {
-    if (r.policy.segment == 0 && outside + needs > r.o.memory_limit)
+    if (outside + needs > r.o.memory_limit)
       fail("policy '{}' peaks at {} per step{}, over TrainOptions.memory_limit {}; {}", r.o.policy, bytes_str(needs),
            outside > 0 ? " with " + bytes_str(outside) + " held before" : std::string(), bytes_str(r.o.memory_limit),
            plan_that_fits(r, r.o.memory_limit - outside));
   } else if (const int64_t available = available_memory();
              available > 0 && needs * r.o.dist.world > available * 9 / 10) {
     fail(
-        "policy '{}' needs {} {} per step on each of {} process(es) and this machine has {} available; try "
+        "policy '{}' needs about {} per step on each of {} process(es) and this machine has {} available; try "
         "--policy budget:{}MiB (the planner then recomputes what it must)",
-        r.o.policy, r.policy.segment == 0 ? "about" : "at most", bytes_str(needs), r.o.dist.world, bytes_str(available),
+        r.o.policy, bytes_str(needs), r.o.dist.world, bytes_str(available),
         available * 6 / 10 / r.o.dist.world / (1 << 20));
   }
 }
@@ -515,11 +496,8 @@ double accumulate(Run& r, int64_t outside) {
     }
   } catch (const OutOfMemory& e) {
     const int64_t limit = (e.limit() > 0 ? e.limit() : available_memory()) - outside;
-    fail_runtime("out of memory in step {} under policy '{}': {}; the step {}; {}", r.step + 1, r.policy_text,
-                 e.detail(),
-                 r.predicted_peak > 0 ? "was predicted to peak at " + bytes_str(r.predicted_peak)
-                                      : "is not modelled for uniform:N",
-                 plan_that_fits(r, limit));
+    fail_runtime("out of memory in step {} under policy '{}': {}; the step was predicted to peak at {}; {}", r.step + 1,
+                 r.policy_text, e.detail(), bytes_str(r.predicted_peak), plan_that_fits(r, limit));
   }
   return loss;
 }
@@ -653,7 +631,6 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   TrainResult result;
   result.policy_text = r.policy_text;
   result.predicted_peak = r.predicted_peak;
-  result.peak_bound = r.peak_bound;
   if (r.buckets) result.buckets = r.buckets->buckets();
   int64_t last_saved = saved ? r.step : -1;
   int64_t my_peak = 0;

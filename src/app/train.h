@@ -89,10 +89,7 @@ struct TrainResult {
   double final_val_loss = 0;
   std::string weights_digest;           // remat::digest of the final weights
   std::string policy_text;              // the policy as resolved (a budget shows the plan)
-  int64_t predicted_peak = 0;           // the memory model's total peak for one step, of this rank; 0 when
-                                        // the policy is uniform:N, which the model does not cover
-  int64_t peak_bound = 0;               // uniform:N: an upper bound on that peak (none's step plus its
-                                        // activations again), which the memory guard used
+  int64_t predicted_peak = 0;           // the memory model's total peak for one step, of this rank
   std::vector<int64_t> rank_peaks;      // measured peak of each rank (its largest step), on rank 0
   std::vector<int64_t> rank_predicted;  // and predicted
   int buckets = 0;                      // gradient buckets (data parallelism)

@@ -74,7 +74,7 @@ TEST(Train, LossTrajectoryIsBitwiseTheSameUnderEveryPolicy) {
   const TrainResult none = train(o);
   ASSERT_EQ(none.log.size(), 30u);
   EXPECT_LT(none.log.back().loss, none.log.front().loss);  // it learns
-  for (const char* p : {"full", "attn", "mlp-act", "every:2"}) {
+  for (const char* p : {"full", "attn", "mlp-act", "every:2", "uniform:2"}) {
     o.policy = p;
     const TrainResult r = train(o);
     EXPECT_EQ(losses(r), losses(none)) << p;
@@ -381,23 +381,30 @@ StepMemory none_step(const TrainOptions& o) {
   return simulate_memory(o.model, none, o.threads);
 }
 
-// A step that runs out of memory stops with a report: the policy, the bytes it needed, the plan
-// that fits. uniform:N is not modelled exactly, so nothing refuses it before the step.
-TEST(TrainMemory, OutOfMemoryDuringAStepNamesThePlanThatFits) {
+// A step that runs out of memory stops with a report: the policy, the peak predicted for it, the
+// limit. The steps fit exactly; what runs them out is memory taken after the check (here, between
+// the first step and the second).
+TEST(TrainMemory, OutOfMemoryDuringAStepNamesThePolicyAndItsPrediction) {
   TrainOptions o = tiny(corpus_file(temp_dir("oom")));
   o.steps = 2;
-  o.policy = "uniform:1";
-  // Room for the weights, the optimizer state and the batch, and 1 KiB more: no step fits.
-  o.memory_limit = MemoryTracker::live() + none_step(o).base() + 1024;
+  o.policy = "uniform:2";
+  const int64_t peak =
+      simulate_memory(o.model, Policy::parse(o.policy).resolve(make_block(o.model), o.model.layers), o.threads)
+          .total_peak();
+  o.memory_limit = MemoryTracker::live() + peak;
+  at::Tensor taken;
+  o.progress = [&](const TrainProgress&) {
+    if (!taken.defined()) taken = at::empty({1 << 16});  // 256 KiB
+  };
   try {
     train(o);
-    FAIL() << "a limit below any step did not stop the step";
+    FAIL() << "memory taken between the steps did not stop the second";
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_EQ(e.kind(), Error::Kind::Runtime);
-    EXPECT_TRUE(contains(m, "out of memory in step 1 under policy 'uniform:1'")) << m;
+    EXPECT_TRUE(contains(m, "out of memory in step 2 under policy 'uniform:2'")) << m;
+    EXPECT_TRUE(contains(m, "predicted to peak at " + bytes_str(peak))) << m;
     EXPECT_TRUE(contains(m, "the limit is " + bytes_str(o.memory_limit))) << m;
-    EXPECT_TRUE(contains(m, "no policy fits")) << m;
   }
   EXPECT_EQ(MemoryTracker::limit(), 0);  // the run's limit is lifted again
 }

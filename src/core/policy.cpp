@@ -364,6 +364,12 @@ LayerPolicy keep_everything(const BlockSpec& spec) {
   return lp;
 }
 
+LayerPolicy keep_nothing(const BlockSpec& spec) {
+  LayerPolicy lp = keep_everything(spec);
+  for (int t : spec.choosable()) lp.tensors[t] = {Choice::Recompute, Strength::Must};
+  return lp;
+}
+
 ResolvedPolicy Policy::resolve(const BlockSpec& spec, int64_t layers) const {
   if (form_ == Form::Budget)
     fail("policy '{}' needs the planner to resolve (remat::resolve_policy in resolve.h)", text_);

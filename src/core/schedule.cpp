@@ -327,6 +327,10 @@ CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const Resolved
         role == CompiledStage::Role::Block && last_block && need == last_need && last_policy->same_choices(lp);
     st.schedule = same ? last_block : sc.get(spec, lp, need);
     if (role == CompiledStage::Role::Block) last_block = st.schedule, last_policy = &lp, last_need = need;
+    if (role == CompiledStage::Role::Block && policy.segment > 0) {
+      st.segment = layer / policy.segment;
+      st.first_pass = sc.get(spec, keep_nothing(spec), need);
+    }
     const bool block = role == CompiledStage::Role::Block;
     const std::string prefix = block ? "h" + std::to_string(layer) + "." : std::string();
     for (const ParamSpec& p : spec.params) {

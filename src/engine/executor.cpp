@@ -61,18 +61,23 @@ const Schedule& BlockExecutor::schedule_for(const std::vector<bool>& need) const
   return *other_;
 }
 
-at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx,
-                                  int64_t layer) const {
+at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx, int64_t layer,
+                                  bool replay_seeds) const {
   if (inputs.size() != spec_.inputs.size() || params.size() != spec_.params.size())
     REMAT_INTERNAL("'{}' stage takes {} inputs and {} params, got {} and {}", spec_.kind, spec_.inputs.size(),
                    spec_.params.size(), inputs.size(), params.size());
   const Schedule& s = *schedule_;
   ctx.tensors.assign(spec_.tensors.size(), at::Tensor());
-  ctx.seeds.assign(spec_.ops.size(), 0);
+  if (!replay_seeds)
+    ctx.seeds.assign(spec_.ops.size(), 0);
+  else if (ctx.seeds.size() != spec_.ops.size())
+    REMAT_INTERNAL("a rerun of '{}' (layer {}) has {} seeds for {} ops", spec_.kind, layer, ctx.seeds.size(),
+                   spec_.ops.size());
   ctx.reference.assign(options_.verify ? spec_.tensors.size() : 0, at::Tensor());
   for (size_t i = 0; i < inputs.size(); ++i) ctx.tensors[spec_.inputs[i]] = inputs[i];
 
   detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, nullptr, params, layer);
+  if (replay_seeds) env.replay_seeds();
   detail::KernelThreadsAwake awake(pass_owns_the_cores());
   for (const Step& step : s.forward) {
     if (step.kind == Step::Kind::Free) {

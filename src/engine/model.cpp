@@ -5,9 +5,7 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
-#include "remat/checkpoint.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -84,6 +82,18 @@ void GPTImpl::build_executors() {
                                 *st.spec, st.schedule, st.role == CompiledStage::Role::Block ? options_ : untimed));
     seen.push_back(st.schedule.get());
   }
+  // uniform:N: one executor for every segment's first forward (it checks nothing: no recompute of it
+  // ever runs; the rerun is checked against it instead).
+  first_execs_.assign(plan_.stages.size(), nullptr);
+  ExecOptions unverified = options_;
+  unverified.verify = false;
+  for (size_t i = 0; i < plan_.stages.size(); ++i) {
+    const CompiledStage& st = plan_.stages[i];
+    if (!st.first_pass) continue;
+    for (size_t j = 0; j < i && !first_execs_[i]; ++j)
+      if (first_execs_[j] && plan_.stages[j].first_pass == st.first_pass) first_execs_[i] = first_execs_[j];
+    if (!first_execs_[i]) first_execs_[i] = std::make_shared<BlockExecutor>(*st.spec, st.first_pass, unverified);
+  }
   // Eval mode: the dropout-free twin of the model, keeping everything. Its parameters are ours, in
   // the same order.
   eval_execs_.clear();
@@ -146,36 +156,18 @@ at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
       ++i;
       continue;
     }
-    if (st.role == CompiledStage::Role::Stem || plan.segment == 0 || eval) {
+    if (st.segment < 0 || eval) {
       x = run_stage(execs[i], {x}, stage_params(st), st.layer, sink, &st.params);
       ++i;
       continue;
     }
-    // uniform:N: a segment of N blocks under remat::checkpoint keeps only its input.
-    const size_t last = std::min(i + static_cast<size_t>(plan.segment), n - 1);
-    std::vector<at::Tensor> params;
-    std::vector<std::vector<at::Tensor>> per_stage;
-    std::vector<std::shared_ptr<const BlockExecutor>> chunk_execs;
-    std::vector<int64_t> layers;
-    for (size_t j = i; j < last; ++j) {
-      per_stage.push_back(stage_params(plan.stages[j]));
-      params.insert(params.end(), per_stage.back().begin(), per_stage.back().end());
-      chunk_execs.push_back(execs[j]);
-      layers.push_back(plan.stages[j].layer);
+    // uniform:N: the blocks of one segment, one node.
+    std::vector<SegmentStage> segment;
+    for (; i < n && plan.stages[i].segment == st.segment; ++i) {
+      const CompiledStage& s = plan.stages[i];
+      segment.push_back({first_execs_[i], execs[i], stage_params(s), s.layer, s.params});
     }
-    if (sink_)
-      fail(
-          "uniform:{} segments run under remat::checkpoint, which returns parameter gradients to autograd; "
-          "data parallelism takes every other policy",
-          plan.segment);
-    x = checkpoint(
-        [chunk_execs, per_stage, layers](const at::Tensor& h) {
-          at::Tensor t = h;
-          for (size_t j = 0; j < chunk_execs.size(); ++j) t = run_stage(chunk_execs[j], {t}, per_stage[j], layers[j]);
-          return t;
-        },
-        x, params);
-    i = last;
+    x = run_segment(std::move(segment), x, sink, options_.verify);
   }
   return x;
 }
@@ -204,17 +196,13 @@ std::pair<at::Tensor, at::Tensor> random_batch(const ModelConfig& cfg) {
 int64_t GPTImpl::predicted_saved_bytes() const {
   auto output_bytes = [](const BlockSpec& s) { return s.tensors[s.output].bytes(); };
   int64_t bytes = 0;
-  const int64_t rng = static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
   for (size_t i = 0; i < plan_.stages.size(); ++i) {
     const CompiledStage& st = plan_.stages[i];
-    if (st.role != CompiledStage::Role::Block || plan_.segment == 0) {
+    const bool segment_ends = i + 1 == plan_.stages.size() || plan_.stages[i + 1].segment != st.segment;
+    if (st.segment < 0)
       bytes += st.schedule->saved_bytes(*st.spec) + output_bytes(*st.spec);
-      continue;
-    }
-    // A checkpointed segment keeps its input (counted as the previous output), its output and the
-    // CPU RNG state.
-    if (st.layer % plan_.segment == 0) bytes += rng;
-    if (st.layer % plan_.segment == plan_.segment - 1 || st.layer == cfg_.layers - 1) bytes += output_bytes(*st.spec);
+    else if (segment_ends)  // a segment keeps its input (the stage before's output) and its output
+      bytes += output_bytes(*st.spec);
   }
   return bytes;
 }

@@ -96,7 +96,7 @@ at::Device OpEnv::device() const {
 
 uint64_t OpEnv::seed(const OpNode& op) {
   const size_t id = static_cast<size_t>(&op - spec_.ops.data());
-  if (step_ != nullptr && step_->kind == Step::Kind::Forward) {
+  if (step_ != nullptr && step_->kind == Step::Kind::Forward && !replay_seeds_) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     seeds_[id] = gen.get<at::CPUGeneratorImpl>()->random64();

@@ -50,8 +50,9 @@ class OpEnv {
   // The device the stage runs on (for ops with no inputs).
   at::Device device() const;
   // The op's random seed: drawn from the default generator in the forward, replayed in a recompute
-  // and in the backward.
+  // and in the backward, and in a forward after replay_seeds().
   uint64_t seed(const OpNode& op);
+  void replay_seeds() { replay_seeds_ = true; }
   bool recomputing() const { return step_ != nullptr && step_->kind == Step::Kind::Recompute; }
 
   // --- backward ---
@@ -79,6 +80,7 @@ class OpEnv {
   const BlockSpec& spec_;
   std::vector<at::Tensor>& tensors_;
   std::vector<uint64_t>& seeds_;
+  bool replay_seeds_ = false;
   std::vector<at::Tensor>* reference_;
   at::TensorList params_;
   int64_t layer_;

@@ -33,6 +33,8 @@ CostModel::OpStepMs CostModel::op_ms(const CompiledStep& plan) const {
       t.backward[op] += block[op].backward_ms;
     }
     for (int op : st.schedule->recomputed) t.recompute[op] += block[op].forward_ms;
+    if (st.segment >= 0)  // a uniform:N segment reruns every forward op of its stages
+      for (size_t op = 0; op < block.size(); ++op) t.recompute[op] += block[op].forward_ms;
   }
   return t;
 }

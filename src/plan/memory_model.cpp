@@ -85,14 +85,17 @@ std::string describe(const Where& w) {
   return fmt::format("{} of {}, op '{}'", w.pass, stage, w.stage->spec->ops[w.op].name);
 }
 
-void forward_stage(Sim& sim, const CompiledStage& st, const ThreadConfig& ctx) {
+// A stage's forward: its own schedule's, or another (a uniform:N segment's first forward); `pass`
+// names it where it peaks.
+void forward_stage(Sim& sim, const CompiledStage& st, const ThreadConfig& ctx, const Schedule* schedule = nullptr,
+                   const char* pass = "forward") {
   const BlockSpec& b = *st.spec;
-  for (const Step& step : st.schedule->forward) {
+  for (const Step& step : (schedule ? *schedule : *st.schedule).forward) {
     if (step.kind == Step::Kind::Free) {
       sim.free(b.tensors[step.index].bytes());
       continue;
     }
-    sim.at("forward", &st, step.index);
+    sim.at(pass, &st, step.index);
     for (int t : b.ops[step.index].out) sim.alloc(b.tensors[t].bytes());
     const int64_t scratch = b.forward_scratch(step.index, ctx);
     sim.alloc(scratch);
@@ -148,16 +151,20 @@ struct ParamGrads {
   std::vector<int64_t> second;  // second gradients of a tied parameter
 };
 
-// One stage's backward, with its incoming gradient owned by the caller.
+// One stage's backward, with its incoming gradient owned by the caller. input_kept: something else
+// holds its first input until later (a uniform:N segment's input, which autograd keeps), so its
+// Free leaves the bytes.
 class StageBackward {
  public:
-  StageBackward(Sim& sim, const CompiledStage& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad)
+  StageBackward(Sim& sim, const CompiledStage& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad,
+                bool input_kept = false)
       : sim_(sim),
         st_(st),
         b_(*st.spec),
         pg_(pg),
         ctx_(ctx),
         fused_wgrad_(fused_wgrad),
+        input_kept_(input_kept),
         bufs_(sim),
         slot_(b_.tensors.size(), Buffers::kNone),
         held_(st.schedule->saved) {
@@ -169,7 +176,8 @@ class StageBackward {
       switch (step.kind) {
         case Step::Kind::Free: {
           const int k = b_.input_index(step.index);
-          if (held_[step.index] && !(k >= 0 && st_.external[k])) sim_.free(bytes(step.index));
+          if (held_[step.index] && !(k >= 0 && (st_.external[k] || (k == 0 && input_kept_))))
+            sim_.free(bytes(step.index));
           held_[step.index] = false;
           break;
         }
@@ -285,6 +293,7 @@ class StageBackward {
   ParamGrads& pg_;
   const ThreadConfig& ctx_;
   const bool fused_wgrad_;
+  const bool input_kept_;
   Buffers bufs_;
   std::vector<int> slot_;   // the gradient buffer of each tensor
   std::vector<bool> held_;  // each tensor's value is alive
@@ -648,7 +657,10 @@ class StepReplay {
     if (!c.begins) sim_.alloc(first.spec->tensors[first.spec->inputs[0]].bytes());
     for (size_t i = c.first; i <= c.last; ++i) {
       if (shape_.fsdp) gather(i, /*keep_flat=*/true);
-      phase(plan_.stages[i], false, tr, [&] { forward_stage(sim_, plan_.stages[i], ctx_); });
+      if (plan_.stages[i].segment >= 0)
+        phase(plan_.stages[i], false, tr, [&] { first_forward(c, i); });
+      else
+        phase(plan_.stages[i], false, tr, [&] { forward_stage(sim_, plan_.stages[i], ctx_); });
       fsdp_after_forward(i);
     }
     const CompiledStage& last = plan_.stages[c.last];
@@ -664,6 +676,11 @@ class StepReplay {
     if (!c.ends) sim_.alloc(dy);
     for (size_t i = c.last + 1; i-- > c.first;) {
       const CompiledStage& st = plan_.stages[i];
+      if (st.segment >= 0) {
+        i = segment_backward(c, i, dy, mode, tr);
+        dy = plan_.stages[i].spec->tensors[plan_.stages[i].spec->inputs[0]].bytes();
+        continue;
+      }
       // A unit's pre-backward hook fires when the gradient reaches its output: for the head, after
       // the loss's backward (the loss is computed outside the model).
       const bool head = st.role == CompiledStage::Role::Head;
@@ -696,6 +713,57 @@ class StepReplay {
     }
   }
 
+  // NOTE [Segments]. The first stage of stage i's uniform:N segment (within chunk c).
+  size_t segment_first(const Chunk& c, size_t i) const {
+    while (i > c.first && plan_.stages[i - 1].segment == plan_.stages[i].segment) --i;
+    return i;
+  }
+
+  // A segment's first forward of stage i: the schedule that keeps nothing; what it kept goes as it
+  // returns, and so does its input, unless it is the segment's (autograd keeps that one).
+  void first_forward(const Chunk& c, size_t i) {
+    const CompiledStage& st = plan_.stages[i];
+    const BlockSpec& b = *st.spec;
+    forward_stage(sim_, st, ctx_, st.first_pass.get());
+    for (size_t t = 0; t < b.tensors.size(); ++t)
+      if (st.first_pass->saved[t] && !b.is_input(static_cast<int>(t)) && static_cast<int>(t) != b.output)
+        sim_.free(b.tensors[t].bytes());
+    if (segment_first(c, i) != i) sim_.free(b.tensors[b.inputs[0]].bytes());
+  }
+
+  // The segment that ends at stage `last`, its output's gradient (dy bytes) held by the caller: the
+  // rerun of its stages' forwards, then their backwards from the last. The node holds its incoming
+  // gradient, its input and (autograd's) parameter gradients until it returns. Returns its first stage.
+  size_t segment_backward(const Chunk& c, size_t last, int64_t dy, Grads mode, MemoryTrace& tr) {
+    const size_t first = segment_first(c, last);
+    for (size_t j = first; j <= last; ++j)
+      phase(plan_.stages[j], true, tr, [&] { forward_stage(sim_, plan_.stages[j], ctx_, nullptr, "rerun"); });
+    const BlockSpec& out = *plan_.stages[last].spec;
+    if (!plan_.stages[last].schedule->saved[out.output]) sim_.free(out.tensors[out.output].bytes());
+    const int64_t incoming = dy;
+    bool chained = true;  // dy is still the incoming gradient's buffer
+    for (size_t j = last + 1; j-- > first;) {
+      const CompiledStage& st = plan_.stages[j];
+      phase(st, true, tr, [&] {
+        StageBackward(sim_, st, pg_, ctx_, shape_.fused_wgrad, /*input_kept=*/j == first).run();
+        const bool keeps_dy =
+            !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] && !st.external[0];
+        if (!keeps_dy) {
+          if (!chained) sim_.free(dy);
+          chained = false;
+        }
+        sim_.at("the segment's gradients", &st, -1);
+        if (mode == Grads::Handed) settle(sim_, pg_, mode);  // into their buckets as they come
+      });
+      dy = st.spec->tensors[st.spec->inputs[0]].bytes();
+    }
+    if (!chained) sim_.free(incoming);
+    const CompiledStage& in = plan_.stages[first];
+    if (!in.external[0]) sim_.free(in.spec->tensors[in.spec->inputs[0]].bytes());
+    if (mode != Grads::Handed) settle(sim_, pg_, mode);
+    return first;
+  }
+
   const CompiledStep& plan_;
   const ThreadConfig& ctx_;
   const StepShape& shape_;
@@ -711,8 +779,11 @@ class StepReplay {
 };
 
 void check_step_shape(const CompiledStep& plan, const StepShape& shape) {
-  if (plan.segment > 0)
-    fail("the memory model does not cover uniform:{} segments yet (they run under remat::checkpoint)", plan.segment);
+  if (plan.segment > 0 && (shape.fsdp || shape.zero >= 3 || shape.stages > 1))
+    fail(
+        "uniform:{} segments are replayed for one process and data parallelism without sharded weights; "
+        "give another policy with FSDP, ZeRO-3 or pipeline stages",
+        plan.segment);
   if (shape.micro < 1 || shape.world < 1 || shape.rank < 0 || shape.rank >= shape.world || shape.stages < 1 ||
       shape.stage < 0 || shape.stage >= shape.stages || shape.chunks < 1 ||
       static_cast<int>(plan.chunks.size()) != shape.chunks || shape.zero < 0 || shape.zero > 3 ||

@@ -48,6 +48,8 @@ class MemoryModelKinds : public ::testing::TestWithParam<testing::EngineCase> {
 
 TEST_P(MemoryModelKinds, EqualsTheTrackerToTheByte) {
   for (const char* p : {"none", "full", "mlp-act", "mlp", "every:2", "layers:0=full,3=mlp-act"}) expect_equal(cfg(), p);
+  // uniform:N segments: whole, one short one at the end, and one holding every layer.
+  for (const char* p : {"uniform:2", "uniform:3", "uniform:4"}) expect_equal(cfg(), p);
   for (const char* p : {"attn", "layers:0=full,3=attn", "norm+mlp"})
     if (has(p)) expect_equal(cfg(), p);
 }
@@ -100,7 +102,7 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsInTheLoss) {
   if (c.attention == AttentionImpl::Math && resolved_loss(c) != Loss::Chunked) {
     EXPECT_NE(m.peak_at.find("backward of the head, op 'loss'"), std::string::npos) << m.peak_at;
   }
-  for (const char* p : {"none", "full"}) expect_equal(c, p);
+  for (const char* p : {"none", "full", "uniform:2"}) expect_equal(c, p);
 }
 
 // A wide vocabulary and a short batch put it where autograd sums the tied embedding's gradients.
@@ -122,10 +124,11 @@ TEST_P(MemoryModelKinds, EqualsTheTrackerWhenThePeakIsTheTiedGradientSum) {
 INSTANTIATE_TEST_SUITE_P(Kinds, MemoryModelKinds, ::testing::ValuesIn(testing::engine_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// The trainer's step with gradient accumulation: micro-batches after the first add into .grad.
+// The trainer's step with gradient accumulation: micro-batches after the first add into .grad (a
+// uniform:N segment hands autograd its layers' gradients together, as it returns).
 TEST_P(MemoryModelKinds, EqualsTheTrackerWithGradientAccumulation) {
   const ModelConfig c = cfg();
-  for (const char* p : {"none", "full"}) {
+  for (const char* p : {"none", "full", "uniform:2"}) {
     if (!has(p)) continue;
     const ResolvedPolicy policy = Policy::parse(p).resolve(make_block(c), c.layers);
     at::manual_seed(1);

@@ -14,7 +14,7 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
   if (!policy.is_budget()) {
     r.policy = policy.resolve(spec->block, cfg.layers);
     r.text = policy.text();
-    if (r.policy.segment == 0) r.memory = simulate_memory(compile_step(spec, r.policy), threads);
+    r.memory = simulate_memory(compile_step(spec, r.policy), threads);
     return r;
   }
   const LayerPolicy pins = policy.pins(spec->block);  // name errors before any measuring

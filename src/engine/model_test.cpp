@@ -182,6 +182,31 @@ TEST(Engine, VerifyNamesAWrongRecomputeAndItsLayer) {
   EXPECT_NO_THROW(run(tiny("gpt2", 0.1), "attn", verify));
 }
 
+// A uniform:N segment's rerun that differs from its first forward (here: a weight changed behind
+// autograd's back, between the forward and the backward) is named, with its layer.
+TEST(Engine, VerifyNamesASegmentRerunThatDiffers) {
+  const ModelConfig c = tiny("gpt2", 0.1);
+  auto step = [&](bool verify) {
+    ExecOptions o;
+    o.verify = verify;
+    at::manual_seed(1);
+    GPT model(c, Policy::parse("uniform:2"), o);
+    auto [input, target] = random_batch(c);
+    at::Tensor loss = model->forward(input, target);
+    model->block_params(3)[0].data().add_(1e-3);  // layer 3: the second segment's second stage
+    loss.backward();
+  };
+  try {
+    step(true);
+    FAIL() << "a rerun that differs passed --verify";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 3's output differs when its uniform:N segment reruns it"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(step(false));  // without --verify it goes unnoticed
+}
+
 TEST(Engine, SeedBlockComputesTheModulePathsFunction) {
   const ModelConfig c = tiny("seed");
   at::manual_seed(5);

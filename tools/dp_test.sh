@@ -50,6 +50,10 @@ for z in 0 1; do
   planned=$("$remat" plan --device cpu --dp 2 --zero $z "${model[@]}" | sed -n 's/^  peak: .* = \([0-9]*\) B, .*/\1/p')
   [ -n "$measured" ] && [ "$planned" = "$measured" ] || fail "ZeRO-$z: remat plan --dp 2 says $planned B, training measured $measured B"
 done
+measured=$(sed -n 's/^ *rank [0-9]: peak .* = \([0-9]*\) B .*/\1/p' "$tmp/dp2_uniform:2.out" | sort -n | tail -1)
+planned=$("$remat" plan --device cpu --dp 2 --zero 0 --policies uniform:2 "${model[@]}" | sed -n 's/^  peak: .* = \([0-9]*\) B, .*/\1/p')
+[ -n "$measured" ] && [ "$planned" = "$measured" ] || fail "uniform:2: remat plan --dp 2 says $planned B, training measured $measured B"
+
 
 # 3 and 4 ranks sum in another order than one process does: equal within 1e-4 of the loss.
 for n in 3 4; do

@@ -247,7 +247,6 @@ class Evaluator {
     if (parsed.is_budget())
       fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto", policy);
     ResolvedPolicy r = parsed.resolve(sh.spec->block, cfg_.layers);
-    if (r.segment > 0) fail("policy '{}' checkpoints segments of layers, which layouts do not plan", policy);
     return sh.resolved.emplace(policy, std::move(r)).first->second;
   }
 
@@ -362,6 +361,9 @@ class Evaluator {
           rec = rec_comm = 0;
           for (int op : sh.cache.get(m.block, lp, need)->recomputed)
             rec += sh.costs.block[op].forward_ms, rec_comm += sh.comm_fwd[op];
+          if (layers.segment > 0)  // uniform:N reruns the whole forward of every layer (NOTE [Segments])
+            for (size_t op = 0; op < sh.costs.block.size(); ++op)
+              rec += sh.costs.block[op].forward_ms, rec_comm += sh.comm_fwd[op];
         }
         last = &lp;
         recompute_ms += rec;
@@ -701,9 +703,14 @@ struct BoundedPair {
   double bound;
 };
 
+// Whether the memory model replays uniform:N segments on `l`: one pipeline stage, whole weights
+// (NOTE [Segments]). The search leaves the other layouts out for such a policy.
+bool runs_segments(const Layout& l) { return l.pp == 1 && l.zero < 3 && !l.fsdp; }
+
 std::vector<BoundedPair> bounded_pairs(Evaluator& e, const ModelConfig& cfg, const std::vector<Layout>& layouts,
                                        const std::vector<std::string>& fixed, bool automatic) {
   std::vector<BoundedPair> pairs;
+  std::string segments_left_out;  // a uniform:N policy no layout could run
   for (size_t i = 0; i < layouts.size(); ++i) {
     const Layout& l = layouts[i];
     Shapes& sh = e.shapes(l);
@@ -715,13 +722,25 @@ std::vector<BoundedPair> bounded_pairs(Evaluator& e, const ModelConfig& cfg, con
       return (static_cast<double>(l.micro_batches()) + static_cast<double>(l.pp - 1) / static_cast<double>(l.vpp)) *
              (r.micro_ms + r.p2p_ms);
     };
-    for (const std::string& policy : fixed) pairs.push_back({i, policy, bound(e.resolve(sh, policy))});
+    for (const std::string& policy : fixed) {
+      const ResolvedPolicy& r = e.resolve(sh, policy);
+      if (r.segment > 0 && !runs_segments(l)) {
+        segments_left_out = policy;
+        continue;
+      }
+      pairs.push_back({i, policy, bound(r)});
+    }
     if (automatic) {
       ResolvedPolicy none;
       none.layers.assign(cfg.layers, keep_everything(sh.spec->block));
       pairs.push_back({i, "auto", bound(none)});
     }
   }
+  if (pairs.empty() && !segments_left_out.empty())
+    fail(
+        "policy '{}' runs uniform:N segments, which are planned on layouts of one pipeline stage with whole weights "
+        "(pp 1, ZeRO 0-2, no FSDP); none of the {} layouts searched is one: give such a layout or another policy",
+        segments_left_out, layouts.size());
   std::stable_sort(pairs.begin(), pairs.end(),
                    [](const BoundedPair& a, const BoundedPair& b) { return a.bound < b.bound; });
   return pairs;

@@ -430,6 +430,35 @@ TEST(Layouts, SearchSplitsLayersThePipelineDoesNotDivide) {
   EXPECT_EQ(p.ranks[1].chunks[0].end, 5);
 }
 
+// uniform:N is searched on the layouts whose memory the model replays for it (one pipeline stage,
+// whole weights), costs one more forward of every layer than none, and is refused with a reason
+// where no such layout is left.
+TEST(Layouts, UniformSegmentsArePlannedOnOneStageWithWholeWeights) {
+  ModelConfig c = mixed_model();
+  c.layers = 8;
+  SearchSpace space;
+  space.gpus = 8, space.global_batch = 16;
+  space.policies = {"uniform:2"};
+  const Device d = parse_device("h100-80gb");
+  const SearchResult found = search_layouts(c, space, d, 50);
+  ASSERT_FALSE(found.best.empty());
+  for (const LayoutPlan& p : found.best) {
+    EXPECT_EQ(p.layout.pp, 1) << to_string(p.layout);
+    EXPECT_LT(p.layout.zero, 3) << to_string(p.layout);
+  }
+  const Layout& l = found.best[0].layout;
+  const LayoutPlan none = plan_layout(c, l, d, "none"), full = plan_layout(c, l, d, "full");
+  EXPECT_GT(found.best[0].time.step_s, full.time.step_s);  // full reruns less than the whole forward
+  EXPECT_LT(found.best[0].peak(), none.peak());
+  space.pp = 2;
+  try {
+    search_layouts(c, space, d, 50);
+    FAIL() << "uniform:2 on two pipeline stages was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("policy 'uniform:2' runs uniform:N segments"), std::string::npos) << e.what();
+  }
+}
+
 // Megatron's fixed allocations, by hand: PyTorch's cuBLAS workspace (8 x 4 MiB on Hopper, 2 x 4 MiB
 // + 8 x 16 KiB before), Transformer Engine's (32 MiB on Hopper, 4 MiB before), and the micro-batch:
 // tokens and positions on the first stage, labels and the loss mask on the last, the bool mask on both.

@@ -66,6 +66,11 @@ struct Step {
   uint8_t discard = 0;
   // Backward: the gradient plan of each input.
   GradStep grads[kMaxOpInputs];
+  // Backward and FreeGrad: the gradient bytes allocated (> 0) and freed (< 0) at this step, in
+  // order, as the plan makes them (NOTE [One plan]). made: while the op makes its input gradients,
+  // before its parameter gradients and scratch; joined: as they join their inputs' slots (a
+  // FreeGrad's release, when it is the buffer's last reference).
+  std::vector<int64_t> made, joined;
 };
 
 struct Schedule {

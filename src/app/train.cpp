@@ -236,6 +236,7 @@ struct Run {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<GradientBuckets> buckets;
   at::Tensor loss_sum;  // data parallelism: the all-reduced loss, one float64
+  StepShape shape;      // the step as the memory model replays it (trainer_step_shape), and as it runs
   int64_t step = 0;
   ResolvedPolicy policy;
   std::string policy_text;
@@ -443,6 +444,7 @@ void build_model(Run& r) {
   const Resolution res = resolve_policy(Policy::parse(r.o.policy), r.o.model, ro);
   r.policy = res.policy;
   r.policy_text = res.text;
+  r.shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
   at::manual_seed(r.o.seed);
   // The step divides each micro-batch's loss by the micro-batches it sums (train_step); the
   // router's load-balancing loss, whose gradient its backward adds, is divided the same way.
@@ -455,13 +457,15 @@ void build_model(Run& r) {
   r.buckets = std::make_unique<GradientBuckets>(r.model->compiled_step(), r.params, r.o.bucket_bytes,
                                                 static_cast<int>(r.o.accum), *r.comm);
   r.model->set_grad_sink(r.buckets->sink());
-  r.loss_sum = at::zeros({1}, at::kDouble);  // trainer_step_shape counts it
+  r.loss_sum = at::zeros({1}, at::kDouble);
+  if (r.loss_sum.nbytes() != static_cast<size_t>(r.shape.extra_buffers))
+    REMAT_INTERNAL("the loss all-reduce holds {} B; the step shape counts {}", r.loss_sum.nbytes(),
+                   r.shape.extra_buffers);
 }
 
 // The memory guard, checked against the memory this machine has (or TrainOptions.memory_limit).
 void guard_memory(Run& r, int64_t outside) {
-  const StepShape shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
-  r.predicted_peak = simulate_memory(r.model->compiled_step(), r.o.threads, nullptr, shape).total_peak();
+  r.predicted_peak = simulate_memory(r.model->compiled_step(), r.o.threads, nullptr, r.shape).total_peak();
   const int64_t needs = r.predicted_peak;
   if (r.o.memory_limit > 0) {
     if (outside + needs > r.o.memory_limit)
@@ -490,7 +494,7 @@ double accumulate(Run& r, int64_t outside) {
       auto [x, y] = train_batch(r.corpus, r.o.model, r.o.seed, r.step, global);
       at::manual_seed(dropout_seed(r.o.seed, r.step, global));
       at::Tensor l = r.model->forward(x, y);
-      if (micro_per_step > 1) l = l / static_cast<double>(micro_per_step);
+      if (r.shape.scaled_loss) l = l / static_cast<double>(micro_per_step);
       l.backward();
       loss += l.item<double>();
     }

@@ -18,8 +18,9 @@ int64_t Schedule::saved_bytes(const BlockSpec& spec) const {
 
 namespace {
 
-// Gradient buffers as the compiler tracks them: who shares which memory. Buffer 0 is the stage's
-// incoming dy, which belongs to autograd.
+// Gradient buffers as the compiler tracks them: who shares which memory, and the bytes each
+// allocation and each last reference's release moves (written to `events`). Buffer 0 is the stage's
+// incoming dy, which belongs to autograd: its bytes are never the stage's.
 class GradState {
  public:
   struct Slot {
@@ -28,25 +29,42 @@ class GradState {
   };
 
   GradState(size_t tensors, int output) : slots_(tensors) {
-    refs_.push_back(1);
+    add(0, false);
     slots_[output] = {0, false};
   }
 
   Slot& slot(int t) { return slots_[t]; }
-  int fresh() {
-    refs_.push_back(1);
-    return static_cast<int>(refs_.size()) - 1;
+  // A new buffer of `bytes`, allocated now; or (allocate false) memory already counted that the
+  // buffer takes over (an input written over).
+  int fresh(int64_t bytes, bool allocate = true) {
+    if (allocate) emit(bytes);
+    return add(bytes, true);
   }
   void share(int buf) { ++refs_[buf]; }
   void drop(int buf) {
-    if (buf >= 0) --refs_[buf];
+    if (buf >= 0 && --refs_[buf] == 0 && counted_[buf]) emit(-bytes_[buf]);
   }
   // The slot's memory is its own and nothing else refers to it: it may be written over.
   bool sole(const Slot& s) const { return s.buf > 0 && s.owned && refs_[s.buf] == 1; }
 
+  std::vector<int64_t>* events = nullptr;  // where the bytes go: the step being planned
+
  private:
+  int add(int64_t bytes, bool counted) {
+    refs_.push_back(1);
+    bytes_.push_back(bytes);
+    counted_.push_back(counted);
+    return static_cast<int>(refs_.size()) - 1;
+  }
+  void emit(int64_t bytes) {
+    if (events == nullptr) REMAT_INTERNAL("gradient bytes moved outside a step");
+    events->push_back(bytes);
+  }
+
   std::vector<Slot> slots_;
   std::vector<int> refs_;
+  std::vector<int64_t> bytes_;
+  std::vector<bool> counted_;
 };
 
 // Forward: run each op; drop what neither a later op nor the backward needs.
@@ -145,8 +163,12 @@ class GradPlanner {
         if (life_.last_use[t] == i && !adopted_[t]) s.backward.push_back({Step::Kind::Free, t});
         if (life_.grad_last_use[t] == i && !spec_.is_input(t)) {
           GradState::Slot& slot = g_.slot(t);
-          if (slot.buf >= 0) s.backward.push_back({Step::Kind::FreeGrad, t});
-          g_.drop(slot.buf);
+          if (slot.buf >= 0) {
+            Step free{Step::Kind::FreeGrad, t};
+            g_.events = &free.joined;
+            g_.drop(slot.buf);
+            s.backward.push_back(std::move(free));
+          }
           slot = {};
         }
       }
@@ -155,6 +177,8 @@ class GradPlanner {
   }
 
  private:
+  int64_t bytes(int t) const { return spec_.tensors[t].bytes(); }
+
   bool needs_grad(int t) const {
     if (!is_float(spec_.tensors[t].dtype)) return false;
     const int k = spec_.input_index(t);
@@ -169,8 +193,11 @@ class GradPlanner {
     for (int t : op.out) any = any || g_.slot(t).buf >= 0;
     if (!any) return false;
     std::vector<GradState::Slot> incoming(op.in.size());
+    g_.events = &step.made;
     for (size_t k = 0; k < op.in.size(); ++k) incoming[k] = source(op, static_cast<int>(k), i, step.grads[k]);
+    g_.events = &step.joined;
     for (size_t k = 0; k < op.in.size(); ++k) merge(op.in[k], incoming[k], step.grads[k]);
+    g_.events = nullptr;
     return true;
   }
 
@@ -189,7 +216,7 @@ class GradPlanner {
     if (kind == GradKind::OverInput && life_.last_use[t] == i && !spec_.is_input(t)) {
       gs.source = GradSource::OverInput;
       adopted_[t] = true;
-      return {g_.fresh(), true};
+      return {g_.fresh(bytes(t), /*allocate=*/false), true};
     }
     if (kind == GradKind::Alias) {
       gs.source = GradSource::Alias;
@@ -201,18 +228,19 @@ class GradPlanner {
       GradState::Slot& mine = g_.slot(t);
       if (mine.buf < 0) {
         gs.prep = SlotPrep::Zeros;
-        mine = {g_.fresh(), true};
+        mine = {g_.fresh(bytes(t)), true};
       } else if (!g_.sole(mine)) {
-        gs.prep = SlotPrep::Copy;
+        gs.prep = SlotPrep::Copy;  // the copy is made while the shared one is still held
+        const int copy = g_.fresh(bytes(t));
         g_.drop(mine.buf);
-        mine = {g_.fresh(), true};
+        mine = {copy, true};
       } else {
         gs.prep = SlotPrep::Existing;
       }
       return {};
     }
     gs.source = GradSource::Fresh;  // also the fallback of OverDy and OverInput
-    return {g_.fresh(), true};
+    return {g_.fresh(bytes(t)), true};
   }
 
   // How the gradient made for tensor t joins t's slot (gs.merge).
@@ -230,10 +258,11 @@ class GradPlanner {
       g_.drop(slot.buf);
       slot = in;
     } else {
-      gs.merge = GradMerge::Sum;
+      gs.merge = GradMerge::Sum;  // the sum is made while both are still held
+      const int sum = g_.fresh(bytes(t));
       g_.drop(slot.buf);
       g_.drop(in.buf);
-      slot = {g_.fresh(), true};
+      slot = {sum, true};
     }
   }
 

@@ -103,38 +103,6 @@ void forward_stage(Sim& sim, const CompiledStage& st, const ThreadConfig& ctx, c
   }
 }
 
-// Gradient memory: buffers that several slots may share, released with their last reference.
-class Buffers {
- public:
-  static constexpr int kNone = -1;
-  explicit Buffers(Sim& sim) : sim_(sim) {}
-  int external() { return add(0, false); }  // a tensor someone else owns (autograd's dy)
-  int fresh(int64_t bytes) {
-    sim_.alloc(bytes);
-    return add(bytes, true);
-  }
-  int adopt(int64_t bytes) { return add(bytes, true); }  // memory already counted, owned from now on
-  int share(int buf) {
-    ++refs_[buf];
-    return buf;
-  }
-  void drop(int buf) {
-    if (buf != kNone && --refs_[buf] == 0 && counted_[buf]) sim_.free(bytes_[buf]);
-  }
-
- private:
-  int add(int64_t bytes, bool counted) {
-    bytes_.push_back(bytes);
-    refs_.push_back(1);
-    counted_.push_back(counted);
-    return static_cast<int>(bytes_.size()) - 1;
-  }
-  Sim& sim_;
-  std::vector<int64_t> bytes_;
-  std::vector<int> refs_;
-  std::vector<bool> counted_;
-};
-
 // What becomes of the parameter gradients a stage makes, when it returns (rules 3 and 4).
 enum class Grads : uint8_t {
   First,   // the step's first micro-batch: they become .grad
@@ -165,11 +133,7 @@ class StageBackward {
         ctx_(ctx),
         fused_wgrad_(fused_wgrad),
         input_kept_(input_kept),
-        bufs_(sim),
-        slot_(b_.tensors.size(), Buffers::kNone),
-        held_(st.schedule->saved) {
-    slot_[b_.output] = bufs_.external();
-  }
+        held_(st.schedule->saved) {}
 
   void run() {
     for (const Step& step : st_.schedule->backward) {
@@ -182,8 +146,7 @@ class StageBackward {
           break;
         }
         case Step::Kind::FreeGrad:
-          bufs_.drop(slot_[step.index]);
-          slot_[step.index] = Buffers::kNone;
+          move(step.joined);
           break;
         case Step::Kind::Recompute:
           recompute(step);
@@ -213,12 +176,11 @@ class StageBackward {
     }
   }
 
-  // The op makes its gradients, then each joins its input's slot.
+  // The op makes its gradients, then each joins its input's slot: the bytes the plan moves.
   void backward(const Step& step) {
     const OpNode& op = b_.ops[step.index];
     sim_.at("backward", &st_, step.index);
-    std::vector<int> incoming(op.in.size(), Buffers::kNone);
-    for (size_t i = 0; i < op.in.size(); ++i) incoming[i] = make_grad(op, step.grads[i], op.in[i]);
+    move(step.made);
     for (size_t p = 0; p < op.params.size(); ++p) {
       if (fused_wgrad_ && op.kind == OpKind::Linear && p == 0) continue;  // into the buffer by its GEMM
       const int64_t n = b_.param_bytes(op.params[p]);
@@ -230,61 +192,11 @@ class StageBackward {
     const int64_t scratch = b_.backward_scratch(step.index, ctx_);
     sim_.alloc(scratch);
     sim_.free(scratch);
-    for (size_t i = 0; i < op.in.size(); ++i) merge_grad(step.grads[i], op.in[i], incoming[i]);
+    move(step.joined);
   }
 
-  // The buffer of the gradient an op makes for its input t (kNone where it writes into t's slot).
-  int make_grad(const OpNode& op, const GradStep& g, int t) {
-    switch (g.source) {
-      case GradSource::None:
-        return Buffers::kNone;
-      case GradSource::Fresh:
-        return bufs_.fresh(bytes(t));
-      case GradSource::OverDy: {
-        const int dy = slot_[op.out[0]];
-        slot_[op.out[0]] = Buffers::kNone;
-        return dy;
-      }
-      case GradSource::OverInput:
-        held_[t] = false;
-        return bufs_.adopt(bytes(t));
-      case GradSource::Alias:
-        return bufs_.share(slot_[op.out[0]]);
-      case GradSource::Slot:
-        if (g.prep == SlotPrep::Zeros) {
-          slot_[t] = bufs_.fresh(bytes(t));
-        } else if (g.prep == SlotPrep::Copy) {
-          const int mine = bufs_.fresh(bytes(t));
-          bufs_.drop(slot_[t]);
-          slot_[t] = mine;
-        }
-        return Buffers::kNone;
-    }
-    return Buffers::kNone;
-  }
-
-  void merge_grad(const GradStep& g, int t, int incoming) {
-    if (g.source == GradSource::None || g.source == GradSource::Slot) return;
-    int& dst = slot_[t];
-    switch (g.merge) {
-      case GradMerge::Set:
-        dst = incoming;
-        break;
-      case GradMerge::AddIntoSlot:
-        bufs_.drop(incoming);
-        break;
-      case GradMerge::AddSlotIntoIt:
-        bufs_.drop(dst);
-        dst = incoming;
-        break;
-      case GradMerge::Sum: {
-        const int sum = bufs_.fresh(bytes(t));
-        bufs_.drop(dst);
-        bufs_.drop(incoming);
-        dst = sum;
-        break;
-      }
-    }
+  void move(const std::vector<int64_t>& bytes) {
+    for (int64_t n : bytes) n > 0 ? sim_.alloc(n) : sim_.free(-n);
   }
 
   Sim& sim_;
@@ -294,8 +206,6 @@ class StageBackward {
   const ThreadConfig& ctx_;
   const bool fused_wgrad_;
   const bool input_kept_;
-  Buffers bufs_;
-  std::vector<int> slot_;   // the gradient buffer of each tensor
   std::vector<bool> held_;  // each tensor's value is alive
 };
 

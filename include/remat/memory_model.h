@@ -126,7 +126,8 @@ struct MemoryTrace {
 // Replays one step of `plan`: forward of every stage, backward in reverse (each micro-batch, in
 // pipeline order), the optimizer step. Fills `trace` when given (of the first micro-batch; steps
 // without gradient buffers only).
-// REQUIRES: plan.segment == 0; plan.chunks.size() == shape.chunks.
+// REQUIRES: plan.chunks.size() == shape.chunks. Throws remat::Error for uniform:N segments (NOTE
+// [Segments]) under FSDP, ZeRO-3 or pipeline stages, which gather or send per stage.
 StepMemory simulate_memory(const CompiledStep& plan, const ThreadConfig& ctx = {}, MemoryTrace* trace = nullptr,
                            const StepShape& shape = {});
 

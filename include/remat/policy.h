@@ -118,6 +118,8 @@ class Policy {
   const std::string& text() const { return text_; }
   // A budget: policy, which the planner resolves.
   bool is_budget() const { return form_ == Form::Budget; }
+  // uniform:N: segments of layers (ResolvedPolicy::segment), which may keep less than full.
+  bool is_segmented() const { return form_ == Form::Uniform; }
   // REQUIRES: is_budget().
   const Budget& budget() const { return budget_; }
   // The keep:/drop: pins of a budget policy as one layer's choices (Must strength); none for others.

@@ -167,6 +167,7 @@ class GradPlanner {
             Step free{Step::Kind::FreeGrad, t};
             g_.events = &free.joined;
             g_.drop(slot.buf);
+            g_.events = nullptr;
             s.backward.push_back(std::move(free));
           }
           slot = {};

@@ -88,7 +88,9 @@ at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, 
     const auto t0 = Clock::now();
     env.begin(step);
     op_def(op.kind).forward(env, op);
-    if (options_.timer) {
+    if (options_.timer && replay_seeds) {  // a segment's rerun: time spent recomputing
+      options_.timer->recompute_ms[step.index] += ms(t0);
+    } else if (options_.timer) {
       options_.timer->forward_ms[step.index] += ms(t0);
       options_.timer->calls[step.index] += 1;
     }

@@ -71,6 +71,7 @@ class SegmentFunction : public torch::autograd::Function<SegmentFunction> {
       h = st.exec->forward({h}, params[j], contexts[j], st.layer, /*replay_seeds=*/true);
       if (c.verify && !at::equal(h, c.outputs[j]))
         fail("--verify: layer {}'s output differs when its uniform:N segment reruns it", st.layer);
+      if (c.verify) c.outputs[j] = at::Tensor();
     }
     h = at::Tensor();
     // The backwards, from the last stage; the input's gradient goes on to the stage before.

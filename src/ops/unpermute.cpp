@@ -53,9 +53,13 @@ void check(const at::Tensor& t) {
     fail("unpermute runs on contiguous float32/float64 CPU tensors, got {}", std::string(t.dtype().name()));
 }
 
+void check_slots(const at::Tensor& slots) {
+  if (slots.scalar_type() != at::kLong || !slots.is_contiguous()) fail("unpermute takes contiguous int64 slots");
+}
+
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor &ys = e.in(op, 0), &slots = e.in(op, 1);
-  check(ys);
+  check(ys), check_slots(slots);
   at::Tensor y = at::empty(e.out_shape(op, 0), ys.options());
   const int64_t k = slots.size(-1), tokens = slots.numel() / k, width = ys.size(1);
   if (is_double(ys))
@@ -68,7 +72,7 @@ void forward(detail::OpEnv& e, const OpNode& op) {
 void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& slots = e.saved_in(op, 1);
   const at::Tensor dy = e.grad_out(op, 0).contiguous();
-  check(dy);
+  check(dy), check_slots(slots);
   const std::vector<int64_t>& rows = e.in_shape(op, 0);
   at::Tensor dys = at::zeros(rows, dy.options());
   const int64_t k = slots.size(-1), tokens = slots.numel() / k, width = rows.back();

@@ -74,9 +74,18 @@ void backward_typed(const at::Tensor& dy, const at::Tensor& x, const at::Tensor&
                x.size(1));
 }
 
+void check_routing(const at::Tensor& x, const at::Tensor& w, const at::Tensor& slots) {
+  check(x), check(w);
+  if (w.scalar_type() != x.scalar_type())
+    fail("weigh takes weights of its rows' dtype {}, got {}", std::string(x.dtype().name()),
+         std::string(w.dtype().name()));
+  if (slots.scalar_type() != at::kLong || !slots.is_contiguous() || slots.sizes() != w.sizes())
+    fail("weigh takes contiguous int64 slots shaped as its weights");
+}
+
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor &x = e.in(op, 0), &w = e.in(op, 1), &slots = e.in(op, 2);
-  check(x), check(w);
+  check_routing(x, w, slots);
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (is_double(x))
     forward_typed<double>(x, w, slots, y);

@@ -807,9 +807,12 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
   }
   std::vector<BoundedPair> pairs = bounded_pairs(e, cfg, layouts, fixed, automatic);
   bool have_least = false;
-  // Nothing fits unless full recompute (the least any policy keeps; "auto" recomputes no more)
-  // fits somewhere: find that first, so a refusal costs one replay per layout, not one per policy.
-  const bool probe = automatic || std::find(fixed.begin(), fixed.end(), "full") != fixed.end();
+  // Nothing fits unless full recompute (the least any policy but uniform:N keeps; "auto" recomputes
+  // no more) fits somewhere: find that first, so a refusal costs one replay per layout, not one per
+  // policy. A uniform:N segment may keep less (one layer's input per segment): no probe then.
+  bool segmented = false;
+  for (const std::string& p : fixed) segmented = segmented || Policy::parse(p).is_segmented();
+  const bool probe = !segmented && (automatic || std::find(fixed.begin(), fixed.end(), "full") != fixed.end());
   bool hopeless = probe;
   for (size_t i = 0; probe && i < layouts.size() && hopeless; ++i) {
     LayoutPlan p = e.plan(layouts[i], "full", false);
@@ -838,7 +841,11 @@ SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, co
 
 int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options) {
   const int64_t first = space.gpus;
-  space.policies = {"full"};  // fits with some policy exactly when it fits with full recompute
+  // It fits with some policy exactly when it fits with full recompute, or with a uniform:N given.
+  std::vector<std::string> least = {"full"};
+  for (const std::string& p : space.policies)
+    if (p != "auto" && Policy::parse(p).is_segmented()) least.push_back(p);
+  space.policies = least;
   for (int64_t n = 2 * first; n <= 65536; n *= 2) {
     space.gpus = n;
     space.dp = 0;  // the data-parallel size follows the count

@@ -459,6 +459,26 @@ TEST(Layouts, UniformSegmentsArePlannedOnOneStageWithWholeWeights) {
   }
 }
 
+// A deep model's uniform:2 keeps less than full (half the layers' inputs, against all of them):
+// where only it fits, the search finds it rather than giving up because full does not fit.
+TEST(Layouts, UniformFitsWhereFullDoesNot) {
+  ModelConfig c = mixed_model();
+  c.layers = 48, c.seq = 4096, c.attention = AttentionImpl::Flash, c.attn_block = 128;  // activations dominate
+  SearchSpace space;
+  space.gpus = 8, space.global_batch = 8, space.tp = 1, space.pp = 1, space.micro_batch = 1, space.zero = {1};
+  space.policies = {"full", "uniform:2"};
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.dp = 8, l.zero = 1, l.micro_batch = 1, l.global_batch = 8;
+  const int64_t full = plan_layout(c, l, d, "full").peak(), uniform = plan_layout(c, l, d, "uniform:2").peak();
+  ASSERT_LT(uniform, full);
+  PlanOptions o;  // between the two, with the plan's margin on top
+  o.budget = static_cast<int64_t>(static_cast<double>(full + uniform) / 2 * (1 + kAllocatedUncertainty));
+  const SearchResult found = search_layouts(c, space, d, 5, o);
+  ASSERT_EQ(found.best.size(), 1u);
+  EXPECT_EQ(found.best[0].policy, "uniform:2");
+}
+
 // Megatron's fixed allocations, by hand: PyTorch's cuBLAS workspace (8 x 4 MiB on Hopper, 2 x 4 MiB
 // + 8 x 16 KiB before), Transformer Engine's (32 MiB on Hopper, 4 MiB before), and the micro-batch:
 // tokens and positions on the first stage, labels and the loss mask on the last, the bool mask on both.

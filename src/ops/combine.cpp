@@ -95,16 +95,6 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 1, std::move(dw));
 }
 
-// Under expert parallelism (planning) the experts' outputs go back to their tokens' ranks in an
-// all-to-all (ops/expert_parallel.h), dispatch's the other way.
-OpComm comm(const BlockSpec& b, const OpNode& n) { return ep::all_to_all(n.routing, b.tensors[n.in[0]].bytes()); }
-
-int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
-  const TensorSpec& ys = b.tensors[n.in[0]];
-  const int64_t copies = b.tensors[n.in[1]].numel() * ys.shape.back() * dtype_size(ys.dtype);
-  return ep::exchange_buffers(n.routing, copies, ys.bytes());
-}
-
 BlockSpec example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.combine");
@@ -132,9 +122,9 @@ extern const OpDef kCombine = [] {
   d.bwd_reads_in = 0b111;
   d.grad_in[0] = GradKind::Fresh;
   d.grad_in[1] = GradKind::Fresh;
-  d.comm = comm;
-  d.forward_scratch = exchange_scratch;
-  d.backward_scratch = exchange_scratch;
+  d.comm = ep::return_comm;  // under expert parallelism (planning): back to the tokens' ranks
+  d.forward_scratch = ep::return_buffers;
+  d.backward_scratch = ep::return_buffers;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

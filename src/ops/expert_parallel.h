@@ -24,4 +24,15 @@ inline int64_t exchange_buffers(const Routing& r, int64_t copies, int64_t rows) 
   return r.ep <= 1 ? 0 : copies + rows;
 }
 
+// The experts' outputs (input 0 of combine or unpermute, R x C) going back to their tokens' ranks:
+// the all-to-all's bytes, and its buffers around it (input 1's elements are the token copies).
+inline OpComm return_comm(const BlockSpec& b, const OpNode& n) {
+  return all_to_all(n.routing, b.tensors[n.in[0]].bytes());
+}
+inline int64_t return_buffers(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  const TensorSpec& ys = b.tensors[n.in[0]];
+  const int64_t copies = b.tensors[n.in[1]].numel() * ys.shape.back() * dtype_size(ys.dtype);
+  return exchange_buffers(n.routing, copies, ys.bytes());
+}
+
 }  // namespace remat::ops::ep

@@ -83,16 +83,6 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 0, std::move(dys));
 }
 
-// Under expert parallelism (planning) the outputs go back to their tokens' ranks in an all-to-all,
-// as combine's do (ops/expert_parallel.h).
-OpComm comm(const BlockSpec& b, const OpNode& n) { return ep::all_to_all(n.routing, b.tensors[n.in[0]].bytes()); }
-
-int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
-  const TensorSpec& ys = b.tensors[n.in[0]];
-  const int64_t copies = b.tensors[n.in[1]].numel() * ys.shape.back() * dtype_size(ys.dtype);
-  return ep::exchange_buffers(n.routing, copies, ys.bytes());
-}
-
 BlockSpec example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.unpermute");
@@ -116,9 +106,9 @@ extern const OpDef kUnpermute = [] {
   d.n_in = 2, d.n_out = 1;
   d.bwd_reads_in = 0b10;
   d.grad_in[0] = GradKind::Fresh;
-  d.comm = comm;
-  d.forward_scratch = exchange_scratch;
-  d.backward_scratch = exchange_scratch;
+  d.comm = ep::return_comm;  // under expert parallelism (planning): back to the tokens' ranks
+  d.forward_scratch = ep::return_buffers;
+  d.backward_scratch = ep::return_buffers;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

@@ -82,6 +82,7 @@ bad "--experts must be in 1..4096, got 0" bench "${tiny[@]}" --arch moe --expert
 bad "--top-k must be in 1..experts (8), got 9" bench "${tiny[@]}" --arch moe --top-k 9
 bad "--capacity-factor must be 0 (dropless) or in (0, 1024], got -1" bench "${tiny[@]}" --arch moe --capacity-factor -1
 bad "unknown --router 'argmax'; allowed: softmax, sigmoid" bench "${tiny[@]}" --arch moe --router argmax
+bad "unknown --expert-weights 'foo'; allowed: combine" bench "${tiny[@]}" --arch moe --expert-weights foo
 bad "--shared-ffn must be in 0..16777216 (0: no shared expert), got -8" bench "${tiny[@]}" --arch moe --shared-ffn -8
 bad "--aux-loss must be in [0, 1000], got -0.5" bench "${tiny[@]}" --arch moe --aux-loss -0.5
 moe=(--arch moe --layers 2 --dim 64 --heads 4 --seq 16 --vocab 64 --device h100-80gb)

@@ -416,15 +416,18 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
     o.data = path == "fortunes" ? std::string() : path;
   }
   const Json now = options_json(given, was.at("data").get<std::string>());
+  // A key a state of an earlier release lacks held its default then.
+  const Json defaults = options_json(TrainOptions(), was.at("data").get<std::string>());
   for (const std::string& flag : explicit_flags) {
     if (!now.contains(flag) || may_change(flag) || flag == "data") continue;
     // States before 0.4 name the GEMM "blas" or "onednn": compared as the tables they stand for.
     if (flag == "gemm" && was.contains("gemm") &&
         detail::parse_gemm_table(was.at("gemm").get<std::string>()) == detail::gemm_table())
       continue;
-    if (now.at(flag) != was.at(flag))
+    const Json& before = was.contains(flag) ? was.at(flag) : defaults.at(flag);
+    if (now.at(flag) != before)
       fail("--{} {} differs from the run saved in '{}' ({}); drop the flag to continue that run, or --save elsewhere",
-           flag, now.at(flag).dump(), resume_dir, was.at(flag).dump());
+           flag, now.at(flag).dump(), resume_dir, before.dump());
   }
   // The world size lays out the batches; the ATen thread count sums some gradients in another order.
   const int world = was.contains("nproc") ? was.at("nproc").get<int>() : 1;

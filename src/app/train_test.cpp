@@ -252,6 +252,33 @@ void forge(const std::string& file, const std::function<void(nlohmann::json&)>& 
   std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
 }
 
+// A state of an earlier release lacks the flags added since: they held their defaults then, and a
+// resume that gives another value is refused naming that default.
+TEST(Train, AResumeComparesAFlagTheSavedRunPredatesWithItsDefault) {
+  const std::string dir = temp_dir("older");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 4, o.save_dir = dir + "/run", o.save_every = 2;
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 3) throw std::runtime_error("stop");
+  };
+  EXPECT_THROW(train(o), std::runtime_error);  // saved at step 2 of 4
+  o.progress = nullptr;
+  forge(o.save_dir + "/state.bin", [](nlohmann::json& h) { h["options"].erase("expert-weights"); });
+  TrainOptions other = o;
+  other.model.expert_weights = ExpertWeights::Activation;
+  try {
+    train(other, o.save_dir, {"expert-weights"});
+    FAIL() << "accepted --expert-weights activation for a run saved before the flag";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--expert-weights \"activation\" differs from the run saved in"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("(\"combine\")"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(train(o, o.save_dir, {"expert-weights"}));  // the default it had: the same run
+  std::filesystem::remove_all(dir);
+}
+
 std::string load_error(const std::string& run) {
   try {
     load_train_state(run);

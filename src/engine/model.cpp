@@ -3,6 +3,7 @@
 #include "remat/model.h"
 
 #include <cmath>
+#include <map>
 
 #include <ATen/ATen.h>
 
@@ -70,29 +71,23 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptio
 void GPTImpl::build_executors() {
   ExecOptions untimed = options_;  // the timer is sized for the block's ops
   untimed.timer = nullptr;
-  execs_.clear();
-  std::vector<const Schedule*> seen;
-  for (const CompiledStage& st : plan_.stages) {
-    // Layers that share a compiled schedule share one executor.
-    std::shared_ptr<const BlockExecutor> same;
-    for (size_t i = 0; i < execs_.size() && !same; ++i)
-      if (seen[i] == st.schedule.get()) same = execs_[i];
-    execs_.push_back(same ? same
-                          : std::make_shared<BlockExecutor>(
-                                *st.spec, st.schedule, st.role == CompiledStage::Role::Block ? options_ : untimed));
-    seen.push_back(st.schedule.get());
-  }
-  // uniform:N: one executor for every segment's first forward (it checks nothing: no recompute of it
-  // ever runs; the rerun is checked against it instead).
-  first_execs_.assign(plan_.stages.size(), nullptr);
+  // uniform:N segments' first forwards check nothing: no recompute of them ever runs (the rerun is
+  // checked against them instead).
   ExecOptions unverified = options_;
   unverified.verify = false;
-  for (size_t i = 0; i < plan_.stages.size(); ++i) {
-    const CompiledStage& st = plan_.stages[i];
-    if (!st.first_pass) continue;
-    for (size_t j = 0; j < i && !first_execs_[i]; ++j)
-      if (first_execs_[j] && plan_.stages[j].first_pass == st.first_pass) first_execs_[i] = first_execs_[j];
-    if (!first_execs_[i]) first_execs_[i] = std::make_shared<BlockExecutor>(*st.spec, st.first_pass, unverified);
+  // Layers that share a compiled schedule share one executor.
+  using Made = std::map<const Schedule*, std::shared_ptr<const BlockExecutor>>;
+  Made made, made_first;
+  auto executor = [](Made& m, const CompiledStage& st, const std::shared_ptr<const Schedule>& s, const ExecOptions& o) {
+    std::shared_ptr<const BlockExecutor>& e = m[s.get()];
+    if (!e) e = std::make_shared<BlockExecutor>(*st.spec, s, o);
+    return e;
+  };
+  execs_.clear();
+  first_execs_.clear();
+  for (const CompiledStage& st : plan_.stages) {
+    execs_.push_back(executor(made, st, st.schedule, st.role == CompiledStage::Role::Block ? options_ : untimed));
+    first_execs_.push_back(st.first_pass ? executor(made_first, st, st.first_pass, unverified) : nullptr);
   }
   // Eval mode: the dropout-free twin of the model, keeping everything. Its parameters are ours, in
   // the same order.

@@ -15,8 +15,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct SegmentClosure : torch::CustomClassHolder {
-  std::vector<SegmentStage> stages;  // (their params are the node's inputs, kept by autograd)
-  std::vector<size_t> counts;        // by stage: its parameters
+  std::vector<SegmentStage> stages;  // (their params are also the node's inputs, saved by autograd)
   std::shared_ptr<const GradSink> sink;
   bool verify = false;
   std::vector<std::vector<uint64_t>> seeds;  // by stage: what its first forward drew
@@ -36,9 +35,9 @@ class SegmentFunction : public torch::autograd::Function<SegmentFunction> {
     SegmentClosure& c = *closure;
     at::Tensor h = x.detach();
     size_t p = 0;
-    for (size_t j = 0; j < c.stages.size(); p += c.counts[j], ++j) {
-      const SegmentStage& st = c.stages[j];
-      const std::vector<at::Tensor> ps = detached(params, p, c.counts[j]);
+    for (const SegmentStage& st : c.stages) {
+      const std::vector<at::Tensor> ps = detached(params, p, st.params.size());
+      p += st.params.size();
       BlockContext bc;  // what the first forward keeps goes when it ends
       h = st.first->forward({h}, ps, bc, st.layer);
       c.seeds.push_back(std::move(bc.seeds));
@@ -64,9 +63,9 @@ class SegmentFunction : public torch::autograd::Function<SegmentFunction> {
     std::vector<BlockContext> contexts(n);
     std::vector<std::vector<at::Tensor>> params(n);
     at::Tensor h = saved[0].detach();
-    for (size_t j = 0, p = 1; j < n; p += c.counts[j], ++j) {
+    for (size_t j = 0, p = 1; j < n; p += c.stages[j].params.size(), ++j) {
       const SegmentStage& st = c.stages[j];
-      params[j] = detached(saved, p, c.counts[j]);
+      params[j] = detached(saved, p, st.params.size());
       contexts[j].seeds = c.seeds[j];
       h = st.exec->forward({h}, params[j], contexts[j], st.layer, /*replay_seeds=*/true);
       if (c.verify && !at::equal(h, c.outputs[j]))
@@ -90,7 +89,7 @@ class SegmentFunction : public torch::autograd::Function<SegmentFunction> {
     }
     result[1] = dy;
     if (!c.sink)
-      for (size_t j = 0, p = 2; j < n; p += c.counts[j], ++j)
+      for (size_t j = 0, p = 2; j < n; p += c.stages[j].params.size(), ++j)
         for (size_t k = 0; k < grads[j].size(); ++k) result[p + k] = std::move(grads[j][k]);
     return result;
   }
@@ -102,13 +101,11 @@ at::Tensor run_segment(std::vector<SegmentStage> stages, const at::Tensor& x, st
                        bool verify) {
   auto closure = c10::make_intrusive<SegmentClosure>();
   std::vector<at::Tensor> params;
-  for (SegmentStage& st : stages) {
+  for (const SegmentStage& st : stages) {
     if (sink && st.param_ids.size() != st.params.size())
       REMAT_INTERNAL("a gradient sink needs the model id of each of layer {}'s {} parameters", st.layer,
                      st.params.size());
     params.insert(params.end(), st.params.begin(), st.params.end());
-    closure->counts.push_back(st.params.size());
-    st.params.clear();  // autograd keeps them, as the node's inputs
   }
   closure->stages = std::move(stages);
   closure->sink = std::move(sink);

@@ -28,7 +28,7 @@ struct PlanFlags {
   std::string tokens;
   int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
-  std::string framework = "megatron", cublas_workspace;
+  std::string framework = "megatron", cublas_workspace, fsdp_root = "reshard";
   bool no_batch_mask = false, no_fused_wgrad = false, expandable_segments = false, fsdp = false, pure_bf16 = false;
   int zero = -1, top = 5;
   bool sp = false;
@@ -57,6 +57,7 @@ struct PlanFlags {
                           "--cublas-workspace",
                           "--expandable-segments",
                           "--fsdp",
+                          "--fsdp-root",
                           "--pure-bf16",
                           "--first-stage-layers",
                           "--last-stage-layers",
@@ -369,6 +370,9 @@ PlanOptions plan_options(const PlanFlags& f) {
   opt.batch_mask = !f.no_batch_mask;
   opt.fused_wgrad = !f.no_fused_wgrad;
   opt.expandable_segments = f.expandable_segments;
+  if (f.fsdp_root != "reshard" && f.fsdp_root != "keep")
+    fail("--fsdp-root '{}': allowed are reshard (PyTorch 2.8 and later) and keep (before 2.8)", f.fsdp_root);
+  opt.fsdp_root_reshard = f.fsdp_root == "reshard";
   opt.pure_dtype = f.pure_bf16;
   opt.cublas_workspace = size_flag(f.cublas_workspace, "--cublas-workspace", "such as 32MiB", opt.cublas_workspace);
   opt.reserve = size_flag(f.reserve, "--reserve", "such as 2GiB", opt.reserve);
@@ -661,6 +665,10 @@ Command add_plan(CLI::App& parent) {
               "(--no-gradient-accumulation-fusion)");
   a->add_flag("--fsdp", f->fsdp,
               "shard with FSDP2 (fully_shard per block; torchtitan's, and --framework torchtitan's)");
+  a->add_option("--fsdp-root", f->fsdp_root,
+                "FSDP2's root unit (embedding, final norm, head) after the forward: reshard (PyTorch 2.8 and later, "
+                "given reshard_after_forward=True as torchtitan passes) or keep (PyTorch before 2.8)")
+      ->capture_default_str();
   a->add_flag("--pure-bf16", f->pure_bf16, "no fp32 copies: weights, gradients and Adam state in bf16 (torchtune)");
   a->add_flag("--expandable-segments", f->expandable_segments,
               "PyTorch's allocator runs with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)");

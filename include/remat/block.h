@@ -162,6 +162,7 @@ struct OpNode {
   int64_t in_width = 0;     //   (q and k of a fused qkv projection); 0: all of them
   int64_t chunks = 0;       // chunked_cross_entropy: chunks of the tokens it runs one at a time
   bool upcast = false;      // cross_entropy on bf16/fp16 logits: PyTorch's autograd of logits.float()
+  bool eager = false;       // planning: run unfused by eager PyTorch (ModelConfig::eager_ops, OpDef::eager_saved)
   int64_t rotary_dims = 0;  // rope: the leading dimensions of each head it turns; 0: all (attn.head_dim)
   Routing routing;          // route, dispatch: the mixture of experts' routing
   TensorParallel tp;        // how the op is split over tensor-parallel ranks
@@ -194,6 +195,9 @@ struct BlockSpec {
   // per thread).
   int64_t forward_scratch(int op, const ThreadConfig& ctx) const;
   int64_t backward_scratch(int op, const ThreadConfig& ctx) const;
+  // Planning: bytes eager PyTorch's autograd keeps beside op `op`'s saved tensors while its first
+  // output lives (OpNode::eager); 0 for the engine's ops.
+  int64_t eager_saved(int op) const;
   // Bytes op `op` sends over its tensor-parallel group (ring collectives), or over its
   // expert-parallel group (all-to-all), forward and backward.
   OpComm comm(int op) const;

@@ -96,6 +96,11 @@ struct ModelConfig {
   double rotary_fraction = 1.0;    // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
   bool parallel_residual = false;  // the MLP reads the block input, not the stream after attention (GPT-NeoX)
   bool qk_norm = false;            // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
+  // Planning only (a GPU framework's step; the engine refuses it): the norms, attention and SwiGLU
+  // as eager PyTorch runs them unfused (torchtitan's and Hugging Face's Llama), whose autograd
+  // keeps an fp32 copy of each RMSNorm's input and its normalised value, GQA's keys and values
+  // repeated to every head, and SiLU's output, beside what remat's fused ops keep (OpDef::eager_saved).
+  bool eager_ops = false;
   // The mixture-of-experts block (arch moe, blocks/moe.cpp): LLaMA's attention, then a router that
   // sends each token to top_k of `experts` SwiGLU MLPs of width `ffn`, and their outputs weighted
   // back together. Ignored by the other kinds.

@@ -180,10 +180,10 @@ struct LayoutPlan {
 
 // Options of plan_layout and search_layouts.
 // What a plan's fit allows for beyond its predicted peak: the model's uncertainty, as validated
-// against measured runs (docs/validation.md: the worst error of the allocated-peak predictions is
-// 4.8%, the reserved ones run up to 11% low).
+// against measured runs (docs/validation.md: the allocated-peak predictions are at worst 2.1% low,
+// the reserved ones up to 9% low).
 inline constexpr double kAllocatedUncertainty = 0.05;
-// The same for a mixture of experts (arch moe): Megatron-LM's MoE runs measure up to 1.15x the
+// The same for a mixture of experts (arch moe): Megatron-LM's MoE runs measure up to 1.13x the
 // planned allocated peak (docs/validation.md, the mixture-of-experts rows, with the terms not yet
 // modelled: the routing's drift without a load-balancing loss), so 15% of the budget is kept free.
 inline constexpr double kExpertUncertainty = 0.15;
@@ -198,16 +198,21 @@ struct PlanOptions {
   int64_t cublas_workspace = 0;      // bytes of PyTorch's cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG); 0: its
                                      // default for the device (32 MiB on Hopper, 8.125 MiB before)
   bool expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-  bool pure_dtype = false;           // no fp32 copies: weights, gradients and Adam state in the model's dtype
-                                     // (torchtune's and others' pure bf16 training)
-  int64_t reserve = -1;    // bytes per device outside PyTorch's allocator; -1: outside_allocator()'s named terms
-                           // on a GPU (the CUDA context, NCCL's buffers), 2 GiB kept for the system on the CPU
-  int64_t budget = 0;      // bytes per device a stage's peak may reach; 0 = device memory - reserve
-  double margin = -1;      // share of a stage's peak kept free for what the model misses; -1:
-                           // kAllocatedUncertainty on a GPU (kExpertUncertainty for arch moe), 0 on
-                           // this machine's engine (exact)
-  bool all_stages = true;  // replay every pipeline stage (false: the first two and the last,
-                           // which hold the most; the search's shortcut, NOTE [Parallel layouts])
+  // FSDP2's root (fully_shard on the model: the embedding, the final norm and the head) freed after
+  // the forward and gathered again for the head's backward, as PyTorch 2.8 and later do when
+  // reshard_after_forward=True is passed (torchtitan passes it); false: kept gathered from the
+  // forward to the end of the backward, as PyTorch before 2.8 did whatever was passed.
+  bool fsdp_root_reshard = true;
+  bool pure_dtype = false;  // no fp32 copies: weights, gradients and Adam state in the model's dtype
+                            // (torchtune's and others' pure bf16 training)
+  int64_t reserve = -1;     // bytes per device outside PyTorch's allocator; -1: outside_allocator()'s named terms
+                            // on a GPU (the CUDA context, NCCL's buffers), 2 GiB kept for the system on the CPU
+  int64_t budget = 0;       // bytes per device a stage's peak may reach; 0 = device memory - reserve
+  double margin = -1;       // share of a stage's peak kept free for what the model misses; -1:
+                            // kAllocatedUncertainty on a GPU (kExpertUncertainty for arch moe), 0 on
+                            // this machine's engine (exact)
+  bool all_stages = true;   // replay every pipeline stage (false: the first two and the last,
+                            // which hold the most; the search's shortcut, NOTE [Parallel layouts])
 };
 
 // The plan of one layout: every stage's memory and the step time. `policy` is a policy string for

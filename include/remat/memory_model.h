@@ -77,16 +77,22 @@ struct StepShape {
   // Linear weight gradients are accumulated by their GEMM straight into the gradient buffers
   // (Megatron-LM's gradient_accumulation_fusion): no weight-gradient tensor is made for them.
   bool fused_wgrad = false;
-  // FSDP2 (fully_shard on every stage: the embedding, each block, the head): each rank keeps 1 /
-  // world of every parameter in fp32 (the master copy) with its Adam state; a stage's bf16 weights
-  // are all-gathered for its forward (a flat buffer on the all-gather stream, copied out into the
-  // parameters) and again for its backward (the next stage's gathered ahead), and its gradients are
-  // reduce-scattered after its backward through an fp32 copy kept until the next stage's. Sharded
-  // gradients exist from a stage's first backward of the step on. NOTE [FSDP2] in docs/design.md.
+  // FSDP2 (fully_shard on each block, and on the model: its root unit, the embedding, the final
+  // norm and the head, gathered and reduced as one): each rank keeps 1 / world of every parameter
+  // in fp32 (the master copy) with its Adam state; a unit's bf16 weights are all-gathered for its
+  // forward (a flat buffer on the all-gather stream, copied out into the parameters, kept until
+  // the next copy-out or the end of the forward) and again for its backward (the next unit's
+  // gathered ahead), and its gradients are reduce-scattered after its backward (the root's when
+  // the whole backward is done) through an fp32 copy kept until the next unit's. Sharded gradients
+  // exist from a unit's first backward of the step on. NOTE [FSDP2] in docs/design.md.
   bool fsdp = false;
-  bool fsdp_reshard = true;  // weights freed after each stage's forward (torchtitan: not with pipelines);
-                             // the head's never are
-  bool pure_dtype = false;   // no fp32 copies: weights, gradients and Adam states in the model's dtype
+  bool fsdp_reshard = true;       // weights freed after each block's forward (torchtitan: not with pipelines)
+  bool fsdp_keep_last = false;    // but the last block's (torchtitan: its backward comes next)
+  bool fsdp_root_reshard = true;  // the root's freed after the forward too (PyTorch 2.8 on; before, kept)
+  // torch.optim's foreach Adam (torchtitan's): its step makes sqrt(v) of every parameter of the
+  // rank at once (one fp32 tensor each), freed when the step ends, with the gradients still alive.
+  bool foreach_adam = false;
+  bool pure_dtype = false;  // no fp32 copies: weights, gradients and Adam states in the model's dtype
   // Replay the step through a model of PyTorch's CUDA caching allocator (StepMemory::allocated_peak,
   // reserved_peak): `fixed_blocks` first (a framework's workspaces and batch), the weights and
   // gradient buffers, then two steps in pipeline order with the optimizer state allocated at the

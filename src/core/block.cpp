@@ -92,6 +92,11 @@ int64_t BlockSpec::backward_scratch(int op, const ThreadConfig& ctx) const {
   return def.backward_scratch ? def.backward_scratch(*this, ops[op], ctx) : 0;
 }
 
+int64_t BlockSpec::eager_saved(int op) const {
+  const OpDef& def = op_def(ops[op].kind);
+  return ops[op].eager && def.eager_saved ? def.eager_saved(*this, ops[op]) : 0;
+}
+
 OpComm BlockSpec::comm(int op) const {
   const OpDef& def = op_def(ops[op].kind);
   // Tensor-parallel ops, and the expert-parallel exchanges of dispatch and combine.

@@ -55,6 +55,7 @@ BlockSpec Builder::finish(int output) {
   spec_.output = output;
   for (size_t i = 0; i < spec_.ops.size(); ++i)
     for (int t : spec_.bwd_reads(static_cast<int>(i))) spec_.tensors[t].read_by_backward = true;
+  for (OpNode& op : spec_.ops) op.eager = cfg_.eager_ops && op_def(op.kind).eager_saved != nullptr;
   return std::move(spec_);
 }
 

@@ -317,6 +317,14 @@ std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>
 
 const detail::OpTestCase kTest{example, reference, /*index_range=*/0, /*float64=*/false, fused_example};
 
+// Eager PyTorch's grouped-query attention (torchtitan's and Hugging Face's repeat_kv): keys and
+// values are repeated to every query head before scaled_dot_product_attention, which saves the
+// copies; this op reads the kv_heads ones in place.
+int64_t eager_saved(const BlockSpec& b, const OpNode& n) {
+  const AttentionLayout& a = n.attn;
+  return 2 * a.batch * a.seq * (a.heads - a.kv()) * a.head_dim * dtype_size(b.dtype);
+}
+
 }  // namespace
 
 extern const OpDef kFlashAttention = [] {
@@ -334,6 +342,8 @@ extern const OpDef kFlashAttention = [] {
   d.comm = comm;
   d.forward = forward;
   d.backward = backward;
+  d.eager_saved = eager_saved;
+  d.eager_input = 1;  // the repeated copies live as long as the keys they copy
   d.test = &kTest;
   return d;
 }();

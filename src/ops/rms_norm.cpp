@@ -146,6 +146,12 @@ std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>
 
 const detail::OpTestCase kTest{example, reference, 0, true, heads_example};
 
+// Eager PyTorch's RMSNorm (torchtitan's, Hugging Face's): x.float() (4 bytes an element, x itself
+// in fp32) is saved by the square and the product with rstd, and the normalised value in the model's
+// dtype by the product with the weight; x itself is not. Against this op's saved x: 4 bytes an
+// element more, in any dtype.
+int64_t eager_saved(const BlockSpec& b, const OpNode& n) { return b.tensors[n.in[0]].numel() * 4; }
+
 }  // namespace
 
 extern const OpDef kRmsNorm = [] {
@@ -158,6 +164,7 @@ extern const OpDef kRmsNorm = [] {
   d.backward_scratch = backward_scratch;
   d.forward = forward;
   d.backward = backward;
+  d.eager_saved = eager_saved;
   d.test = &kTest;
   return d;
 }();

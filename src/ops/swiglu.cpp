@@ -91,6 +91,10 @@ std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>
 
 const detail::OpTestCase kTest{example, reference};
 
+// Eager PyTorch's SwiGLU, silu(gate) * up (torchtitan's, Hugging Face's): the product saves
+// silu(gate), a tensor of gate's size this op does not keep.
+int64_t eager_saved(const BlockSpec& b, const OpNode& n) { return b.tensors[n.in[0]].bytes(); }
+
 }  // namespace
 
 extern const OpDef kSwiglu = [] {
@@ -102,6 +106,7 @@ extern const OpDef kSwiglu = [] {
   d.grad_in[1] = GradKind::Fresh;
   d.forward = forward;
   d.backward = backward;
+  d.eager_saved = eager_saved;
   d.test = &kTest;
   return d;
 }();

@@ -1,5 +1,7 @@
 // What a GPU training framework allocates beyond the model's tensors (layout.h, Framework). Each
 // term is one named allocation with the code that makes it; docs/planner.md lists the sources.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "remat/block.h"
@@ -20,15 +22,25 @@ namespace {
 
 constexpr int64_t MiB = int64_t{1} << 20;
 
-// PyTorch's cuBLAS workspace, allocated through the caching allocator at a stream's first GEMM
-// and kept (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG
-// when set, else 4096 KiB x 8 on Hopper (sm 9.0) and 4096 KiB x 2 + 16 KiB x 8 elsewhere.
+// PyTorch's cuBLAS workspaces, allocated through the caching allocator at the first GEMM of each
+// cuBLAS handle and stream, and kept (aten/src/ATen/cuda/CublasHandlePool.cpp,
+// getChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG when set, else 4096 KiB x 8 on Hopper (sm 9.0)
+// and 4096 KiB x 2 + 16 KiB x 8 elsewhere. Handles are per thread, and the backward runs on
+// autograd's own device thread: two workspaces (the forward's and the backward's; seen as two
+// blocks of the size on an H200, tools/gpu_memory.py --trace).
 Allocation torch_cublas(const PlanOptions& o, const Device& d) {
   const int64_t bytes = o.cublas_workspace > 0 ? o.cublas_workspace
                         : d.sm == 90           ? 8 * 4 * MiB
                                                : 2 * 4 * MiB + 8 * 16 * 1024;
-  return {"cuBLAS workspace (PyTorch)", bytes,
-          "PyTorch's workspace for its cuBLAS GEMMs, one per stream, kept from the first GEMM on"};
+  return {"cuBLAS workspaces (PyTorch)", 2 * bytes,
+          "PyTorch's workspace for its cuBLAS GEMMs, one per thread that runs them (the forward's, autograd's "
+          "backward thread), kept from the first GEMM on"};
+}
+
+// Whether the block turns q and k by rotary embeddings (its kind's default or ModelConfig::positions).
+bool turns_positions(const ModelConfig& c) {
+  const ModelSpec m = make_model(c);
+  return std::any_of(m.block.ops.begin(), m.block.ops.end(), [](const OpNode& op) { return op.kind == OpKind::Rope; });
 }
 
 }  // namespace
@@ -63,6 +75,12 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
   } else {
     out.push_back({"micro-batch", (first ? 8 * tokens : 0) + (last ? 8 * tokens : 0),
                    "input ids (first stage) and labels (last stage) of the micro-batch in flight, int64"});
+    // torchtitan's Llama registers freqs_cis, complex64 (seq, head_dim / 2), as a buffer of the
+    // model: on every pipeline stage, whole (buffers are not sharded).
+    if (turns_positions(c))
+      out.push_back(
+          {"RoPE table", c.seq * (c.head_dim() / 2) * 8,
+           "torchtitan's freqs_cis buffer: a complex64 rotation for each position and pair of a head's dims"});
   }
   return out;
 }

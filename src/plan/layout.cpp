@@ -227,10 +227,19 @@ std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::v
   return layers_policy_text(layers);
 }
 
+// The model as the framework runs it: torchtitan's ops are eager PyTorch's, unfused.
+ModelConfig framework_config(ModelConfig cfg, const Device& device, const PlanOptions& options) {
+  cfg.eager_ops = options.framework == Framework::Torchtitan && !device.engine;
+  return cfg;
+}
+
 class Evaluator {
  public:
   Evaluator(const ModelConfig& cfg, const Device& device, const PlanOptions& options)
-      : cfg_(cfg), device_(device), options_(options), params_(make_model(cfg).param_numel()) {}
+      : cfg_(framework_config(cfg, device, options)),
+        device_(device),
+        options_(options),
+        params_(make_model(cfg).param_numel()) {}
 
   Shapes& shapes(const Layout& l) {
     const auto key = std::make_tuple((l.tp * 4096 + l.cp) * 4096 + l.ep, l.sp, l.micro_batch);
@@ -310,6 +319,9 @@ class Evaluator {
       shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad;
       shape.fsdp = l.fsdp;
       shape.fsdp_reshard = l.pp == 1;  // torchtitan keeps a pipeline stage's weights gathered
+      shape.fsdp_root_reshard = options_.fsdp_root_reshard;
+      shape.fsdp_keep_last = options_.framework == Framework::Torchtitan;  // its apply_fsdp
+      shape.foreach_adam = options_.framework == Framework::Torchtitan;    // torch.optim.AdamW, foreach
       shape.pure_dtype = options_.pure_dtype;
       shape.zero = l.zero;
       shape.grad_buffers = true;

@@ -479,9 +479,10 @@ TEST(Layouts, UniformFitsWhereFullDoesNot) {
   EXPECT_EQ(found.best[0].policy, "uniform:2");
 }
 
-// Megatron's fixed allocations, by hand: PyTorch's cuBLAS workspace (8 x 4 MiB on Hopper, 2 x 4 MiB
-// + 8 x 16 KiB before), Transformer Engine's (32 MiB on Hopper, 4 MiB before), and the micro-batch:
-// tokens and positions on the first stage, labels and the loss mask on the last, the bool mask on both.
+// Megatron's fixed allocations, by hand: PyTorch's cuBLAS workspaces (8 x 4 MiB on Hopper, 2 x 4 MiB
+// + 8 x 16 KiB before; two, the forward thread's and autograd's), Transformer Engine's (32 MiB on
+// Hopper, 4 MiB before), and the micro-batch: tokens and positions on the first stage, labels and
+// the loss mask on the last, the bool mask on both.
 TEST(Frameworks, MegatronFixedAllocationsByHand) {
   ModelConfig c = mixed_model();
   c.seq = 128;
@@ -493,14 +494,31 @@ TEST(Frameworks, MegatronFixedAllocationsByHand) {
     for (const Allocation& a : fixed_allocations(o, parse_device(device), c, l, stage)) out.push_back(a.bytes);
     return out;
   };
-  EXPECT_EQ(bytes("h100-80gb", 0, {}), (std::vector<int64_t>{32 * MiB, 32 * MiB, 16 * tokens + mask}));
-  EXPECT_EQ(bytes("h100-80gb", 1, {}), (std::vector<int64_t>{32 * MiB, 32 * MiB, 12 * tokens + mask}));
-  EXPECT_EQ(bytes("a100-80gb", 0, {}), (std::vector<int64_t>{8 * MiB + 128 * 1024, 4 * MiB, 16 * tokens + mask}));
+  EXPECT_EQ(bytes("h100-80gb", 0, {}), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, 16 * tokens + mask}));
+  EXPECT_EQ(bytes("h100-80gb", 1, {}), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, 12 * tokens + mask}));
+  EXPECT_EQ(bytes("a100-80gb", 0, {}), (std::vector<int64_t>{2 * (8 * MiB + 128 * 1024), 4 * MiB, 16 * tokens + mask}));
   PlanOptions o;
   o.batch_mask = false, o.cublas_workspace = 1 * MiB;
-  EXPECT_EQ(bytes("h100-80gb", 0, o), (std::vector<int64_t>{1 * MiB, 32 * MiB, 16 * tokens}));
+  EXPECT_EQ(bytes("h100-80gb", 0, o), (std::vector<int64_t>{2 * MiB, 32 * MiB, 16 * tokens}));
   o.framework = Framework::Torchtitan;
-  EXPECT_EQ(bytes("h100-80gb", 1, o), (std::vector<int64_t>{1 * MiB, 8 * tokens}));
+  EXPECT_EQ(bytes("h100-80gb", 1, o), (std::vector<int64_t>{2 * MiB, 8 * tokens}));
+}
+
+// torchtitan's Llama keeps its RoPE table, freqs_cis, as a buffer: complex64 (8 bytes) for each of
+// seq positions and head_dim / 2 pairs, on every stage; a model without rotary embeddings has none.
+TEST(Frameworks, TorchtitanRopeTableByHand) {
+  ModelConfig c;
+  c.arch = "llama", c.layers = 2, c.dim = 64, c.heads = 4, c.seq = 128, c.dtype = DType::BF16;
+  Layout l;
+  l.micro_batch = 2, l.global_batch = 2;
+  PlanOptions o;
+  o.framework = Framework::Torchtitan;
+  const std::vector<Allocation> fixed = fixed_allocations(o, parse_device("h100-80gb"), c, l, 0);
+  ASSERT_EQ(fixed.size(), 3u);
+  EXPECT_EQ(fixed[2].name, "RoPE table");
+  EXPECT_EQ(fixed[2].bytes, 128 * (c.dim / c.heads / 2) * 8);
+  c.positions = Positions::Learned;
+  EXPECT_EQ(fixed_allocations(o, parse_device("h100-80gb"), c, l, 0).size(), 2u);
 }
 
 // Outside the allocator: the CUDA context, one NCCL ring per communicator with more than one rank

@@ -17,7 +17,9 @@
 #include "remat/memory_model.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -76,8 +78,10 @@ class Sim {
   std::map<std::pair<int64_t, int>, std::vector<int>> by_size_;  // live handles by (size, stream), latest last
 };
 
+constexpr const char* kOptimizerStep = "the optimizer step (foreach Adam's sqrt(v) of every parameter)";
+
 std::string describe(const Where& w) {
-  if (w.stage == nullptr) return "start of the step";
+  if (w.stage == nullptr) return *w.pass ? w.pass : "start of the step";
   const std::string stage = w.stage->role == CompiledStage::Role::Stem   ? "the embedding"
                             : w.stage->role == CompiledStage::Role::Head ? "the head"
                                                                          : fmt::format("layer {}", w.stage->layer);
@@ -85,18 +89,42 @@ std::string describe(const Where& w) {
   return fmt::format("{} of {}, op '{}'", w.pass, stage, w.stage->spec->ops[w.op].name);
 }
 
+// Bytes eager PyTorch keeps beside each tensor of a stage (ModelConfig::eager_ops), by tensor id:
+// an eager op's extras live and die with its first output (or OpDef::eager_input). Empty when no
+// op of the stage has any.
+std::vector<int64_t> eager_bytes(const BlockSpec& b) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < b.ops.size(); ++i) {
+    const int64_t n = b.eager_saved(static_cast<int>(i));
+    if (n == 0) continue;
+    if (out.empty()) out.assign(b.tensors.size(), 0);
+    const int in = op_def(b.ops[i].kind).eager_input;
+    out[in >= 0 ? b.ops[i].in[in] : b.ops[i].out[0]] += n;
+  }
+  return out;
+}
+
+// A tensor's bytes with what eager PyTorch keeps beside it (eager_bytes).
+int64_t live_bytes(const BlockSpec& b, const std::vector<int64_t>& eager, int t) {
+  return b.tensors[t].bytes() + (eager.empty() ? 0 : eager[t]);
+}
+
 // A stage's forward: its own schedule's, or another (a uniform:N segment's first forward); `pass`
 // names it where it peaks.
+// `before_loss`, if given, runs once before a cross-entropy op: the model's forward has returned
+// (a framework computes the loss outside the model, after FSDP2's root post-forward).
 void forward_stage(Sim& sim, const CompiledStage& st, const ThreadConfig& ctx, const Schedule* schedule = nullptr,
-                   const char* pass = "forward") {
+                   const char* pass = "forward", const std::function<void()>& before_loss = {}) {
   const BlockSpec& b = *st.spec;
+  const std::vector<int64_t> eager = eager_bytes(b);
   for (const Step& step : (schedule ? *schedule : *st.schedule).forward) {
     if (step.kind == Step::Kind::Free) {
-      sim.free(b.tensors[step.index].bytes());
+      sim.free(live_bytes(b, eager, step.index));
       continue;
     }
+    if (before_loss && b.ops[step.index].kind == OpKind::CrossEntropy) before_loss();
     sim.at(pass, &st, step.index);
-    for (int t : b.ops[step.index].out) sim.alloc(b.tensors[t].bytes());
+    for (int t : b.ops[step.index].out) sim.alloc(live_bytes(b, eager, t));
     const int64_t scratch = b.forward_scratch(step.index, ctx);
     sim.alloc(scratch);
     sim.free(scratch);
@@ -124,8 +152,10 @@ struct ParamGrads {
 // Free leaves the bytes.
 class StageBackward {
  public:
+  // `before_weights`, if given, runs once before the first op with parameters (FSDP2's pre-backward
+  // hook on the head, which fires when the gradient reaches the logits: after the loss's backward).
   StageBackward(Sim& sim, const CompiledStage& st, ParamGrads& pg, const ThreadConfig& ctx, bool fused_wgrad,
-                bool input_kept = false)
+                bool input_kept = false, std::function<void()> before_weights = {})
       : sim_(sim),
         st_(st),
         b_(*st.spec),
@@ -133,6 +163,8 @@ class StageBackward {
         ctx_(ctx),
         fused_wgrad_(fused_wgrad),
         input_kept_(input_kept),
+        before_weights_(std::move(before_weights)),
+        eager_(eager_bytes(b_)),
         held_(st.schedule->saved) {}
 
   void run() {
@@ -161,7 +193,7 @@ class StageBackward {
   }
 
  private:
-  int64_t bytes(int t) const { return b_.tensors[t].bytes(); }
+  int64_t bytes(int t) const { return live_bytes(b_, eager_, t); }
 
   void recompute(const Step& step) {
     const OpNode& op = b_.ops[step.index];
@@ -179,6 +211,10 @@ class StageBackward {
   // The op makes its gradients, then each joins its input's slot: the bytes the plan moves.
   void backward(const Step& step) {
     const OpNode& op = b_.ops[step.index];
+    if (before_weights_ && !op.params.empty()) {
+      before_weights_();
+      before_weights_ = {};
+    }
     sim_.at("backward", &st_, step.index);
     move(step.made);
     for (size_t p = 0; p < op.params.size(); ++p) {
@@ -206,12 +242,14 @@ class StageBackward {
   const ThreadConfig& ctx_;
   const bool fused_wgrad_;
   const bool input_kept_;
+  std::function<void()> before_weights_;
+  const std::vector<int64_t> eager_;
   std::vector<bool> held_;  // each tensor's value is alive
 };
 
 void backward_stage(Sim& sim, const CompiledStage& st, ParamGrads& pg, const ThreadConfig& ctx,
-                    bool fused_wgrad = false) {
-  StageBackward(sim, st, pg, ctx, fused_wgrad).run();
+                    bool fused_wgrad = false, std::function<void()> before_weights = {}) {
+  StageBackward(sim, st, pg, ctx, fused_wgrad, false, std::move(before_weights)).run();
 }
 
 // After a stage has returned (and its dy is gone): its parameter gradients, by rules 3 and 4.
@@ -403,6 +441,23 @@ class StepReplay {
     m.peak_at = describe(sim_.peak_at());
   }
 
+  // The optimizer step, at the end of a replayed step (the gradients alive): foreach Adam's
+  // temporaries (StepShape::foreach_adam), one per parameter of this rank's share.
+  void optimizer_step(StepMemory& m) {
+    if (!shape_.foreach_adam) return;
+    sim_.at(kOptimizerStep, nullptr, -1);
+    sim_.restart_peak();
+    std::vector<int64_t> temps;
+    for (const ModelParam& p : plan_.params) temps.push_back(owned(p, shape_.fsdp || shape_.zero >= 1) * e_.state / 2);
+    for (int64_t t : temps) sim_.alloc(t);
+    for (int64_t t : temps) sim_.free(t);
+    top_ = std::max(top_, sim_.peak());
+    if (sim_.peak() >= m.peak) {
+      m.peak = sim_.peak();
+      m.peak_at = kOptimizerStep;
+    }
+  }
+
   // StepShape::cuda: the caching allocator sees every block: the persistent tensors, then two steps
   // op by op with the optimizer's state made at the first optimizer step (what the first step's
   // activations freed may hold it).
@@ -410,9 +465,7 @@ class StepReplay {
     detail::CachingAllocatorModel cuda(shape_.expandable_segments);
     Sim persistent(&cuda);
     sim_ = Sim(&cuda);
-    auto share = [&](const ModelParam& p, bool sharded) {
-      return sharded ? std::max<int64_t>(1, p.spec->numel() / shape_.world) : p.spec->numel();
-    };
+    auto share = [&](const ModelParam& p, bool sharded) { return owned(p, sharded); };
     for (int64_t b : shape_.fixed_blocks) persistent.alloc(b);
     if (shape_.fsdp)  // each parameter's shard (fp32: the master copy)
       for (const ModelParam& p : plan_.params) persistent.alloc(share(p, true) * e_.sharded_weight());
@@ -430,10 +483,12 @@ class StepReplay {
       if (e_.master > 0 && !shape_.fsdp) persistent.alloc(n * e_.master);
       for (int k = 0; k < 2; ++k) persistent.alloc(n * e_.state / 2);
     }
+    optimizer_step(m);
     for (int64_t g : sharded_grads_) sim_.free(g, kReduceScatter);  // zero_grad before the next step
     sharded_grads_.clear();
     std::fill(reduced_.begin(), reduced_.end(), 0);
     replay(micro, m);
+    optimizer_step(m);
     m.allocated_peak = cuda.peak_allocated();
     m.reserved_peak = cuda.peak_reserved();
     sim_ = Sim();  // (it pointed at `cuda`)
@@ -467,6 +522,7 @@ class StepReplay {
     }
     m.peak = highest;
     m.peak_at = describe(at);
+    sim_ = Sim();  // the step's end: every gradient in its buffer
   }
 
   // What one micro-batch's forward leaves (replayed alone, after whatever ran before).
@@ -504,22 +560,48 @@ class StepReplay {
     top_ = std::max(top_, sim_.peak());
   }
 
-  // FSDP2, in the order its hooks run; NOTE [FSDP2].
-  int64_t weights(size_t i) const {  // a stage's half-precision weights
+  // A parameter's elements on this rank: 1 / world of it when sharded (FSDP2, ZeRO), else all.
+  int64_t owned(const ModelParam& p, bool sharded) const {
+    return sharded ? std::max<int64_t>(1, p.spec->numel() / shape_.world) : p.spec->numel();
+  }
+
+  // FSDP2, in the order its hooks run; NOTE [FSDP2]. Its units: each block, and the root (the
+  // model's own fully_shard: every stage of the chunk that is not a block), named by its first stage.
+  bool in_root(size_t i) const { return plan_.stages[i].role != CompiledStage::Role::Block; }
+  size_t unit(size_t i) const {
+    if (!in_root(i)) return i;
+    for (size_t j = 0; j < i; ++j)
+      if (in_root(j) && plan_.stages[j].chunk == plan_.stages[i].chunk) return j;
+    return i;
+  }
+  int64_t stage_weights(size_t i) const {  // a stage's half-precision weights
     int64_t b = 0;
     for (size_t k = 0; k < plan_.stages[i].params.size(); ++k)
       b += plan_.stages[i].spec->param_bytes(static_cast<int>(k));
     return b;
   }
+  int64_t weights(size_t u) const {  // a unit's (a parameter tied across its stages once)
+    if (!in_root(u)) return stage_weights(u);
+    std::set<int> seen;
+    int64_t b = 0;
+    for (size_t j = u; j < plan_.stages.size(); ++j)
+      if (in_root(j) && unit(j) == u)
+        for (size_t k = 0; k < plan_.stages[j].params.size(); ++k)
+          if (seen.insert(plan_.stages[j].params[k]).second)
+            b += plan_.stages[j].spec->param_bytes(static_cast<int>(k));
+    return b;
+  }
+  // The root's last stage in backward order: its post-backward, where its gradients are reduced.
+  bool root_ends_backward(size_t i) const { return in_root(i) && unit(i) == i; }
   // All-gather into a flat buffer, copy out into the parameters. In the forward the flat buffer is
-  // kept until the next copy-out (to overlap it with the next all-gather), which may come in the
-  // backward; in the backward it goes at once.
-  void gather(size_t i, bool keep_flat) {
-    const int64_t w = weights(i);
-    if (w == 0 || unsharded_[i]) return;
+  // kept until the next copy-out (to overlap it with the next all-gather) or the root's
+  // post-forward; in the backward it goes at once.
+  void gather(size_t u, bool keep_flat) {
+    const int64_t w = weights(u);
+    if (w == 0 || unsharded_[u]) return;
     sim_.alloc(w, kAllGather);
     sim_.alloc(w, kCompute);
-    unsharded_[i] = 1;
+    unsharded_[u] = 1;
     sim_.free(flat_, kAllGather);
     flat_ = 0;
     if (keep_flat)
@@ -527,36 +609,62 @@ class StepReplay {
     else
       sim_.free(w, kAllGather);
   }
+  void reshard(size_t u) {
+    if (!unsharded_[u]) return;
+    sim_.free(weights(u));
+    unsharded_[u] = 0;
+  }
   void fsdp_after_forward(size_t i) {
-    if (!shape_.fsdp || !unsharded_[i] || !shape_.fsdp_reshard || plan_.stages[i].role == CompiledStage::Role::Head)
-      return;
-    sim_.free(weights(i));
-    unsharded_[i] = 0;
+    if (!shape_.fsdp || in_root(i) || !shape_.fsdp_reshard) return;
+    if (shape_.fsdp_keep_last && plan_.stages[i].layer == plan_.model->layers - 1) return;
+    reshard(i);
+  }
+  // The root's post-forward, as the model's forward returns (before the loss, which frameworks
+  // compute outside the model): the kept all-gather buffer goes, and the root's weights with it
+  // when they are resharded. Once per chunk's forward.
+  void fsdp_end_forward(const Chunk& c) {
+    if (!shape_.fsdp || ended_) return;
+    ended_ = true;
+    sim_.free(flat_, kAllGather);
+    flat_ = 0;
+    if (shape_.fsdp_reshard && shape_.fsdp_root_reshard)
+      for (size_t i = c.first; i <= c.last; ++i)
+        if (root_ends_backward(i)) reshard(i);
   }
   void fsdp_backward(const Chunk& c, size_t i) {
     if (!shape_.fsdp) return;
-    gather(i, false);
-    for (size_t j = i; j-- > c.first;)  // the next stage the backward reaches with weights: gathered ahead
-      if (weights(j) > 0) {
-        gather(j, false);
+    gather(unit(i), false);
+    for (size_t j = i; j-- > c.first;)  // the next unit the backward reaches with weights: gathered ahead
+      if (unit(j) != unit(i) && weights(unit(j)) > 0) {
+        gather(unit(j), false);
         break;
       }
   }
-  void fsdp_reduce(size_t i) {  // the gradients copied (up-cast) into the reduce-scatter input
-    if (shape_.fsdp && weights(i) > 0) sim_.alloc(weights(i) * 4 / e_.weight);
+  // A unit's post-backward: resharded first, then its gradients copied (up-cast) into the
+  // reduce-scatter input and freed; the root's wait, unsharded, until its last stage's backward.
+  void fsdp_reduce(size_t i) {
+    if (!shape_.fsdp || stage_weights(i) == 0 || (in_root(i) && !root_ends_backward(i))) return;
+    reshard(unit(i));
+    sim_.alloc(weights(unit(i)) * 4 / e_.weight);
   }
   void fsdp_after_backward(size_t i) {
-    if (!shape_.fsdp || weights(i) == 0) return;
-    if (!reduced_[i]) {  // the sharded gradient, accumulated into by later micro-batches
-      const int64_t g = std::max<int64_t>(1, weights(i) / e_.weight / shape_.world) * e_.sharded_weight();
+    if (!shape_.fsdp || stage_weights(i) == 0) return;
+    if (in_root(i) && !root_ends_backward(i)) {  // (autograd's gradients, held for the post-backward)
+      held_.push_back(stage_weights(i));
+      sim_.alloc(held_.back());
+      return;
+    }
+    const size_t u = unit(i);
+    for (int64_t g : held_) sim_.free(g);
+    held_.clear();
+    if (!reduced_[u]) {  // the sharded gradient, accumulated into by later micro-batches
+      const int64_t g = std::max<int64_t>(1, weights(u) / e_.weight / shape_.world) * e_.sharded_weight();
       sim_.alloc(g, kReduceScatter);
       sharded_grads_.push_back(g);
-      reduced_[i] = 1;
+      reduced_[u] = 1;
     }
-    sim_.free(rs_input_);  // the previous stage's input, its reduce-scatter done
-    rs_input_ = weights(i) * 4 / e_.weight;
-    sim_.free(weights(i));  // resharded after the backward
-    unsharded_[i] = 0;
+    sim_.free(rs_input_);  // the previous unit's input, its reduce-scatter done
+    rs_input_ = weights(u) * 4 / e_.weight;
   }
 
   // One chunk's forward of one micro-batch. Its input comes from the data or the previous pipeline
@@ -565,14 +673,17 @@ class StepReplay {
   void forward(const Chunk& c, MemoryTrace& tr) {
     const CompiledStage& first = plan_.stages[c.first];
     if (!c.begins) sim_.alloc(first.spec->tensors[first.spec->inputs[0]].bytes());
+    ended_ = false;
     for (size_t i = c.first; i <= c.last; ++i) {
-      if (shape_.fsdp) gather(i, /*keep_flat=*/true);
+      if (shape_.fsdp) gather(unit(i), /*keep_flat=*/true);
       if (plan_.stages[i].segment >= 0)
         phase(plan_.stages[i], false, tr, [&] { first_forward(c, i); });
       else
-        phase(plan_.stages[i], false, tr, [&] { forward_stage(sim_, plan_.stages[i], ctx_); });
+        phase(plan_.stages[i], false, tr,
+              [&] { forward_stage(sim_, plan_.stages[i], ctx_, nullptr, "forward", [&] { fsdp_end_forward(c); }); });
       fsdp_after_forward(i);
     }
+    fsdp_end_forward(c);
     const CompiledStage& last = plan_.stages[c.last];
     if (!c.ends) sim_.free(last.spec->tensors[last.spec->output].bytes());
   }
@@ -592,7 +703,7 @@ class StepReplay {
         continue;
       }
       // A unit's pre-backward hook fires when the gradient reaches its output: for the head, after
-      // the loss's backward (the loss is computed outside the model).
+      // the loss's backward (the loss is computed outside the model), before its first weights.
       const bool head = st.role == CompiledStage::Role::Head;
       if (!head) fsdp_backward(c, i);
       phase(st, true, tr, [&] {
@@ -600,8 +711,12 @@ class StepReplay {
           sim_.alloc(root);
           sim_.alloc(dy);
         }
-        backward_stage(sim_, st, pg_, ctx_, shape_.fused_wgrad);
-        if (head) fsdp_backward(c, i);
+        bool gathered = !head;
+        backward_stage(sim_, st, pg_, ctx_, shape_.fused_wgrad, [&] {
+          fsdp_backward(c, i);
+          gathered = true;
+        });
+        if (!gathered) fsdp_backward(c, i);
         const bool keeps_dy =
             !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] && !st.external[0];
         if (!keeps_dy) sim_.free(dy);
@@ -635,9 +750,10 @@ class StepReplay {
     const CompiledStage& st = plan_.stages[i];
     const BlockSpec& b = *st.spec;
     forward_stage(sim_, st, ctx_, st.first_pass.get());
+    const std::vector<int64_t> eager = eager_bytes(b);
     for (size_t t = 0; t < b.tensors.size(); ++t)
       if (st.first_pass->saved[t] && !b.is_input(static_cast<int>(t)) && static_cast<int>(t) != b.output)
-        sim_.free(b.tensors[t].bytes());
+        sim_.free(live_bytes(b, eager, static_cast<int>(t)));
     if (segment_first(c, i) != i) sim_.free(b.tensors[b.inputs[0]].bytes());
   }
 
@@ -685,6 +801,8 @@ class StepReplay {
   ParamGrads pg_;
   std::vector<char> unsharded_, reduced_;  // FSDP2: by stage
   int64_t flat_ = 0, rs_input_ = 0;        // FSDP2: the kept all-gather buffer, the reduce-scatter input
+  std::vector<int64_t> held_;              // FSDP2: the root's unsharded gradients, until its post-backward
+  bool ended_ = false;                     // FSDP2: the root's post-forward ran in this chunk's forward
   std::vector<int64_t> sharded_grads_;     // FSDP2: this step's reduce-scatter outputs, the stages' gradients
 };
 
@@ -711,7 +829,7 @@ StepMemory simulate_memory(const CompiledStep& plan, const ThreadConfig& ctx, Me
   StepMemory m = persistent_memory(plan, shape, e);
   StepReplay step(plan, ctx, shape, e);
   if (shape.cuda)
-    step.replay_on_cuda(m);
+    step.replay_on_cuda(m);  // (its two optimizer steps included)
   else if (!shape.bucketed())
     step.replay(std::min(shape.micro, 2), m);
   else if (shape.op_by_op)
@@ -719,7 +837,8 @@ StepMemory simulate_memory(const CompiledStep& plan, const ThreadConfig& ctx, Me
   else if (shape.fsdp)  // FSDP2's gradients appear in the first backward only: no fold
     step.replay(periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro), m);
   else
-    step.fold(m);
+    step.fold(m);  // (the gradients in their buffers, part of base(): the optimizer step starts from 0)
+  if (!shape.cuda) step.optimizer_step(m);
   m.saved = step.saved();
   if (out) *out = std::move(step.trace());
   return m;

@@ -166,5 +166,72 @@ TEST(MemoryModel, Gpt2SpecificPins) {
   expect_equal(tiny("gpt2", 0.1), "drop:probs_drop,ln1_rstd");
 }
 
+// FSDP2 (StepShape::fsdp, NOTE [FSDP2]) on one rank of a two-layer bf16 llama, replayed as the
+// planner does (gradients handed to FSDP, not kept as .grad).
+ModelConfig fsdp_llama(int64_t dim, int64_t seq, int64_t vocab) {
+  ModelConfig c;
+  c.arch = "llama", c.layers = 2, c.dim = dim, c.heads = 4, c.batch = 1, c.seq = seq, c.vocab = vocab;
+  c.dtype = DType::BF16;
+  c.loss = Loss::Upcast;  // torchtitan's: the bf16 logits cast to fp32 for the loss
+  return c;
+}
+
+StepMemory fsdp_step(const ModelConfig& c, bool fsdp, void (*set)(StepShape&) = nullptr) {
+  auto spec = std::make_shared<const ModelSpec>(make_model(c));
+  StepShape s;
+  s.fsdp = fsdp;
+  s.grad_buffers = true;
+  if (set) set(s);
+  return simulate_memory(compile_step(spec, Policy::parse("none").resolve(spec->block, c.layers)), {1, 1}, nullptr, s);
+}
+
+int64_t half_weights(const BlockSpec& b) {  // a stage's bf16 weights, as FSDP2 gathers them
+  int64_t n = 0;
+  for (size_t k = 0; k < b.params.size(); ++k) n += b.param_bytes(static_cast<int>(k));
+  return n;
+}
+
+// When the forward returns, only the activations are alive: every block resharded after its
+// forward, the root (embedding, final norm, head) resharded by its post-forward, and the last
+// all-gather buffer freed there. torchtitan's last block stays gathered; before PyTorch 2.8 the
+// root did too.
+TEST(Fsdp, AfterTheForwardOnlyWhatTheHooksKeepIsGathered) {
+  const ModelConfig c = fsdp_llama(64, 16, 512);
+  const ModelSpec spec = make_model(c);
+  const int64_t activations = fsdp_step(c, false).saved;
+  EXPECT_EQ(fsdp_step(c, true).saved, activations);
+  EXPECT_EQ(fsdp_step(c, true, [](StepShape& s) { s.fsdp_keep_last = true; }).saved,
+            activations + half_weights(spec.block));
+  EXPECT_EQ(fsdp_step(c, true, [](StepShape& s) { s.fsdp_root_reshard = false; }).saved,
+            activations + half_weights(spec.stem) + half_weights(spec.head));
+}
+
+// A resharded root is gathered again for the head's backward once the loss's backward is done:
+// at the loss's peak (a large vocabulary makes it the step's) the root's weights are not alive,
+// and a kept root adds exactly its bytes there.
+TEST(Fsdp, TheRootIsGatheredForTheHeadAfterTheLossBackward) {
+  const ModelConfig c = fsdp_llama(64, 256, 4096);
+  const ModelSpec spec = make_model(c);
+  const StepMemory resharded = fsdp_step(c, true);
+  const StepMemory kept = fsdp_step(c, true, [](StepShape& s) { s.fsdp_root_reshard = false; });
+  EXPECT_EQ(resharded.peak_at, "backward of the head, op 'loss'");
+  EXPECT_EQ(kept.peak_at, resharded.peak_at);
+  EXPECT_EQ(kept.peak - resharded.peak, half_weights(spec.stem) + half_weights(spec.head));
+}
+
+// foreach Adam's step (torch.optim.AdamW as torchtitan runs it) holds, above what a step starts
+// with, the fp32 sharded gradients (4 bytes a parameter on one rank) and sqrt(v) of every
+// parameter (4 more): with small activations and eight units it is the step's peak (a unit's
+// backward holds about 8 bytes for each of its parameters), 8 bytes a parameter.
+TEST(Fsdp, ForeachAdamHoldsTheGradientsAndSqrtVOfEveryParameter) {
+  ModelConfig c = fsdp_llama(256, 4, 256);
+  c.layers = 8;
+  const int64_t n = make_model(c).param_numel();
+  const StepMemory m = fsdp_step(c, true, [](StepShape& s) { s.foreach_adam = true; });
+  EXPECT_EQ(m.peak, 8 * n);
+  EXPECT_EQ(m.peak_at, "the optimizer step (foreach Adam's sqrt(v) of every parameter)");
+  EXPECT_LT(fsdp_step(c, true).peak, 8 * n);
+}
+
 }  // namespace
 }  // namespace remat

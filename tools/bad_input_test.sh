@@ -90,6 +90,7 @@ bad "--ep 3 must divide the experts (8)" plan "${moe[@]}" --global-batch 12 --gp
 bad "--ep 2 splits experts over ranks; a llama block has none" plan "${moe[@]}" --global-batch 8 --arch llama --gpus 2 --tp 1 --pp 1 --dp 2 --ep 2
 bad "--expert-imbalance must be in [1, 1024]" plan "${moe[@]}" --global-batch 8 --gpus 2 --expert-imbalance 0.5
 bad "model 'deepseek-v3' is not modelled: its multi-head latent attention" plan --model deepseek-v3 --gpus 256 --device h100-80gb
+bad "--fsdp-root 'drop': allowed are reshard (PyTorch 2.8 and later) and keep" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --fsdp-root drop
 bad "policy 'uniform:1' runs uniform:N segments, which are planned on layouts of one pipeline stage" plan --model llama2-70b --gpus 16 --device h100-80gb --tp 8 --pp 2 --dp 1 --policies uniform:1
 bad "--attn-block must be a positive integer, got 0" bench "${tiny[@]}" --attn-block 0
 bad "--dropout must be in [0, 1), got 1.5" bench "${tiny[@]}" --arch gpt2 --dropout 1.5

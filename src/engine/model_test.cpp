@@ -280,5 +280,12 @@ TEST(Engine, RejectsPoliciesThatDoNotResolve) {
   EXPECT_THROW(GPT(tiny("gpt2"), Policy::parse("layers:0-9=full")), Error);
 }
 
+// ModelConfig::eager_ops plans a GPU framework's unfused ops; the engine runs its own and says so.
+TEST(Engine, RejectsEagerOpsWhichArePlanningOnly) {
+  ModelConfig c = tiny("llama");
+  c.eager_ops = true;
+  EXPECT_THROW(GPT(c, Policy::parse("none")), Error);
+}
+
 }  // namespace
 }  // namespace remat

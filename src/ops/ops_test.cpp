@@ -323,5 +323,29 @@ TEST(DropoutMask, NeighbouringSeedsAreNotShiftedCopies) {
   }
 }
 
+// Eager PyTorch's extra saved bytes (OpDef::eager_saved), by hand on a bf16 llama block (B 2, T 16,
+// C 64, 4 heads of 16, 2 key/value heads, FFN 96): each RMSNorm 4 bytes an element of its input,
+// SwiGLU silu(gate) in bf16, attention the keys and values repeated to the other 2 heads (bf16);
+// nothing without ModelConfig::eager_ops.
+TEST(EagerOps, SavedBytesByHand) {
+  ModelConfig c;
+  c.arch = "llama", c.layers = 1, c.dim = 64, c.heads = 4, c.kv_heads = 2, c.ffn = 96, c.batch = 2, c.seq = 16;
+  c.dtype = DType::BF16, c.attention = AttentionImpl::Flash;
+  auto bytes = [](const BlockSpec& b, OpKind kind) {
+    int64_t n = 0;
+    for (size_t i = 0; i < b.ops.size(); ++i)
+      if (b.ops[i].kind == kind) n += b.eager_saved(static_cast<int>(i));
+    return n;
+  };
+  const BlockSpec fused = make_model(c).block;
+  c.eager_ops = true;
+  const BlockSpec eager = make_model(c).block;
+  const int64_t tokens = 2 * 16;
+  EXPECT_EQ(bytes(eager, OpKind::RmsNorm), 2 * tokens * 64 * 4);
+  EXPECT_EQ(bytes(eager, OpKind::Swiglu), tokens * 96 * 2);
+  EXPECT_EQ(bytes(eager, OpKind::FlashAttention), 2 * tokens * (4 - 2) * 16 * 2);
+  for (OpKind k : {OpKind::RmsNorm, OpKind::Swiglu, OpKind::FlashAttention}) EXPECT_EQ(bytes(fused, k), 0);
+}
+
 }  // namespace
 }  // namespace remat

@@ -656,7 +656,8 @@ Command add_plan(CLI::App& parent) {
   a->add_option("--top", f->top, "layouts to list")->capture_default_str();
   a->add_option("--tokens", f->tokens, "tokens to train on (300B, 1.4T): prints the run's time");
   a->add_option("--framework", f->framework,
-                "what runs on each GPU: megatron (Megatron-LM with Transformer Engine) or torchtitan (FSDP2)")
+                "what runs on each GPU: megatron (Megatron-LM with Transformer Engine) or torchtitan (at 9dec370, "
+                "December 2024: FSDP2, foreach AdamW, eager ops)")
       ->capture_default_str();
   a->add_flag("--no-batch-mask", f->no_batch_mask,
               "megatron: the dataloader puts no attention mask on the GPU (--no-create-attention-mask-in-dataloader)");

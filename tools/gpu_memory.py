@@ -2,7 +2,9 @@
 """Peak memory and step time of a torchtitan-style Llama training step, measured on one CUDA GPU.
 
 The planner's figures for `--framework torchtitan` are predictions of what torchtitan's training
-step allocates. This script runs that step as torchtitan writes it (its Llama 3 model: separate
+step allocates. This script runs that step as torchtitan wrote it at 9dec370 (December 2024, the
+code of its published benchmarks; later releases fuse AdamW and RMSNorm, shard the embedding and
+the head as units of their own and drop repeat_kv) (its Llama 3 model: separate
 q/k/v and w1/w3 linears, complex RoPE in fp32, GQA keys and values repeated before
 scaled_dot_product_attention, RMSNorm in fp32; FSDP2 with bf16 parameters and fp32 gradient
 reduction, each block sharded and resharded after forward but the last; activation checkpointing

@@ -63,7 +63,9 @@ Device parse_device(std::string_view text);
 enum class Framework : uint8_t {
   Megatron,    // Megatron-LM with Transformer Engine: fp32 main-gradient buffers filled by the weight
                // GEMMs themselves, the distributed optimizer as ZeRO-1, the batch with its mask
-  Torchtitan,  // torchtitan: FSDP2 (fully_shard per block), the batch without a mask
+  Torchtitan,  // torchtitan at 9dec370 (December 2024, its published benchmarks' code): FSDP2
+               // (fully_shard per block and on the model), foreach AdamW, eager (unfused) Llama
+               // ops, the batch without a mask
 };
 std::string_view to_string(Framework f);
 // "megatron", "torchtitan". Throws remat::Error listing them otherwise.

@@ -451,6 +451,7 @@ class StepReplay {
     for (const ModelParam& p : plan_.params) temps.push_back(owned(p, shape_.fsdp || shape_.zero >= 1) * e_.state / 2);
     for (int64_t t : temps) sim_.alloc(t);
     for (int64_t t : temps) sim_.free(t);
+    sim_.at("", nullptr, -1);  // (what comes next is the next step's)
     top_ = std::max(top_, sim_.peak());
     if (sim_.peak() >= m.peak) {
       m.peak = sim_.peak();
@@ -649,9 +650,16 @@ class StepReplay {
   }
   void fsdp_after_backward(size_t i) {
     if (!shape_.fsdp || stage_weights(i) == 0) return;
-    if (in_root(i) && !root_ends_backward(i)) {  // (autograd's gradients, held for the post-backward)
-      held_.push_back(stage_weights(i));
-      sim_.alloc(held_.back());
+    if (in_root(i) && !root_ends_backward(i)) {
+      // Autograd's gradients, held for the post-backward, one per parameter; a parameter tied to
+      // the root's last stage (GPT-2's head) gets its gradient summed into that stage's, counted there.
+      const std::vector<int>& last = plan_.stages[unit(i)].params;
+      const CompiledStage& st = plan_.stages[i];
+      for (size_t k = 0; k < st.params.size(); ++k) {
+        if (std::find(last.begin(), last.end(), st.params[k]) != last.end()) continue;
+        held_.push_back(st.spec->param_bytes(static_cast<int>(k)));
+        sim_.alloc(held_.back());
+      }
       return;
     }
     const size_t u = unit(i);
@@ -858,6 +866,9 @@ BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, cons
   st.external.assign(spec.inputs.size(), false);
   BlockMemory o;
   o.saved = schedule.saved_bytes(spec);
+  const std::vector<int64_t> eager = eager_bytes(spec);
+  for (size_t t = 0; t < eager.size(); ++t)
+    if (schedule.saved[t]) o.saved += eager[t];
   Sim sim;
   forward_stage(sim, st, ctx);
   o.forward_extra = sim.peak();

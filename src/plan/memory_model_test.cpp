@@ -206,6 +206,16 @@ TEST(Fsdp, AfterTheForwardOnlyWhatTheHooksKeepIsGathered) {
             activations + half_weights(spec.stem) + half_weights(spec.head));
 }
 
+// The root gathers a weight the embedding and the head share (a tied head) once.
+TEST(Fsdp, TheRootGathersATiedWeightOnce) {
+  ModelConfig c = fsdp_llama(64, 16, 512);
+  c.tied = Switch::On;
+  const ModelSpec spec = make_model(c);
+  const int64_t activations = fsdp_step(c, false).saved;
+  EXPECT_EQ(fsdp_step(c, true, [](StepShape& s) { s.fsdp_root_reshard = false; }).saved,
+            activations + half_weights(spec.stem) + half_weights(spec.head) - 512 * 64 * 2);
+}
+
 // A resharded root is gathered again for the head's backward once the loss's backward is done:
 // at the loss's peak (a large vocabulary makes it the step's) the root's weights are not alive,
 // and a kept root adds exactly its bytes there.

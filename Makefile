@@ -45,7 +45,8 @@ layouts: build
 	tools/table3.sh $(BUILD)/remat | tee results/table3.md
 
 # The planner against per-GPU memory others measured on real training runs (validation/cases.json,
-# each with its source): docs/validation.md with every case's ratio and the runs remat cannot
+# each with its source) and torchtitan's step measured on an H200 by tools/gpu_memory.py
+# (validation/h200.json): docs/validation.md with every case's ratio and the runs remat cannot
 # express.
 validate: build
 	tools/validate.py --remat $(BUILD)/remat --cases validation/cases.json --markdown docs/validation.md

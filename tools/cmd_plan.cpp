@@ -262,7 +262,7 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
               "weights",
               "gradients",
               "optimizer",
-              "activations (peak)",
+              "step's peak",
               "fixed + data",
               "total",
               "headroom"};
@@ -284,6 +284,9 @@ void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, b
                         "(in --json)", "", "", "", "", "", ""});
   }
   fmt::print("{}\n", m.markdown());
+  fmt::print(
+      "  step's peak: what the step adds at its highest: activations, and the gradients and optimizer "
+      "temporaries not kept in persistent buffers\n");
   std::string fixed;
   for (const Allocation& a : p.rank().fixed)
     if (a.bytes > 0) fixed += fmt::format("{}{} {}", fixed.empty() ? "" : ", ", a.name, bytes_str(a.bytes));

@@ -78,7 +78,7 @@ class Sim {
   std::map<std::pair<int64_t, int>, std::vector<int>> by_size_;  // live handles by (size, stream), latest last
 };
 
-constexpr const char* kOptimizerStep = "the optimizer step (foreach Adam's sqrt(v) of every parameter)";
+constexpr const char* kOptimizerStep = "optimizer step (foreach Adam's sqrt(v) of every parameter)";
 
 std::string describe(const Where& w) {
   if (w.stage == nullptr) return *w.pass ? w.pass : "start of the step";

@@ -239,7 +239,7 @@ TEST(Fsdp, ForeachAdamHoldsTheGradientsAndSqrtVOfEveryParameter) {
   const int64_t n = make_model(c).param_numel();
   const StepMemory m = fsdp_step(c, true, [](StepShape& s) { s.foreach_adam = true; });
   EXPECT_EQ(m.peak, 8 * n);
-  EXPECT_EQ(m.peak_at, "the optimizer step (foreach Adam's sqrt(v) of every parameter)");
+  EXPECT_EQ(m.peak_at, "optimizer step (foreach Adam's sqrt(v) of every parameter)");
   EXPECT_LT(fsdp_step(c, true).peak, 8 * n);
 }
 

@@ -427,8 +427,14 @@ def write(path, data):
     os.replace(tmp, path)
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, before any work
+        sys.stderr.write(f"gpu_memory.py: error: {message}\n")
+        sys.exit(2)
+
+
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", action="store_true", help="every case of SUITE, each in its own process")
     p.add_argument("--smoke", action="store_true", help="a tiny fp32 case on the CPU, no FSDP")
     p.add_argument("--model", choices=sorted(SHAPES), default="llama3-8b", help="the layers' shape")

@@ -51,14 +51,24 @@ def group(case):
     return case["measured"]["kind"] + FAMILIES.get(case.get("family"), "")
 
 
-def measured_bytes(case, root):
-    """The measured bytes: in the case, or in the results file of tools/gpu_memory.py it names."""
+RUNS = {}  # results files of tools/gpu_memory.py, by path: their runs by name
+
+
+def measured_run(case, root):
+    """The tools/gpu_memory.py run a case names, or None for a published case."""
     m = case["measured"]
-    if "bytes" in m:
-        return m["bytes"]
-    with open(os.path.join(root, m["from"])) as f:
-        runs = {r["name"]: r for r in json.load(f)["cases"]}
-    return runs[m["case"]][m["kind"] + "_peak"]
+    if "from" not in m:
+        return None
+    if m["from"] not in RUNS:
+        with open(os.path.join(root, m["from"])) as f:
+            RUNS[m["from"]] = {r["name"]: r for r in json.load(f)["cases"]}
+    return RUNS[m["from"]][m["case"]]
+
+
+def measured_bytes(case, root):
+    """The measured bytes: in the case, or in the run it names."""
+    run = measured_run(case, root)
+    return case["measured"]["bytes"] if run is None else run[case["measured"]["kind"] + "_peak"]
 
 
 def run_case(remat, case):
@@ -72,16 +82,6 @@ def run_case(remat, case):
         with open(out) as f:
             plan = json.load(f)
     return (*predicted(plan, case["measured"]), plan["layouts"][0]["time"]["step_s"])
-
-
-def measured_step(case, root):
-    """The median measured step time in seconds, where the results file has one; else None."""
-    m = case["measured"]
-    if "from" not in m:
-        return None
-    with open(os.path.join(root, m["from"])) as f:
-        runs = {r["name"]: r for r in json.load(f)["cases"]}
-    return runs[m["case"]].get("step_s_median")
 
 
 def gib(b):
@@ -101,7 +101,8 @@ def main():
     rows, errors, beyond, over, times = [], {}, [], [], []
     for case in data["cases"]:
         got, claimed, step_s = run_case(args.remat, case)
-        measured_s = measured_step(case, root)
+        run = measured_run(case, root)
+        measured_s = run.get("step_s_median") if run else None
         if measured_s and case["measured"]["kind"] == "allocated":
             times.append((case, measured_s, step_s))
         want = measured_bytes(case, root)

@@ -420,6 +420,7 @@ class StepReplay {
     pg_.has.assign(plan.params.size(), false);
     unsharded_.assign(plan.stages.size(), 0);
     reduced_.assign(plan.stages.size(), 0);
+    if (shape.fsdp) fsdp_units();
   }
 
   // Op by op, in pipeline order. One process without buffers replays two micro-batches: the first
@@ -466,10 +467,9 @@ class StepReplay {
     detail::CachingAllocatorModel cuda(shape_.expandable_segments);
     Sim persistent(&cuda);
     sim_ = Sim(&cuda);
-    auto share = [&](const ModelParam& p, bool sharded) { return owned(p, sharded); };
     for (int64_t b : shape_.fixed_blocks) persistent.alloc(b);
     if (shape_.fsdp)  // each parameter's shard (fp32: the master copy)
-      for (const ModelParam& p : plan_.params) persistent.alloc(share(p, true) * e_.sharded_weight());
+      for (const ModelParam& p : plan_.params) persistent.alloc(owned(p, true) * e_.sharded_weight());
     else if (shape_.zero >= 3)
       persistent.alloc(m.params);  // this rank's shard, one flat tensor
     else
@@ -480,7 +480,7 @@ class StepReplay {
     replay(micro, m);
     // The optimizer's state, per parameter's share: (an fp32 master copy,) m and v.
     for (const ModelParam& p : plan_.params) {
-      const int64_t n = share(p, shape_.fsdp || shape_.zero >= 1);
+      const int64_t n = owned(p, shape_.fsdp || shape_.zero >= 1);
       if (e_.master > 0 && !shape_.fsdp) persistent.alloc(n * e_.master);
       for (int k = 0; k < 2; ++k) persistent.alloc(n * e_.state / 2);
     }
@@ -567,30 +567,32 @@ class StepReplay {
   }
 
   // FSDP2, in the order its hooks run; NOTE [FSDP2]. Its units: each block, and the root (the
-  // model's own fully_shard: every stage of the chunk that is not a block), named by its first stage.
+  // model's own fully_shard: every stage of the chunk that is not a block), named by its first
+  // stage; fsdp_units() finds them and their half-precision weights once.
   bool in_root(size_t i) const { return plan_.stages[i].role != CompiledStage::Role::Block; }
-  size_t unit(size_t i) const {
-    if (!in_root(i)) return i;
-    for (size_t j = 0; j < i; ++j)
-      if (in_root(j) && plan_.stages[j].chunk == plan_.stages[i].chunk) return j;
-    return i;
-  }
-  int64_t stage_weights(size_t i) const {  // a stage's half-precision weights
-    int64_t b = 0;
-    for (size_t k = 0; k < plan_.stages[i].params.size(); ++k)
-      b += plan_.stages[i].spec->param_bytes(static_cast<int>(k));
-    return b;
-  }
-  int64_t weights(size_t u) const {  // a unit's (a parameter tied across its stages once)
-    if (!in_root(u)) return stage_weights(u);
-    std::set<int> seen;
-    int64_t b = 0;
-    for (size_t j = u; j < plan_.stages.size(); ++j)
-      if (in_root(j) && unit(j) == u)
-        for (size_t k = 0; k < plan_.stages[j].params.size(); ++k)
-          if (seen.insert(plan_.stages[j].params[k]).second)
-            b += plan_.stages[j].spec->param_bytes(static_cast<int>(k));
-    return b;
+  size_t unit(size_t i) const { return unit_[i]; }
+  int64_t stage_weights(size_t i) const { return stage_weights_[i]; }
+  int64_t weights(size_t u) const { return unit_weights_[u]; }
+  void fsdp_units() {
+    const size_t n = plan_.stages.size();
+    unit_.resize(n);
+    stage_weights_.assign(n, 0);
+    unit_weights_.assign(n, 0);
+    std::vector<std::set<int>> seen(n);  // a parameter tied across a unit's stages counts once
+    for (size_t i = 0; i < n; ++i) {
+      const CompiledStage& st = plan_.stages[i];
+      unit_[i] = i;
+      for (size_t j = 0; j < i && in_root(i); ++j)
+        if (in_root(j) && plan_.stages[j].chunk == st.chunk) {
+          unit_[i] = j;
+          break;
+        }
+      for (size_t k = 0; k < st.params.size(); ++k) {
+        const int64_t b = st.spec->param_bytes(static_cast<int>(k));
+        stage_weights_[i] += b;
+        if (seen[unit_[i]].insert(st.params[k]).second) unit_weights_[unit_[i]] += b;
+      }
+    }
   }
   // The root's last stage in backward order: its post-backward, where its gradients are reduced.
   bool root_ends_backward(size_t i) const { return in_root(i) && unit(i) == i; }
@@ -807,11 +809,13 @@ class StepReplay {
   Sim sim_;
   int64_t top_ = 0;
   ParamGrads pg_;
-  std::vector<char> unsharded_, reduced_;  // FSDP2: by stage
-  int64_t flat_ = 0, rs_input_ = 0;        // FSDP2: the kept all-gather buffer, the reduce-scatter input
-  std::vector<int64_t> held_;              // FSDP2: the root's unsharded gradients, until its post-backward
-  bool ended_ = false;                     // FSDP2: the root's post-forward ran in this chunk's forward
-  std::vector<int64_t> sharded_grads_;     // FSDP2: this step's reduce-scatter outputs, the stages' gradients
+  std::vector<char> unsharded_, reduced_;              // FSDP2: by stage
+  int64_t flat_ = 0, rs_input_ = 0;                    // FSDP2: the kept all-gather buffer, the reduce-scatter input
+  std::vector<int64_t> held_;                          // FSDP2: the root's unsharded gradients, until its post-backward
+  std::vector<size_t> unit_;                           // FSDP2: by stage, its unit (fsdp_units)
+  std::vector<int64_t> stage_weights_, unit_weights_;  // FSDP2: by stage, and by unit
+  bool ended_ = false;                                 // FSDP2: the root's post-forward ran in this chunk's forward
+  std::vector<int64_t> sharded_grads_;  // FSDP2: this step's reduce-scatter outputs, the stages' gradients
 };
 
 void check_step_shape(const CompiledStep& plan, const StepShape& shape) {

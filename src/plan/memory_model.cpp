@@ -721,12 +721,16 @@ class StepReplay {
           sim_.alloc(root);
           sim_.alloc(dy);
         }
-        bool gathered = !head;
-        backward_stage(sim_, st, pg_, ctx_, shape_.fused_wgrad, [&] {
-          fsdp_backward(c, i);
-          gathered = true;
-        });
-        if (!gathered) fsdp_backward(c, i);
+        if (head) {
+          bool gathered = false;
+          backward_stage(sim_, st, pg_, ctx_, shape_.fused_wgrad, [&] {
+            fsdp_backward(c, i);
+            gathered = true;
+          });
+          if (!gathered) fsdp_backward(c, i);  // (a head without weights)
+        } else {
+          backward_stage(sim_, st, pg_, ctx_, shape_.fused_wgrad);
+        }
         const bool keeps_dy =
             !st.schedule->input_grad_is_dy.empty() && st.schedule->input_grad_is_dy[0] && !st.external[0];
         if (!keeps_dy) sim_.free(dy);

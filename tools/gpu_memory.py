@@ -18,8 +18,13 @@ the bytes the device holds outside the allocator, and the step times.
 JSON file; tools/validate.py reads it with validation/cases.json. `--smoke` runs one tiny case
 on the CPU in fp32 without FSDP (to check the script itself where there is no GPU).
 
+`--trace` records the allocator's events from before the model is made: the result lists the
+blocks alive at the peak and the segments by the request that made them, and `--events FILE`
+writes every request (validation/allocator/ holds two, replayed by the allocator model's test).
+
 Usage: tools/gpu_memory.py --suite --json OUT.json
        tools/gpu_memory.py --layers 8 --batch 1 --ac op --json OUT.json
+       tools/gpu_memory.py --layers 8 --batch 1 --ac op --warmup 2 --steps 1 --trace --events FILE
 """
 import argparse
 import json
@@ -280,7 +285,10 @@ def measure(args):
         opt.step()
         return loss
 
+    marks = []  # --trace: where each step's events begin
     for _ in range(args.warmup):
+        if args.trace:
+            marks.append(len(torch.cuda.memory._snapshot()["device_traces"][0]))
         step()
     result = {"params": params, "torch": torch.__version__}
     if not smoke:
@@ -290,6 +298,8 @@ def measure(args):
     trace_start = len(torch.cuda.memory._snapshot()["device_traces"][0]) if args.trace else 0
     times = []
     for _ in range(args.steps):
+        if args.trace:
+            marks.append(len(torch.cuda.memory._snapshot()["device_traces"][0]))
         start = time.perf_counter()
         loss = step()
         if not smoke:
@@ -314,7 +324,11 @@ def measure(args):
         if not os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):  # the segments the cache holds (never returned)
             result["segments"] = segments(torch.cuda.memory_snapshot())
         if args.trace:
-            result["peak_live"] = live_at_peak(torch.cuda.memory._snapshot(), trace_start)
+            snapshot = torch.cuda.memory._snapshot()
+            result["peak_live"] = live_at_peak(snapshot, trace_start)
+            result["segment_origins"] = segment_origins(snapshot, marks)
+            if args.events:
+                write_events(args.events, snapshot)
             torch.cuda.memory._record_memory_history(enabled=None)
         attention.__exit__(None, None, None)
         torch.distributed.destroy_process_group()
@@ -351,6 +365,38 @@ def live_at_peak(snapshot, start):
     return {"traced_peak": peak, "events": len(events), "peak_event": peak_at - 1,
             "peak_made_by": where(last.get("frames", [])), "peak_block": last.get("size"),
             "blocks": rows[:80], "other_bytes": sum(r["bytes"] for r in rows[80:])}
+
+
+def write_events(path, snapshot):
+    """The allocator's requests from the start (before the model is made), one a line, for replaying
+    them through remat's model of the allocator: `+ BYTES STREAM BLOCK` for an allocation, `- BLOCK`
+    for its free; streams numbered from 0 in the order they appear, a block by the line that made it."""
+    streams, blocks, lines = {}, {}, []
+    for e in snapshot["device_traces"][0]:
+        if e["action"] == "alloc":
+            blocks[e["addr"]] = len(lines)  # its line: unique
+            stream = streams.setdefault(e["stream"], len(streams))
+            lines.append(f"+ {e['size']} {stream} {blocks[e['addr']]}")
+        elif e["action"] == "free_completed" and e["addr"] in blocks:
+            lines.append(f"- {blocks.pop(e['addr'])}")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def segment_origins(snapshot, marks):
+    """Every segment the allocator reserved, in order: its size, stream, the step it came in (0:
+    before the first), and the request that made it (its size and origin)."""
+    events = snapshot["device_traces"][0]
+    out = []
+    for i, event in enumerate(events):
+        if event["action"] != "segment_alloc":
+            continue
+        request = next((e for e in events[i + 1:i + 50] if e["action"] == "alloc" and e["stream"] == event["stream"]), {})
+        out.append({"size": event["size"], "stream": event["stream"], "step": sum(1 for m in marks if m <= i),
+                    "request": request.get("size"), "where": where(request.get("frames", []))})
+    return out
 
 
 def segments(snapshot):
@@ -447,6 +493,7 @@ def main():
     p.add_argument("--json", help="where the suite's results go")
     p.add_argument("--backend", choices=["nccl", "fake"], default="nccl",
                    help="the one-rank process group FSDP2 runs on (fake: torch's test group, no communication)")
+    p.add_argument("--events", help="with --trace: the allocator's requests from the start, one a line, into this file")
     p.add_argument("--trace", action="store_true", help="record the allocator's events from the start and list "
                    "the blocks live at the measured steps' peak, by the line that made them (slows the steps)")
     args = p.parse_args()
@@ -455,6 +502,10 @@ def main():
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     if args.warmup < 0:
         p.error(f"--warmup {args.warmup}: must be at least 0")
+    if args.events and not args.trace:
+        p.error(f"--events {args.events}: needs --trace (the events are the trace's)")
+    if args.trace and args.smoke:
+        p.error("--trace: records the CUDA allocator; --smoke runs on the CPU")
     if args.suite:
         if not args.json:
             p.error("--suite needs --json FILE")

@@ -182,8 +182,8 @@ struct LayoutPlan {
 
 // Options of plan_layout and search_layouts.
 // What a plan's fit allows for beyond its predicted peak: the model's uncertainty, as validated
-// against measured runs (docs/validation.md: the allocated-peak predictions are at worst 2.1% low,
-// the reserved ones up to 9% low).
+// against measured runs (docs/validation.md: the allocated-peak predictions are at worst 2.1% low;
+// the reserved ones up to 6% low and 8% high, on 14 runs of FSDP2 only).
 inline constexpr double kAllocatedUncertainty = 0.05;
 // The same for a mixture of experts (arch moe): Megatron-LM's MoE runs measure up to 1.13x the
 // planned allocated peak (docs/validation.md, the mixture-of-experts rows, with the terms not yet

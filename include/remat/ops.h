@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace remat {
 
@@ -78,12 +79,20 @@ struct OpDef {
   // input and parameter gradients); null: none. Checked against the tracker by the memory tests.
   int64_t (*forward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
   int64_t (*backward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
+  // Planning, PyTorch's caching allocator: the separate tensors the forward's (backward's) scratch
+  // is, in the order they are made; a negative entry frees the last one of its size, the rest are
+  // freed as the op ends (in a backward, after its gradients are made). The largest running sum is
+  // the scratch. Null: one tensor.
+  std::vector<int64_t> (*scratch_tensors)(const BlockSpec& spec, const OpNode& node, bool backward) = nullptr;
   // Planning (OpNode::eager): the bytes eager PyTorch's autograd keeps for this op's backward beyond
   // what the op saves here, when the op runs unfused (an RMSNorm's fp32 copy of its input, GQA's
   // repeated keys and values, SiLU's output), alive as long as the op's first output (or its input
   // eager_input, when the extras are copies of it); null: none.
   int64_t (*eager_saved)(const BlockSpec& spec, const OpNode& node) = nullptr;
   int eager_input = -1;
+  // The tensors eager_saved's bytes are, of equal size (GQA's repeated keys and values: 2): what
+  // PyTorch's caching allocator sees as separate blocks.
+  int eager_tensors = 1;
   // Tensor-parallel communication of a node (OpNode::tp); null: none.
   OpComm (*comm)(const BlockSpec& spec, const OpNode& node) = nullptr;
   void (*forward)(detail::OpEnv& env, const OpNode& node) = nullptr;

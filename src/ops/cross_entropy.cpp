@@ -38,20 +38,35 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 // Planning bf16/fp16 logits under PyTorch's autograd (OpNode::upcast, Loss::Upcast): the fp32 copy
 // log_softmax reads (4 bytes a logit) exists beside its fp32 output in the forward; in the
 // backward, nll_loss's fp32 gradient and log_softmax's (8 bytes a logit) exist together with the
-// saved log-probabilities, before the cast back that this op counts as its gradient (2 bytes): 6
-// more bytes a logit reach the same peak of 12.
+// saved log-probabilities (a peak of 12), then the first goes before the cast back that this op
+// counts as its gradient (2 bytes).
 int64_t upcast_bytes(const BlockSpec& b, const OpNode& n, int64_t per_logit) {
   if (!n.upcast || b.dtype == DType::F32) return 0;
   return b.tensors[n.out[1]].numel() * per_logit;
 }
 
-// nll_loss's total_weight scalar.
-int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) { return 4 + upcast_bytes(b, n, 4); }
-
-// A (tokens, 1) column of -1; the scaled loss gradient (4 bytes) comes after the column is freed.
-int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+// Forward: nll_loss's total_weight scalar, and the fp32 copy of upcast logits. Backward: a (tokens,
+// 1) column of -1 (the scaled loss gradient, 4 bytes, comes after it is freed), and of upcast
+// logits the two fp32 gradients, the first freed before this op's gradient is made.
+std::vector<int64_t> scratch_tensors(const BlockSpec& b, const OpNode& n, bool backward) {
+  if (!backward) return {4, upcast_bytes(b, n, 4)};
   const TensorSpec& logp = b.tensors[n.out[1]];
-  return std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4) + upcast_bytes(b, n, 6);
+  const int64_t column = std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4), fp32 = upcast_bytes(b, n, 4);
+  if (fp32 == 0) return {column};
+  return {column, fp32, fp32, -fp32};
+}
+
+// The largest running sum of scratch_tensors.
+int64_t peak(const std::vector<int64_t>& v) {
+  int64_t now = 0, top = 0;
+  for (int64_t x : v) top = std::max(top, now += x);
+  return top;
+}
+int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  return peak(scratch_tensors(b, n, false));
+}
+int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  return peak(scratch_tensors(b, n, true));
 }
 
 OpComm comm(const BlockSpec& b, const OpNode& n) {
@@ -87,6 +102,7 @@ extern const OpDef kCrossEntropy = [] {
   d.grad_in[0] = GradKind::Fresh;
   d.forward_scratch = forward_scratch;
   d.backward_scratch = backward_scratch;
+  d.scratch_tensors = scratch_tensors;
   d.comm = comm;
   d.forward = forward;
   d.backward = backward;

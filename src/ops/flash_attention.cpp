@@ -344,6 +344,7 @@ extern const OpDef kFlashAttention = [] {
   d.backward = backward;
   d.eager_saved = eager_saved;
   d.eager_input = 1;  // the repeated copies live as long as the keys they copy
+  d.eager_tensors = 2;
   d.test = &kTest;
   return d;
 }();

@@ -347,5 +347,35 @@ TEST(EagerOps, SavedBytesByHand) {
   for (OpKind k : {OpKind::RmsNorm, OpKind::Swiglu, OpKind::FlashAttention}) EXPECT_EQ(bytes(fused, k), 0);
 }
 
+// PyTorch's cross-entropy of bf16 logits cast to fp32 (Loss::Upcast), by hand on the head of a bf16
+// llama (B 2, T 16, V 512): the forward's scratch is the fp32 copy (4 bytes a logit) and nll_loss's
+// 4-byte total weight; the backward's peaks with both fp32 gradients (8 bytes a logit) beside the
+// (tokens, 1) column; the first is freed before the op's own bf16 gradient is made. The model's
+// own loss keeps only the column and the scalar.
+TEST(CrossEntropy, UpcastScratchByHand) {
+  ModelConfig c;
+  c.arch = "llama", c.layers = 1, c.dim = 64, c.heads = 4, c.batch = 2, c.seq = 16, c.vocab = 512;
+  c.dtype = DType::BF16, c.loss = Loss::Upcast;
+  const int64_t tokens = 2 * 16, logits = tokens * 512;
+  auto scratch = [](const ModelConfig& cfg, bool backward) {
+    const BlockSpec head = make_model(cfg).head;
+    for (size_t i = 0; i < head.ops.size(); ++i)
+      if (head.ops[i].kind == OpKind::CrossEntropy)
+        return backward ? head.backward_scratch(static_cast<int>(i), {1, 1})
+                        : head.forward_scratch(static_cast<int>(i), {1, 1});
+    return int64_t{-1};
+  };
+  EXPECT_EQ(scratch(c, false), 4 + 4 * logits);
+  EXPECT_EQ(scratch(c, true), 4 * tokens + 8 * logits);
+  const BlockSpec head = make_model(c).head;
+  for (size_t i = 0; i < head.ops.size(); ++i)
+    if (head.ops[i].kind == OpKind::CrossEntropy)
+      EXPECT_EQ(op_def(OpKind::CrossEntropy).scratch_tensors(head, head.ops[i], true),
+                (std::vector<int64_t>{4 * tokens, 4 * logits, 4 * logits, -4 * logits}));
+  c.loss = Loss::Model;
+  EXPECT_EQ(scratch(c, false), 4);
+  EXPECT_EQ(scratch(c, true), 4 * tokens);
+}
+
 }  // namespace
 }  // namespace remat

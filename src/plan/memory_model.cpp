@@ -17,6 +17,7 @@
 #include "remat/memory_model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
@@ -41,26 +42,37 @@ class Sim {
  public:
   // With `cuda`, every allocation and free also goes to the caching allocator's model; a free of n
   // bytes releases the latest live block of n bytes on that stream (tensors of one size are alike
-  // to it).
+  // to it), unless it names its block (take, give).
   explicit Sim(detail::CachingAllocatorModel* cuda = nullptr) : cuda_(cuda) {}
   // `stream`: the CUDA stream that allocates it (FSDP2's all-gather and reduce-scatter have their own).
   void alloc(int64_t n, int stream = 0) {
+    const int block = take(n, stream);
+    if (block >= 0) by_size_[{n, stream}].push_back(block);
+  }
+  void free(int64_t n, int stream = 0) {
+    int block = -1;
+    if (cuda_ && n > 0) {
+      std::vector<int>& live = by_size_[{n, stream}];
+      if (live.empty()) REMAT_INTERNAL("the memory model frees {} bytes it never allocated", n);
+      block = live.back();
+      live.pop_back();
+    }
+    give(n, block);
+  }
+  // An allocation whose block is freed by name (give), for blocks of one size that die out of the
+  // order they were made in; returns the block (-1 without the allocator's model).
+  int take(int64_t n, int stream = 0) {
     live_ += n;
     peak_ = std::max(peak_, live_);
     if (live_ > top_) {
       top_ = live_;
       peak_at_ = where_;
     }
-    if (cuda_ && n > 0) by_size_[{n, stream}].push_back(cuda_->alloc(n, stream));
+    return cuda_ && n > 0 ? cuda_->alloc(n, stream) : -1;
   }
-  void free(int64_t n, int stream = 0) {
+  void give(int64_t n, int block) {
     live_ -= n;
-    if (cuda_ && n > 0) {
-      std::vector<int>& live = by_size_[{n, stream}];
-      if (live.empty()) REMAT_INTERNAL("the memory model frees {} bytes it never allocated", n);
-      cuda_->free(live.back());
-      live.pop_back();
-    }
+    if (block >= 0) cuda_->free(block);
   }
   void at(const char* pass, const CompiledStage* stage, int op) { where_ = {pass, stage, op}; }
   int64_t live() const { return live_; }
@@ -89,24 +101,63 @@ std::string describe(const Where& w) {
   return fmt::format("{} of {}, op '{}'", w.pass, stage, w.stage->spec->ops[w.op].name);
 }
 
-// Bytes eager PyTorch keeps beside each tensor of a stage (ModelConfig::eager_ops), by tensor id:
-// an eager op's extras live and die with its first output (or OpDef::eager_input). Empty when no
-// op of the stage has any.
-std::vector<int64_t> eager_bytes(const BlockSpec& b) {
-  std::vector<int64_t> out;
+// What eager PyTorch keeps beside each tensor of a stage (ModelConfig::eager_ops), by tensor id,
+// as the blocks the caching allocator sees: an eager op's extras (OpDef::eager_tensors of them) live
+// and die with its first output (or OpDef::eager_input). Empty when no op of the stage has any.
+using EagerBlocks = std::vector<std::vector<int64_t>>;
+EagerBlocks eager_blocks(const BlockSpec& b) {
+  EagerBlocks out;
   for (size_t i = 0; i < b.ops.size(); ++i) {
     const int64_t n = b.eager_saved(static_cast<int>(i));
     if (n == 0) continue;
-    if (out.empty()) out.assign(b.tensors.size(), 0);
-    const int in = op_def(b.ops[i].kind).eager_input;
-    out[in >= 0 ? b.ops[i].in[in] : b.ops[i].out[0]] += n;
+    if (out.empty()) out.resize(b.tensors.size());
+    const OpDef& def = op_def(b.ops[i].kind);
+    const int t = def.eager_input >= 0 ? b.ops[i].in[def.eager_input] : b.ops[i].out[0];
+    for (int k = 0; k < def.eager_tensors; ++k) out[t].push_back(n / def.eager_tensors);
   }
   return out;
 }
 
-// A tensor's bytes with what eager PyTorch keeps beside it (eager_bytes).
-int64_t live_bytes(const BlockSpec& b, const std::vector<int64_t>& eager, int t) {
-  return b.tensors[t].bytes() + (eager.empty() ? 0 : eager[t]);
+// A tensor's bytes with what eager PyTorch keeps beside it (eager_blocks).
+int64_t live_bytes(const BlockSpec& b, const EagerBlocks& eager, int t) {
+  int64_t n = b.tensors[t].bytes();
+  if (!eager.empty())
+    for (int64_t e : eager[t]) n += e;
+  return n;
+}
+
+// A tensor made (or let go of), and its eager extras beside it, each a block of its own.
+void alloc_live(Sim& sim, const BlockSpec& b, const EagerBlocks& eager, int t) {
+  sim.alloc(b.tensors[t].bytes());
+  if (!eager.empty())
+    for (int64_t e : eager[t]) sim.alloc(e);
+}
+void free_live(Sim& sim, const BlockSpec& b, const EagerBlocks& eager, int t) {
+  if (!eager.empty())
+    for (int64_t e : eager[t]) sim.free(e);
+  sim.free(b.tensors[t].bytes());
+}
+
+// An op's scratch (`bytes`) as the allocator sees it: the tensors it is (OpDef::scratch_tensors),
+// or one block. Returns those still alive (scratch_done frees them).
+std::vector<int64_t> scratch(Sim& sim, const BlockSpec& b, int op, int64_t bytes, bool backward) {
+  const OpDef& def = op_def(b.ops[op].kind);
+  const std::vector<int64_t> tensors =
+      def.scratch_tensors ? def.scratch_tensors(b, b.ops[op], backward) : std::vector<int64_t>{bytes};
+  std::vector<int64_t> alive;
+  for (int64_t n : tensors) {
+    if (n >= 0) {
+      sim.alloc(n);
+      alive.push_back(n);
+      continue;
+    }
+    sim.free(-n);
+    alive.erase(std::find(alive.rbegin(), alive.rend(), -n).base() - 1);
+  }
+  return alive;
+}
+void scratch_done(Sim& sim, const std::vector<int64_t>& alive) {
+  for (int64_t n : alive) sim.free(n);
 }
 
 // A stage's forward: its own schedule's, or another (a uniform:N segment's first forward); `pass`
@@ -116,18 +167,16 @@ int64_t live_bytes(const BlockSpec& b, const std::vector<int64_t>& eager, int t)
 void forward_stage(Sim& sim, const CompiledStage& st, const ThreadConfig& ctx, const Schedule* schedule = nullptr,
                    const char* pass = "forward", const std::function<void()>& before_loss = {}) {
   const BlockSpec& b = *st.spec;
-  const std::vector<int64_t> eager = eager_bytes(b);
+  const EagerBlocks eager = eager_blocks(b);
   for (const Step& step : (schedule ? *schedule : *st.schedule).forward) {
     if (step.kind == Step::Kind::Free) {
-      sim.free(live_bytes(b, eager, step.index));
+      free_live(sim, b, eager, step.index);
       continue;
     }
     if (before_loss && b.ops[step.index].kind == OpKind::CrossEntropy) before_loss();
     sim.at(pass, &st, step.index);
-    for (int t : b.ops[step.index].out) sim.alloc(live_bytes(b, eager, t));
-    const int64_t scratch = b.forward_scratch(step.index, ctx);
-    sim.alloc(scratch);
-    sim.free(scratch);
+    for (int t : b.ops[step.index].out) alloc_live(sim, b, eager, t);
+    scratch_done(sim, scratch(sim, b, step.index, b.forward_scratch(step.index, ctx), false));
   }
 }
 
@@ -164,7 +213,7 @@ class StageBackward {
         fused_wgrad_(fused_wgrad),
         input_kept_(input_kept),
         before_weights_(std::move(before_weights)),
-        eager_(eager_bytes(b_)),
+        eager_(eager_blocks(b_)),
         held_(st.schedule->saved) {}
 
   void run() {
@@ -173,7 +222,7 @@ class StageBackward {
         case Step::Kind::Free: {
           const int k = b_.input_index(step.index);
           if (held_[step.index] && !(k >= 0 && (st_.external[k] || (k == 0 && input_kept_))))
-            sim_.free(bytes(step.index));
+            free_live(sim_, b_, eager_, step.index);
           held_[step.index] = false;
           break;
         }
@@ -193,17 +242,13 @@ class StageBackward {
   }
 
  private:
-  int64_t bytes(int t) const { return live_bytes(b_, eager_, t); }
-
   void recompute(const Step& step) {
     const OpNode& op = b_.ops[step.index];
     sim_.at("recompute", &st_, step.index);
-    for (int t : op.out) sim_.alloc(bytes(t));
-    const int64_t scratch = b_.forward_scratch(step.index, ctx_);
-    sim_.alloc(scratch);
-    sim_.free(scratch);
+    for (int t : op.out) alloc_live(sim_, b_, eager_, t);
+    scratch_done(sim_, scratch(sim_, b_, step.index, b_.forward_scratch(step.index, ctx_), false));
     for (size_t i = 0; i < op.out.size(); ++i) {
-      if (step.discard & (1u << i)) sim_.free(bytes(op.out[i]));  // the forward's value is kept
+      if (step.discard & (1u << i)) free_live(sim_, b_, eager_, op.out[i]);  // the forward's value is kept
       held_[op.out[i]] = true;
     }
   }
@@ -216,6 +261,7 @@ class StageBackward {
       before_weights_ = {};
     }
     sim_.at("backward", &st_, step.index);
+    const std::vector<int64_t> alive = scratch(sim_, b_, step.index, b_.backward_scratch(step.index, ctx_), true);
     move(step.made);
     for (size_t p = 0; p < op.params.size(); ++p) {
       if (fused_wgrad_ && op.kind == OpKind::Linear && p == 0) continue;  // into the buffer by its GEMM
@@ -225,9 +271,7 @@ class StageBackward {
       (pg_.uses[id] == 1 ? pg_.single : pg_.has[id] ? pg_.second : pg_.held).push_back(n);
       pg_.has[id] = true;
     }
-    const int64_t scratch = b_.backward_scratch(step.index, ctx_);
-    sim_.alloc(scratch);
-    sim_.free(scratch);
+    scratch_done(sim_, alive);
     move(step.joined);
   }
 
@@ -243,7 +287,7 @@ class StageBackward {
   const bool fused_wgrad_;
   const bool input_kept_;
   std::function<void()> before_weights_;
-  const std::vector<int64_t> eager_;
+  const EagerBlocks eager_;
   std::vector<bool> held_;  // each tensor's value is alive
 };
 
@@ -418,7 +462,7 @@ class StepReplay {
     scratch_ = t_;
     for (const ModelParam& p : plan.params) pg_.uses.push_back(p.uses);
     pg_.has.assign(plan.params.size(), false);
-    unsharded_.assign(plan.stages.size(), 0);
+    unsharded_.assign(plan.stages.size(), {});
     reduced_.assign(plan.stages.size(), 0);
     if (shape.fsdp) fsdp_units();
   }
@@ -578,6 +622,7 @@ class StepReplay {
     unit_.resize(n);
     stage_weights_.assign(n, 0);
     unit_weights_.assign(n, 0);
+    unit_params_.assign(n, {});
     std::vector<std::set<int>> seen(n);  // a parameter tied across a unit's stages counts once
     for (size_t i = 0; i < n; ++i) {
       const CompiledStage& st = plan_.stages[i];
@@ -590,21 +635,35 @@ class StepReplay {
       for (size_t k = 0; k < st.params.size(); ++k) {
         const int64_t b = st.spec->param_bytes(static_cast<int>(k));
         stage_weights_[i] += b;
-        if (seen[unit_[i]].insert(st.params[k]).second) unit_weights_[unit_[i]] += b;
+        if (!seen[unit_[i]].insert(st.params[k]).second) continue;
+        unit_weights_[unit_[i]] += b;
+        unit_params_[unit_[i]].push_back(b);
       }
     }
   }
   // The root's last stage in backward order: its post-backward, where its gradients are reduced.
   bool root_ends_backward(size_t i) const { return in_root(i) && unit(i) == i; }
-  // All-gather into a flat buffer, copy out into the parameters. In the forward the flat buffer is
-  // kept until the next copy-out (to overlap it with the next all-gather) or the root's
-  // post-forward; in the backward it goes at once.
+  // A unit's unshard: each parameter's unsharded tensor is a block of its own. Across ranks the
+  // all-gather goes through a flat buffer on its stream, kept in the forward until the next copy-out
+  // (to overlap it with the next all-gather) or the root's post-forward, freed at once in the
+  // backward. On one rank nothing is gathered: each parameter is cast to the compute dtype and copied,
+  // each cast freed once the next is made (PyTorch 2.11's FSDP2, tools/gpu_memory.py --events).
   void gather(size_t u, bool keep_flat) {
     const int64_t w = weights(u);
-    if (w == 0 || unsharded_[u]) return;
-    sim_.alloc(w, kAllGather);
-    sim_.alloc(w, kCompute);
-    unsharded_[u] = 1;
+    if (w == 0 || !unsharded_[u].empty()) return;
+    const bool one_rank = shape_.world == 1 && !getenv("OLDAG");
+    if (!one_rank) sim_.alloc(w, kAllGather);
+    Block cast;
+    for (int64_t n : unit_params_[u]) {
+      if (one_rank) {
+        const Block next{n, sim_.take(n)};
+        sim_.give(cast.bytes, cast.id);
+        cast = next;
+      }
+      unsharded_[u].push_back({n, sim_.take(n)});
+    }
+    sim_.give(cast.bytes, cast.id);
+    if (one_rank) return;
     sim_.free(flat_, kAllGather);
     flat_ = 0;
     if (keep_flat)
@@ -613,9 +672,8 @@ class StepReplay {
       sim_.free(w, kAllGather);
   }
   void reshard(size_t u) {
-    if (!unsharded_[u]) return;
-    sim_.free(weights(u));
-    unsharded_[u] = 0;
+    for (const Block& b : unsharded_[u]) sim_.give(b.bytes, b.id);
+    unsharded_[u].clear();
   }
   void fsdp_after_forward(size_t i) {
     if (!shape_.fsdp || in_root(i) || !shape_.fsdp_reshard) return;
@@ -764,10 +822,10 @@ class StepReplay {
     const CompiledStage& st = plan_.stages[i];
     const BlockSpec& b = *st.spec;
     forward_stage(sim_, st, ctx_, st.first_pass.get());
-    const std::vector<int64_t> eager = eager_bytes(b);
+    const EagerBlocks eager = eager_blocks(b);
     for (size_t t = 0; t < b.tensors.size(); ++t)
       if (st.first_pass->saved[t] && !b.is_input(static_cast<int>(t)) && static_cast<int>(t) != b.output)
-        sim_.free(live_bytes(b, eager, static_cast<int>(t)));
+        free_live(sim_, b, eager, static_cast<int>(t));
     if (segment_first(c, i) != i) sim_.free(b.tensors[b.inputs[0]].bytes());
   }
 
@@ -813,11 +871,17 @@ class StepReplay {
   Sim sim_;
   int64_t top_ = 0;
   ParamGrads pg_;
-  std::vector<char> unsharded_, reduced_;              // FSDP2: by stage
+  struct Block {
+    int64_t bytes = 0;
+    int id = -1;  // Sim::take's
+  };
+  std::vector<std::vector<Block>> unsharded_;          // FSDP2: by unit, its parameters' unsharded blocks
+  std::vector<char> reduced_;                          // FSDP2: by stage
   int64_t flat_ = 0, rs_input_ = 0;                    // FSDP2: the kept all-gather buffer, the reduce-scatter input
   std::vector<int64_t> held_;                          // FSDP2: the root's unsharded gradients, until its post-backward
   std::vector<size_t> unit_;                           // FSDP2: by stage, its unit (fsdp_units)
   std::vector<int64_t> stage_weights_, unit_weights_;  // FSDP2: by stage, and by unit
+  std::vector<std::vector<int64_t>> unit_params_;      // FSDP2: by unit, its parameters' half-precision bytes
   bool ended_ = false;                                 // FSDP2: the root's post-forward ran in this chunk's forward
   std::vector<int64_t> sharded_grads_;  // FSDP2: this step's reduce-scatter outputs, the stages' gradients
 };
@@ -874,9 +938,9 @@ BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, cons
   st.external.assign(spec.inputs.size(), false);
   BlockMemory o;
   o.saved = schedule.saved_bytes(spec);
-  const std::vector<int64_t> eager = eager_bytes(spec);
+  const EagerBlocks eager = eager_blocks(spec);
   for (size_t t = 0; t < eager.size(); ++t)
-    if (schedule.saved[t]) o.saved += eager[t];
+    if (schedule.saved[t]) o.saved += live_bytes(spec, eager, static_cast<int>(t)) - spec.tensors[t].bytes();
   Sim sim;
   forward_stage(sim, st, ctx);
   o.forward_extra = sim.peak();

@@ -184,11 +184,22 @@ def loaded_openblas_kernel():
 
 
 def cpu_name():
+    """The CPU as remat's calibration cache names it: the first processor's model name, family,
+    model, stepping and the vector units it shows."""
+    fields = {}
     with open("/proc/cpuinfo") as info:
         for line in info:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    name = fields.get("model name", "unknown CPU")
+    if "cpu family" not in fields:
+        return name
+    flags = fields.get("flags", "").split()
+    vectors = " ".join(f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in flags) or "no avx2"
+    return (f"{name} (family {fields['cpu family']}, model {fields.get('model', '?')}, "
+            f"stepping {fields.get('stepping', '?')}; {vectors})")
 
 
 def markdown(a, rows, config, floor, floors, torch, torch_kernel):

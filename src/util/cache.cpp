@@ -25,15 +25,33 @@ std::string build_identity() {
   return fmt::format("{}:{}:{}", exe.string(), size, time);
 }
 
-std::string cpu_model() {
-  if (std::ifstream info("/proc/cpuinfo"); info)
-    for (std::string line; std::getline(info, line);)
-      if (line.rfind("model name", 0) == 0) {
-        const size_t colon = line.find(':');
-        const size_t start = line.find_first_not_of(' ', colon + 1);
-        return start == std::string::npos ? "unknown cpu" : line.substr(start);
-      }
-  return "unknown cpu";
+std::string cpu_model(const std::string& cpuinfo) {
+  std::ifstream info(cpuinfo);
+  if (!info) return "unknown cpu";
+  // The first processor's lines: a VM's model name is often only the vendor's line ("AMD EPYC"),
+  // shared by CPUs that run a GEMM at different rates, and may hide vector units it has.
+  std::string name = "unknown cpu", family, model, stepping, vectors;
+  auto value = [](const std::string& line) {
+    const size_t colon = line.find(':');
+    const size_t start = colon == std::string::npos ? std::string::npos : line.find_first_not_of(' ', colon + 1);
+    return start == std::string::npos ? std::string() : line.substr(start);
+  };
+  for (std::string line; std::getline(info, line) && !line.empty();) {
+    const std::string key = line.substr(0, line.find_first_of("\t:"));
+    if (key == "model name") name = value(line);
+    if (key == "cpu family") family = value(line);
+    if (key == "model") model = value(line);
+    if (key == "stepping") stepping = value(line);
+    if (key == "flags") {
+      const std::string flags = " " + value(line) + " ";
+      for (const char* f : {"avx2", "fma", "avx512f", "amx_tile"})
+        if (flags.find(fmt::format(" {} ", f)) != std::string::npos)
+          vectors += (vectors.empty() ? "" : " ") + std::string(f);
+    }
+  }
+  if (family.empty()) return name;
+  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, family, model, stepping,
+                     vectors.empty() ? "no avx2" : vectors);
 }
 
 }  // namespace remat::detail

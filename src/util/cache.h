@@ -13,7 +13,9 @@ std::string cache_folder(const std::string& given);
 // instead of trusting what an older build measured.
 std::string build_identity();
 
-// The CPU's model name from /proc/cpuinfo ("AMD EPYC 7B13"), "unknown cpu" when there is none.
-std::string cpu_model();
+// The CPU as /proc/cpuinfo names it: its model name, family, model, stepping and the vector units
+// it shows ("AMD EPYC (family 25, model 17, stepping 1; avx2 fma)"); "unknown cpu" when there is
+// no such file. The key of every calibration cached for this machine.
+std::string cpu_model(const std::string& cpuinfo = "/proc/cpuinfo");
 
 }  // namespace remat::detail

@@ -175,7 +175,7 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, const Neighbour
       w.run();
       pair_ms = detail::ms_since(t0);
     }
-    if (c < 3) pair_ms += neighbour.run() - neighbour.alone_ms();
+    if (c < 3) pair_ms += detail::neighbour_slowdown_ms(neighbour.run(), neighbour.alone_ms());
     if (impls[i] == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // every sample starts alike
     return std::max(pair_ms, 1e-3);
   };
@@ -195,6 +195,8 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, const Neighbour
 }
 
 }  // namespace
+
+double detail::neighbour_slowdown_ms(double after_ms, double alone_ms) { return std::max(0.0, after_ms - alone_ms); }
 
 nlohmann::json detail::gemm_classes_json(const std::vector<GemmClassRates>& classes) {
   nlohmann::json out = nlohmann::json::array();
@@ -222,7 +224,7 @@ GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cach
   for (int c = 0; c < kGemmClasses; ++c) m.classes.push_back(measure_class(c, threads, neighbour, table));
   detail::set_gemm_table(table);
   apply_threads(before);
-  m.source = fmt::format("measured now, on {} (threads {})", detail::cpu_model(), to_string(threads));
+  m.source = fmt::format("measured now, on {}, threads {}", detail::cpu_model(), to_string(threads));
   save_choice(folder, path, key, table, m);
   return m;
 }

@@ -107,6 +107,13 @@ TEST(GemmChoice, AnUnreadableCacheEntryIsMeasuredAgain) {
 }
 
 // The floor's rate is the best of every GEMM the build has, whatever the engine runs now.
+// A neighbour that ran faster after the product than its median alone was not sped up by it: the
+// product is charged nothing, not credited (which would put its rate over the CPU's peak).
+TEST(GemmChoice, ANeighbourFasterThanAloneChargesNothing) {
+  EXPECT_EQ(detail::neighbour_slowdown_ms(1.5, 1.0), 0.5);
+  EXPECT_EQ(detail::neighbour_slowdown_ms(0.8, 1.0), 0.0);
+}
+
 TEST(FastestMatmul, IsTheBestOfEveryGemm) {
   const TableScope scope;
   detail::set_gemm_table(detail::parse_gemm_table(detail::available(detail::GemmImpl::OneDnn) ? "onednn" : "blas"));

@@ -80,9 +80,10 @@ struct OpDef {
   int64_t (*forward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
   int64_t (*backward_scratch)(const BlockSpec& spec, const OpNode& node, const ThreadConfig& ctx) = nullptr;
   // Planning, PyTorch's caching allocator: the separate tensors the forward's (backward's) scratch
-  // is, in the order they are made; a negative entry frees the last one of its size, the rest are
-  // freed as the op ends (in a backward, after its gradients are made). The largest running sum is
-  // the scratch. Null: one tensor.
+  // is, in the order they are made; a negative entry frees the earliest one of its size still
+  // alive, the rest are freed as the op ends. In a backward they are made before the op's gradients
+  // (which otherwise come first) and freed after them. The largest running sum is the scratch.
+  // Null: one tensor.
   std::vector<int64_t> (*scratch_tensors)(const BlockSpec& spec, const OpNode& node, bool backward) = nullptr;
   // Planning (OpNode::eager): the bytes eager PyTorch's autograd keeps for this op's backward beyond
   // what the op saves here, when the op runs unfused (an RMSNorm's fp32 copy of its input, GQA's

@@ -77,7 +77,7 @@ struct GemmClassRates {
 };
 struct GemmMeasurement {
   std::vector<GemmClassRates> classes;
-  std::string source;  // "measured now on ...", or "measured earlier, cached in PATH"
+  std::string source;  // "measured now, on CPU, threads ...", or "measured earlier, cached in PATH"
 };
 
 // --gemm auto: times each class of the engine's products on every GEMM this build has (shapes of a

@@ -68,7 +68,8 @@ struct Step {
   GradStep grads[kMaxOpInputs];
   // Backward and FreeGrad: the gradient bytes allocated (> 0) and freed (< 0) at this step, in
   // order, as the plan makes them (NOTE [One plan]). made: while the op makes its input gradients,
-  // before its parameter gradients and scratch; joined: as they join their inputs' slots (a
+  // before its parameter gradients and scratch (after the scratch of an op that names its
+  // tensors, OpDef::scratch_tensors); joined: as they join their inputs' slots (a
   // FreeGrad's release, when it is the buffer's last reference).
   std::vector<int64_t> made, joined;
 };

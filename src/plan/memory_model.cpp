@@ -17,7 +17,6 @@
 #include "remat/memory_model.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
@@ -72,7 +71,9 @@ class Sim {
   }
   void give(int64_t n, int block) {
     live_ -= n;
-    if (block >= 0) cuda_->free(block);
+    if (block < 0) return;
+    if (!cuda_) REMAT_INTERNAL("the memory model frees block {} of another replay", block);
+    cuda_->free(block);
   }
   void at(const char* pass, const CompiledStage* stage, int op) { where_ = {pass, stage, op}; }
   int64_t live() const { return live_; }
@@ -113,6 +114,8 @@ EagerBlocks eager_blocks(const BlockSpec& b) {
     if (out.empty()) out.resize(b.tensors.size());
     const OpDef& def = op_def(b.ops[i].kind);
     const int t = def.eager_input >= 0 ? b.ops[i].in[def.eager_input] : b.ops[i].out[0];
+    if (n % def.eager_tensors != 0)
+      REMAT_INTERNAL("op {}'s eager bytes {} are not {} equal tensors", b.ops[i].name, n, def.eager_tensors);
     for (int k = 0; k < def.eager_tensors; ++k) out[t].push_back(n / def.eager_tensors);
   }
   return out;
@@ -151,8 +154,10 @@ std::vector<int64_t> scratch(Sim& sim, const BlockSpec& b, int op, int64_t bytes
       alive.push_back(n);
       continue;
     }
+    const auto it = std::find(alive.begin(), alive.end(), -n);
+    if (it == alive.end()) REMAT_INTERNAL("op {}'s scratch frees {} bytes it did not make", b.ops[op].name, -n);
+    alive.erase(it);
     sim.free(-n);
-    alive.erase(std::find(alive.rbegin(), alive.rend(), -n).base() - 1);
   }
   return alive;
 }
@@ -261,7 +266,12 @@ class StageBackward {
       before_weights_ = {};
     }
     sim_.at("backward", &st_, step.index);
-    const std::vector<int64_t> alive = scratch(sim_, b_, step.index, b_.backward_scratch(step.index, ctx_), true);
+    // An op that names its scratch's tensors makes them before its gradients (OpDef::scratch_tensors);
+    // another's scratch comes after them.
+    const bool tensors_first = op_def(op.kind).scratch_tensors != nullptr;
+    const int64_t scratch_bytes = b_.backward_scratch(step.index, ctx_);
+    std::vector<int64_t> alive;
+    if (tensors_first) alive = scratch(sim_, b_, step.index, scratch_bytes, true);
     move(step.made);
     for (size_t p = 0; p < op.params.size(); ++p) {
       if (fused_wgrad_ && op.kind == OpKind::Linear && p == 0) continue;  // into the buffer by its GEMM
@@ -271,6 +281,7 @@ class StageBackward {
       (pg_.uses[id] == 1 ? pg_.single : pg_.has[id] ? pg_.second : pg_.held).push_back(n);
       pg_.has[id] = true;
     }
+    if (!tensors_first) alive = scratch(sim_, b_, step.index, scratch_bytes, true);
     scratch_done(sim_, alive);
     move(step.joined);
   }
@@ -646,16 +657,18 @@ class StepReplay {
   // A unit's unshard: each parameter's unsharded tensor is a block of its own. Across ranks the
   // all-gather goes through a flat buffer on its stream, kept in the forward until the next copy-out
   // (to overlap it with the next all-gather) or the root's post-forward, freed at once in the
-  // backward. On one rank nothing is gathered: each parameter is cast to the compute dtype and copied,
-  // each cast freed once the next is made (PyTorch 2.11's FSDP2, tools/gpu_memory.py --events).
+  // backward. On one rank nothing is gathered: each parameter is cast to the compute dtype (when the
+  // shard's differs) and copied, each cast freed once the next is made (PyTorch 2.11's FSDP2,
+  // tools/gpu_memory.py --events).
   void gather(size_t u, bool keep_flat) {
     const int64_t w = weights(u);
     if (w == 0 || !unsharded_[u].empty()) return;
-    const bool one_rank = shape_.world == 1 && !getenv("OLDAG");
-    if (!one_rank) sim_.alloc(w, kAllGather);
+    const bool one_rank = shape_.world == 1;
+    const bool casts = one_rank && e_.sharded_weight() != e_.weight;
+    const Block flat = one_rank ? Block{} : Block{w, sim_.take(w, kAllGather)};
     Block cast;
     for (int64_t n : unit_params_[u]) {
-      if (one_rank) {
+      if (casts) {
         const Block next{n, sim_.take(n)};
         sim_.give(cast.bytes, cast.id);
         cast = next;
@@ -663,13 +676,15 @@ class StepReplay {
       unsharded_[u].push_back({n, sim_.take(n)});
     }
     sim_.give(cast.bytes, cast.id);
-    if (one_rank) return;
-    sim_.free(flat_, kAllGather);
-    flat_ = 0;
+    drop_flat();  // the last gather's buffer, its copy-out done
     if (keep_flat)
-      flat_ = w;
+      flat_ = flat;
     else
-      sim_.free(w, kAllGather);
+      sim_.give(flat.bytes, flat.id);
+  }
+  void drop_flat() {
+    sim_.give(flat_.bytes, flat_.id);
+    flat_ = {};
   }
   void reshard(size_t u) {
     for (const Block& b : unsharded_[u]) sim_.give(b.bytes, b.id);
@@ -686,8 +701,7 @@ class StepReplay {
   void fsdp_end_forward(const Chunk& c) {
     if (!shape_.fsdp || ended_) return;
     ended_ = true;
-    sim_.free(flat_, kAllGather);
-    flat_ = 0;
+    drop_flat();
     if (shape_.fsdp_reshard && shape_.fsdp_root_reshard)
       for (size_t i = c.first; i <= c.last; ++i)
         if (root_ends_backward(i)) reshard(i);
@@ -801,8 +815,7 @@ class StepReplay {
     }
     sim_.free(rs_input_);
     rs_input_ = 0;
-    sim_.free(flat_, kAllGather);  // (a forward's last all-gather, when no copy-out came after it)
-    flat_ = 0;
+    drop_flat();                   // (a forward's last all-gather, when no copy-out came after it)
     if (!c.begins) sim_.free(dy);  // the input's gradient, sent back
     if (c.ends) {
       sim_.free(root);
@@ -877,11 +890,12 @@ class StepReplay {
   };
   std::vector<std::vector<Block>> unsharded_;          // FSDP2: by unit, its parameters' unsharded blocks
   std::vector<char> reduced_;                          // FSDP2: by stage
-  int64_t flat_ = 0, rs_input_ = 0;                    // FSDP2: the kept all-gather buffer, the reduce-scatter input
+  Block flat_;                                         // FSDP2: the kept all-gather buffer
+  int64_t rs_input_ = 0;                               // FSDP2: the reduce-scatter input
   std::vector<int64_t> held_;                          // FSDP2: the root's unsharded gradients, until its post-backward
   std::vector<size_t> unit_;                           // FSDP2: by stage, its unit (fsdp_units)
   std::vector<int64_t> stage_weights_, unit_weights_;  // FSDP2: by stage, and by unit
-  std::vector<std::vector<int64_t>> unit_params_;      // FSDP2: by unit, its parameters' half-precision bytes
+  std::vector<std::vector<int64_t>> unit_params_;      // FSDP2: by unit, its parameters' bytes in the compute dtype
   bool ended_ = false;                                 // FSDP2: the root's post-forward ran in this chunk's forward
   std::vector<int64_t> sharded_grads_;  // FSDP2: this step's reduce-scatter outputs, the stages' gradients
 };

@@ -50,7 +50,8 @@ std::string cpu_model(const std::string& cpuinfo) {
     }
   }
   if (family.empty()) return name;
-  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, family, model, stepping,
+  auto known = [](const std::string& v) { return v.empty() ? std::string("?") : v; };
+  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, family, known(model), known(stepping),
                      vectors.empty() ? "no avx2" : vectors);
 }
 

@@ -106,7 +106,6 @@ TEST(GemmChoice, AnUnreadableCacheEntryIsMeasuredAgain) {
   EXPECT_NE(choose_gemm({1, 1}, cache.str()).source.find("measured now"), std::string::npos);
 }
 
-// The floor's rate is the best of every GEMM the build has, whatever the engine runs now.
 // A neighbour that ran faster after the product than its median alone was not sped up by it: the
 // product is charged nothing, not credited (which would put its rate over the CPU's peak).
 TEST(GemmChoice, ANeighbourFasterThanAloneChargesNothing) {
@@ -114,6 +113,7 @@ TEST(GemmChoice, ANeighbourFasterThanAloneChargesNothing) {
   EXPECT_EQ(detail::neighbour_slowdown_ms(0.8, 1.0), 0.0);
 }
 
+// The floor's rate is the best of every GEMM the build has, whatever the engine runs now.
 TEST(FastestMatmul, IsTheBestOfEveryGemm) {
   const TableScope scope;
   detail::set_gemm_table(detail::parse_gemm_table(detail::available(detail::GemmImpl::OneDnn) ? "onednn" : "blas"));

@@ -25,6 +25,7 @@
 
 #include "core/shard.h"
 #include "plan/caching_allocator.h"
+#include "plan/unshard.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -654,28 +655,29 @@ class StepReplay {
   }
   // The root's last stage in backward order: its post-backward, where its gradients are reduced.
   bool root_ends_backward(size_t i) const { return in_root(i) && unit(i) == i; }
-  // A unit's unshard: each parameter's unsharded tensor is a block of its own. Across ranks the
-  // all-gather goes through a flat buffer on its stream, kept in the forward until the next copy-out
-  // (to overlap it with the next all-gather) or the root's post-forward, freed at once in the
-  // backward. On one rank nothing is gathered: each parameter is cast to the compute dtype (when the
-  // shard's differs) and copied, each cast freed once the next is made (PyTorch 2.11's FSDP2,
-  // tools/gpu_memory.py --events).
+  // A unit's unshard (unshard_requests): each parameter's unsharded tensor a block of its own. The
+  // flat all-gather buffer, across ranks, is kept in the forward until the next copy-out (to
+  // overlap it with the next all-gather) or the root's post-forward, and freed at once in the
+  // backward.
   void gather(size_t u, bool keep_flat) {
     const int64_t w = weights(u);
     if (w == 0 || !unsharded_[u].empty()) return;
-    const bool one_rank = shape_.world == 1;
-    const bool casts = one_rank && e_.sharded_weight() != e_.weight;
-    const Block flat = one_rank ? Block{} : Block{w, sim_.take(w, kAllGather)};
-    Block cast;
-    for (int64_t n : unit_params_[u]) {
-      if (casts) {
-        const Block next{n, sim_.take(n)};
-        sim_.give(cast.bytes, cast.id);
-        cast = next;
+    const bool casts = e_.sharded_weight() != e_.weight;
+    const std::vector<detail::UnshardRequest> requests =
+        detail::unshard_requests(unit_params_[u], shape_.world, casts, kAllGather);
+    std::vector<Block> made(requests.size());
+    for (size_t k = 0; k < requests.size(); ++k) {
+      const detail::UnshardRequest& r = requests[k];
+      if (r.frees >= 0) {
+        sim_.give(made[r.frees].bytes, made[r.frees].id);
+        made[r.frees] = {};
+      } else {
+        made[k] = {r.bytes, sim_.take(r.bytes, r.stream)};
       }
-      unsharded_[u].push_back({n, sim_.take(n)});
     }
-    sim_.give(cast.bytes, cast.id);
+    const Block flat = shape_.world > 1 ? made[0] : Block{};
+    for (size_t k = shape_.world > 1 ? 1 : 0; k < made.size(); ++k)
+      if (made[k].bytes > 0) unsharded_[u].push_back(made[k]);
     drop_flat();  // the last gather's buffer, its copy-out done
     if (keep_flat)
       flat_ = flat;
@@ -967,6 +969,28 @@ BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, cons
   settle(sim, pg, Grads::First);
   o.backward_extra = sim.peak() - start;
   return o;
+}
+
+std::vector<detail::UnshardRequest> detail::unshard_requests(const std::vector<int64_t>& params, int ranks, bool casts,
+                                                             int all_gather_stream) {
+  std::vector<UnshardRequest> out;
+  if (ranks > 1) {
+    int64_t flat = 0;
+    for (int64_t n : params) flat += n;
+    out.push_back({flat, all_gather_stream, -1});
+  }
+  int cast = -1;
+  for (int64_t n : params) {
+    if (ranks == 1 && casts) {
+      const int next = static_cast<int>(out.size());
+      out.push_back({n, 0, -1});
+      if (cast >= 0) out.push_back({0, 0, cast});
+      cast = next;
+    }
+    out.push_back({n, 0, -1});
+  }
+  if (cast >= 0) out.push_back({0, 0, cast});
+  return out;
 }
 
 }  // namespace remat

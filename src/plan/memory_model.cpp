@@ -122,9 +122,9 @@ EagerBlocks eager_blocks(const BlockSpec& b) {
   return out;
 }
 
-// A tensor's bytes with what eager PyTorch keeps beside it (eager_blocks).
-int64_t live_bytes(const BlockSpec& b, const EagerBlocks& eager, int t) {
-  int64_t n = b.tensors[t].bytes();
+// What eager PyTorch keeps beside tensor t (eager_blocks), in bytes.
+int64_t eager_bytes(const EagerBlocks& eager, int t) {
+  int64_t n = 0;
   if (!eager.empty())
     for (int64_t e : eager[t]) n += e;
   return n;
@@ -142,12 +142,14 @@ void free_live(Sim& sim, const BlockSpec& b, const EagerBlocks& eager, int t) {
   sim.free(b.tensors[t].bytes());
 }
 
-// An op's scratch (`bytes`) as the allocator sees it: the tensors it is (OpDef::scratch_tensors),
-// or one block. Returns those still alive (scratch_done frees them).
-std::vector<int64_t> scratch(Sim& sim, const BlockSpec& b, int op, int64_t bytes, bool backward) {
+// An op's forward (backward) scratch as the allocator sees it: the tensors it is
+// (OpDef::scratch_tensors), or one block of its bytes. Returns those still alive (scratch_done
+// frees them).
+std::vector<int64_t> scratch(Sim& sim, const BlockSpec& b, int op, const ThreadConfig& ctx, bool backward) {
   const OpDef& def = op_def(b.ops[op].kind);
   const std::vector<int64_t> tensors =
-      def.scratch_tensors ? def.scratch_tensors(b, b.ops[op], backward) : std::vector<int64_t>{bytes};
+      def.scratch_tensors ? def.scratch_tensors(b, b.ops[op], backward)
+                          : std::vector<int64_t>{backward ? b.backward_scratch(op, ctx) : b.forward_scratch(op, ctx)};
   std::vector<int64_t> alive;
   for (int64_t n : tensors) {
     if (n >= 0) {
@@ -182,7 +184,7 @@ void forward_stage(Sim& sim, const CompiledStage& st, const ThreadConfig& ctx, c
     if (before_loss && b.ops[step.index].kind == OpKind::CrossEntropy) before_loss();
     sim.at(pass, &st, step.index);
     for (int t : b.ops[step.index].out) alloc_live(sim, b, eager, t);
-    scratch_done(sim, scratch(sim, b, step.index, b.forward_scratch(step.index, ctx), false));
+    scratch_done(sim, scratch(sim, b, step.index, ctx, false));
   }
 }
 
@@ -252,7 +254,7 @@ class StageBackward {
     const OpNode& op = b_.ops[step.index];
     sim_.at("recompute", &st_, step.index);
     for (int t : op.out) alloc_live(sim_, b_, eager_, t);
-    scratch_done(sim_, scratch(sim_, b_, step.index, b_.forward_scratch(step.index, ctx_), false));
+    scratch_done(sim_, scratch(sim_, b_, step.index, ctx_, false));
     for (size_t i = 0; i < op.out.size(); ++i) {
       if (step.discard & (1u << i)) free_live(sim_, b_, eager_, op.out[i]);  // the forward's value is kept
       held_[op.out[i]] = true;
@@ -270,9 +272,8 @@ class StageBackward {
     // An op that names its scratch's tensors makes them before its gradients (OpDef::scratch_tensors);
     // another's scratch comes after them.
     const bool tensors_first = op_def(op.kind).scratch_tensors != nullptr;
-    const int64_t scratch_bytes = b_.backward_scratch(step.index, ctx_);
     std::vector<int64_t> alive;
-    if (tensors_first) alive = scratch(sim_, b_, step.index, scratch_bytes, true);
+    if (tensors_first) alive = scratch(sim_, b_, step.index, ctx_, true);
     move(step.made);
     for (size_t p = 0; p < op.params.size(); ++p) {
       if (fused_wgrad_ && op.kind == OpKind::Linear && p == 0) continue;  // into the buffer by its GEMM
@@ -282,7 +283,7 @@ class StageBackward {
       (pg_.uses[id] == 1 ? pg_.single : pg_.has[id] ? pg_.second : pg_.held).push_back(n);
       pg_.has[id] = true;
     }
-    if (!tensors_first) alive = scratch(sim_, b_, step.index, scratch_bytes, true);
+    if (!tensors_first) alive = scratch(sim_, b_, step.index, ctx_, true);
     scratch_done(sim_, alive);
     move(step.joined);
   }
@@ -660,8 +661,7 @@ class StepReplay {
   // overlap it with the next all-gather) or the root's post-forward, and freed at once in the
   // backward.
   void gather(size_t u, bool keep_flat) {
-    const int64_t w = weights(u);
-    if (w == 0 || !unsharded_[u].empty()) return;
+    if (weights(u) == 0 || !unsharded_[u].empty()) return;
     const bool casts = e_.sharded_weight() != e_.weight;
     const std::vector<detail::UnshardRequest> requests =
         detail::unshard_requests(unit_params_[u], shape_.world, casts, kAllGather);
@@ -956,7 +956,7 @@ BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, cons
   o.saved = schedule.saved_bytes(spec);
   const EagerBlocks eager = eager_blocks(spec);
   for (size_t t = 0; t < eager.size(); ++t)
-    if (schedule.saved[t]) o.saved += live_bytes(spec, eager, static_cast<int>(t)) - spec.tensors[t].bytes();
+    if (schedule.saved[t]) o.saved += eager_bytes(eager, static_cast<int>(t));
   Sim sim;
   forward_stage(sim, st, ctx);
   o.forward_extra = sim.peak();
@@ -969,28 +969,6 @@ BlockMemory simulate_block(const BlockSpec& spec, const Schedule& schedule, cons
   settle(sim, pg, Grads::First);
   o.backward_extra = sim.peak() - start;
   return o;
-}
-
-std::vector<detail::UnshardRequest> detail::unshard_requests(const std::vector<int64_t>& params, int ranks, bool casts,
-                                                             int all_gather_stream) {
-  std::vector<UnshardRequest> out;
-  if (ranks > 1) {
-    int64_t flat = 0;
-    for (int64_t n : params) flat += n;
-    out.push_back({flat, all_gather_stream, -1});
-  }
-  int cast = -1;
-  for (int64_t n : params) {
-    if (ranks == 1 && casts) {
-      const int next = static_cast<int>(out.size());
-      out.push_back({n, 0, -1});
-      if (cast >= 0) out.push_back({0, 0, cast});
-      cast = next;
-    }
-    out.push_back({n, 0, -1});
-  }
-  if (cast >= 0) out.push_back({0, 0, cast});
-  return out;
 }
 
 }  // namespace remat

@@ -185,7 +185,7 @@ def loaded_openblas_kernel():
 
 def cpu_name():
     """The CPU as remat's calibration cache names it: the first processor's model name, family,
-    model, stepping and the vector units it shows."""
+    model, stepping and its vector units (AVX-512: F, BW, VL and DQ)."""
     fields = {}
     with open("/proc/cpuinfo") as info:
         for line in info:
@@ -196,8 +196,10 @@ def cpu_name():
     name = fields.get("model name", "unknown CPU")
     if "cpu family" not in fields:
         return name
-    flags = fields.get("flags", "").split()
-    vectors = " ".join(f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in flags) or "no avx2"
+    flags = set(fields.get("flags", "").split())
+    units = {"avx2": {"avx2"}, "fma": {"fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+             "avx512_bf16": {"avx512_bf16"}}
+    vectors = " ".join(name for name, need in units.items() if need <= flags) or "no avx2"
     return (f"{name} (family {fields['cpu family']}, model {fields.get('model', '?')}, "
             f"stepping {fields.get('stepping', '?')}; {vectors})")
 

@@ -25,16 +25,16 @@ std::string build_identity() {
   return fmt::format("{}:{}:{}", exe.string(), size, time);
 }
 
-std::string cpu_model(const std::string& cpuinfo) {
+std::string cpu_model(const std::string& cpuinfo, const blas::CpuFeatures& cpu) {
   std::ifstream info(cpuinfo);
   if (!info) return "unknown cpu";
   // The first processor's lines: a VM's model name is often only the vendor's line ("AMD EPYC"),
   // shared by CPUs that run a GEMM at different rates, and may hide vector units it has.
-  std::string name = "unknown cpu", family, model, stepping, vectors;
+  std::string name = "unknown cpu", family, model, stepping;
   auto value = [](const std::string& line) {
     const size_t colon = line.find(':');
     const size_t start = colon == std::string::npos ? std::string::npos : line.find_first_not_of(' ', colon + 1);
-    return start == std::string::npos ? std::string() : line.substr(start);
+    return start == std::string::npos ? std::string("?") : line.substr(start);
   };
   for (std::string line; std::getline(info, line) && !line.empty();) {
     const std::string key = line.substr(0, line.find_first_of("\t:"));
@@ -42,17 +42,14 @@ std::string cpu_model(const std::string& cpuinfo) {
     if (key == "cpu family") family = value(line);
     if (key == "model") model = value(line);
     if (key == "stepping") stepping = value(line);
-    if (key == "flags") {
-      const std::string flags = " " + value(line) + " ";
-      for (const char* f : {"avx2", "fma", "avx512f", "amx_tile"})
-        if (flags.find(fmt::format(" {} ", f)) != std::string::npos)
-          vectors += (vectors.empty() ? "" : " ") + std::string(f);
-    }
   }
   if (family.empty()) return name;
-  auto known = [](const std::string& v) { return v.empty() ? std::string("?") : v; };
-  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, family, known(model), known(stepping),
-                     vectors.empty() ? "no avx2" : vectors);
+  std::string vectors;
+  for (const auto& [has, unit] : {std::pair{cpu.avx2, "avx2"}, std::pair{cpu.fma, "fma"},
+                                  std::pair{cpu.avx512, "avx512"}, std::pair{cpu.avx512_bf16, "avx512_bf16"}})
+    if (has) vectors += (vectors.empty() ? "" : " ") + std::string(unit);
+  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, family, model.empty() ? "?" : model,
+                     stepping.empty() ? "?" : stepping, vectors.empty() ? "no avx2" : vectors);
 }
 
 }  // namespace remat::detail

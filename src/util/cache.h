@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "remat/blas_kernel.h"
+
 namespace remat::detail {
 
 // `given` when set, else $REMAT_CACHE, $XDG_CACHE_HOME/remat, ~/.cache/remat, or ./.remat-cache.
@@ -13,9 +15,10 @@ std::string cache_folder(const std::string& given);
 // instead of trusting what an older build measured.
 std::string build_identity();
 
-// The CPU as /proc/cpuinfo names it: its model name, family, model, stepping and the vector units
-// it shows ("AMD EPYC (family 25, model 17, stepping 1; avx2 fma)"); "unknown cpu" when there is
+// The CPU: the model name, family, model and stepping /proc/cpuinfo gives, and the vector units
+// `cpu` has ("AMD EPYC (family 25, model 17, stepping 1; avx2 fma)"); "unknown cpu" when there is
 // no such file. The key of every calibration cached for this machine.
-std::string cpu_model(const std::string& cpuinfo = "/proc/cpuinfo");
+std::string cpu_model(const std::string& cpuinfo = "/proc/cpuinfo",
+                      const blas::CpuFeatures& cpu = blas::cpu_features());
 
 }  // namespace remat::detail

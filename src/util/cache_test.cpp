@@ -10,27 +10,28 @@
 namespace remat::detail {
 namespace {
 
-std::string with_cpuinfo(const std::string& text) {
+std::string with_cpuinfo(const std::string& text, const blas::CpuFeatures& cpu = {}) {
   const std::string path = (std::filesystem::temp_directory_path() / "remat-cpuinfo-test").string();
   std::ofstream(path) << text;
-  const std::string model = cpu_model(path);
+  const std::string model = cpu_model(path, cpu);
   std::filesystem::remove(path);
   return model;
 }
 
 // Two VMs whose model name is the vendor's line alone differ in family, model and the vector units
-// they show; the first processor speaks for the machine.
+// they have; the first processor speaks for the machine.
 TEST(CpuModel, NamesFamilyModelSteppingAndVectorUnits) {
   const std::string zen =
       "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
-      "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu sse avx fma avx2 bmi2\n\n"
-      "processor\t: 1\nmodel\t\t: 99\n";
-  EXPECT_EQ(with_cpuinfo(zen), "AMD EPYC (family 25, model 17, stepping 1; avx2 fma)");
-  const std::string xeon =
-      "cpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n"
-      "stepping\t: 8\nflags\t\t: avx2 fma avx512f amx_tile avx512_bf16\n";
-  EXPECT_EQ(with_cpuinfo(xeon),
-            "Intel(R) Xeon(R) Platinum 8481C (family 6, model 143, stepping 8; avx2 fma avx512f amx_tile)");
+      "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\nmodel\t\t: 99\n";
+  blas::CpuFeatures avx2;
+  avx2.avx2 = avx2.fma = true;
+  EXPECT_EQ(with_cpuinfo(zen, avx2), "AMD EPYC (family 25, model 17, stepping 1; avx2 fma)");
+  blas::CpuFeatures avx512 = avx2;
+  avx512.avx512 = avx512.avx512_bf16 = true;
+  EXPECT_EQ(with_cpuinfo(zen, avx512), "AMD EPYC (family 25, model 17, stepping 1; avx2 fma avx512 avx512_bf16)");
+  EXPECT_EQ(with_cpuinfo("cpu family\t: 6\nmodel name\t: Intel(R) Xeon(R)\n"),
+            "Intel(R) Xeon(R) (family 6, model ?, stepping ?; no avx2)");
 }
 
 TEST(CpuModel, WithoutAFamilyIsTheModelName) {

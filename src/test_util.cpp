@@ -100,6 +100,10 @@ std::vector<EngineCase> engine_cases() {
   out.push_back({"moe_gelu_weighted_activation", a});
   a.mlp = Mlp::Swiglu, a.capacity_factor = 0.5;
   out.push_back({"moe_capacity_weighted_activation", a});
+  ModelConfig s = tiny("moe", 0.1);  // Megatron-LM's sinkhorn router, one expert per token
+  s.router = Router::Sinkhorn, s.top_k = 1, s.aux_loss = 0, s.mlp = Mlp::Gelu,
+  s.expert_weights = ExpertWeights::Activation;
+  out.push_back({"moe_sinkhorn_top1", s});
   return out;
 }
 

@@ -81,7 +81,7 @@ bad "--head-dim must be in 0..65536 (0: dim / heads), got -1" bench "${tiny[@]}"
 bad "--experts must be in 1..4096, got 0" bench "${tiny[@]}" --arch moe --experts 0
 bad "--top-k must be in 1..experts (8), got 9" bench "${tiny[@]}" --arch moe --top-k 9
 bad "--capacity-factor must be 0 (dropless) or in (0, 1024], got -1" bench "${tiny[@]}" --arch moe --capacity-factor -1
-bad "unknown --router 'argmax'; allowed: softmax, sigmoid" bench "${tiny[@]}" --arch moe --router argmax
+bad "unknown --router 'argmax'; allowed: softmax, sigmoid, sinkhorn" bench "${tiny[@]}" --arch moe --router argmax
 bad "unknown --expert-weights 'foo'; allowed: combine" bench "${tiny[@]}" --arch moe --expert-weights foo
 bad "--shared-ffn must be in 0..16777216 (0: no shared expert), got -8" bench "${tiny[@]}" --arch moe --shared-ffn -8
 bad "--aux-loss must be in [0, 1000], got -0.5" bench "${tiny[@]}" --arch moe --aux-loss -0.5
@@ -91,6 +91,8 @@ bad "--ep 2 splits experts over ranks; a llama block has none" plan "${moe[@]}" 
 bad "--expert-imbalance must be in [1, 1024]" plan "${moe[@]}" --global-batch 8 --gpus 2 --expert-imbalance 0.5
 bad "model 'deepseek-v3' is not modelled: its multi-head latent attention" plan --model deepseek-v3 --gpus 256 --device h100-80gb
 bad "--fsdp-root 'drop': allowed are reshard (PyTorch 2.8 and later) and keep" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --fsdp-root drop
+bad "--no-fused-wgrad describes Megatron-LM; --framework torchtitan has no such setting" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-fused-wgrad
+bad "--no-grouped-gemm: --arch llama has no experts" plan --model llama2-70b --gpus 16 --device h100-80gb --no-grouped-gemm
 bad "policy 'uniform:1' runs uniform:N segments, which are planned on layouts of one pipeline stage" plan --model llama2-70b --gpus 16 --device h100-80gb --tp 8 --pp 2 --dp 1 --policies uniform:1
 bad "--attn-block must be a positive integer, got 0" bench "${tiny[@]}" --attn-block 0
 bad "--dropout must be in [0, 1), got 1.5" bench "${tiny[@]}" --arch gpt2 --dropout 1.5

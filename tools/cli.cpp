@@ -52,7 +52,9 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--capacity-factor", cfg.capacity_factor,
                 "moe: 0 = dropless; c > 0: each expert takes ceil(c * tokens * top-k / experts) rows, the rest dropped")
       ->capture_default_str();
-  a->add_option("--router", router, "moe: softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3) scores")
+  a->add_option(
+       "--router", router,
+       "moe: softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3) scores, or sinkhorn (Megatron-LM's balanced choice)")
       ->capture_default_str();
   a->add_option("--aux-loss", cfg.aux_loss, "moe: load-balancing loss coefficient; 0 = off")->capture_default_str();
   a->add_option("--expert-weights", expert_weights,

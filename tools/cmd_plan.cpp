@@ -29,7 +29,8 @@ struct PlanFlags {
   int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
   std::string framework = "megatron", cublas_workspace, fsdp_root = "reshard";
-  bool no_batch_mask = false, no_fused_wgrad = false, expandable_segments = false, fsdp = false, pure_bf16 = false;
+  bool no_batch_mask = false, no_fused_wgrad = false, no_grouped_gemm = false, expandable_segments = false,
+       fsdp = false, pure_bf16 = false;
   int zero = -1, top = 5;
   bool sp = false;
   CLI::App* app = nullptr;
@@ -54,6 +55,7 @@ struct PlanFlags {
                           "--framework",
                           "--no-batch-mask",
                           "--no-fused-wgrad",
+                          "--no-grouped-gemm",
                           "--cublas-workspace",
                           "--expandable-segments",
                           "--fsdp",
@@ -372,6 +374,7 @@ PlanOptions plan_options(const PlanFlags& f) {
   opt.framework = parse_framework(f.framework);
   opt.batch_mask = !f.no_batch_mask;
   opt.fused_wgrad = !f.no_fused_wgrad;
+  opt.grouped_gemm = !f.no_grouped_gemm;
   opt.expandable_segments = f.expandable_segments;
   if (f.fsdp_root != "reshard" && f.fsdp_root != "keep")
     fail("--fsdp-root '{}': allowed are reshard (PyTorch 2.8 and later) and keep (before 2.8)", f.fsdp_root);
@@ -402,6 +405,12 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
         "itself; leave --zero out",
         f.zero);
   if (space.fsdp) space.zero = {0};
+  for (const char* flag : {"--no-batch-mask", "--no-fused-wgrad", "--no-grouped-gemm"})
+    if (opt.framework != Framework::Megatron && f.app->count(flag) > 0)
+      fail("{} describes Megatron-LM; --framework {} has no such setting: leave it out", flag,
+           to_string(opt.framework));
+  if (f.no_grouped_gemm && !routes_experts(cfg.arch))
+    fail("--no-grouped-gemm: --arch {} has no experts; it applies to --arch moe", cfg.arch);
   space.zero_fixed = f.zero;
   if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
   return space;
@@ -667,6 +676,8 @@ Command add_plan(CLI::App& parent) {
   a->add_flag("--no-fused-wgrad", f->no_fused_wgrad,
               "megatron: weight gradients are made in bf16, then added to the fp32 buffers "
               "(--no-gradient-accumulation-fusion)");
+  a->add_flag("--no-grouped-gemm", f->no_grouped_gemm,
+              "megatron, moe: one GEMM per local expert (SequentialMLP, Megatron-LM without --moe-grouped-gemm)");
   a->add_flag("--fsdp", f->fsdp,
               "shard with FSDP2 (fully_shard per block; torchtitan's, and --framework torchtitan's)");
   a->add_option("--fsdp-root", f->fsdp_root,

@@ -87,6 +87,8 @@ struct Routing {
   bool normalize = true;  // the top_k weights divided by their sum
   double aux_loss = 0;    // coefficient of the load-balancing loss, whose gradient route's backward adds
   int64_t ep = 1;         // expert-parallel ranks (planning): dispatch and combine exchange their rows
+  bool sinkhorn = false;  // experts chosen by scores balanced over the experts (Sinkhorn-Knopp, Megatron-LM's
+                          // sinkhorn router), not by the probabilities; the weights are probabilities still
 };
 
 struct TensorSpec {

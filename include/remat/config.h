@@ -31,8 +31,10 @@ enum class Switch : uint8_t { Default, Off, On };
 
 // How a mixture-of-experts router scores the experts from its logits (moe).
 enum class Router : uint8_t {
-  Softmax,  // softmax over all experts (Mixtral, Qwen3-MoE)
-  Sigmoid,  // a sigmoid per expert (DeepSeek-V3)
+  Softmax,   // softmax over all experts (Mixtral, Qwen3-MoE)
+  Sigmoid,   // a sigmoid per expert (DeepSeek-V3)
+  Sinkhorn,  // Megatron-LM's sinkhorn: experts chosen by Sinkhorn-balanced scores, weighted by a sigmoid
+             // (top_k 1) or a softmax (top_k > 1), never divided by their sum (norm_topk is not read)
 };
 
 // Where a mixture of experts multiplies each token copy by its routing weight (moe). The same

@@ -56,15 +56,19 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
   const ModelConfig& c = b.cfg();
   const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
   const int64_t rows = c.dispatch_rows(), f = c.hidden();
-  const Routing routing{c.experts,  c.top_k, c.expert_capacity(), c.router == Router::Sigmoid, c.norm_topk,
-                        c.aux_loss, c.ep};
+  // Sinkhorn's weights: a sigmoid for one expert per token, a softmax for more, as they are
+  // (Megatron-LM's router.py).
+  const bool sinkhorn = c.router == Router::Sinkhorn;
+  const bool sigmoid = c.router == Router::Sigmoid || (sinkhorn && c.top_k == 1);
+  const Routing routing{c.experts, c.top_k, c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
+                        c.ep,      sinkhorn};
   const int logits = linear(b, "router", n2, c.experts, tag::kRouter, "router logits", false);
   const std::vector<int> routed =
       b.op(OpKind::Route, "route", {logits},
            {{"weights", per_token, c.dtype, tag::kRouter, "routing weight of each token's experts"},
             {"experts", per_token, DType::I64, tag::kRouter, "each token's experts, highest score first"},
             {"probs", b.res(c.experts), DType::F32, tag::kRouter,
-             c.router == Router::Sigmoid ? "router scores (sigmoid)" : "router probabilities (softmax)"}});
+             sigmoid ? "router scores (sigmoid)" : "router probabilities (softmax)"}});
   b.last().routing = routing;
   const std::vector<int> placed =
       b.op(OpKind::Dispatch, "xs", {n2, routed[1]},

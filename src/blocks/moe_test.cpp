@@ -98,7 +98,8 @@ struct RouteRun {
   at::Tensor weights, experts, dlogits;
 };
 
-RouteRun run_route(const at::Tensor& logits, int64_t k, double aux, const at::Tensor& dweights) {
+RouteRun run_route(const at::Tensor& logits, const Routing& routing, const at::Tensor& dweights) {
+  const int64_t k = routing.top_k;
   ModelConfig cfg;
   detail::Builder b(cfg, "test.route");
   const int z = b.input("logits", logits.sizes().vec(), DType::F32, "router logits");
@@ -106,7 +107,7 @@ RouteRun run_route(const at::Tensor& logits, int64_t k, double aux, const at::Te
   per_token.back() = k;
   b.op(OpKind::Route, "route", {z},
        {{"weights", per_token}, {"experts", per_token, DType::I64}, {"probs", logits.sizes().vec()}});
-  b.last().routing = {logits.size(-1), k, 0, false, true, aux};
+  b.last().routing = routing;
   const BlockSpec spec = b.finish(b.last().out[0]);
   BlockExecutor exec(spec, keep_everything(spec));
   BlockContext ctx;
@@ -115,6 +116,10 @@ RouteRun run_route(const at::Tensor& logits, int64_t k, double aux, const at::Te
   r.experts = ctx.tensors[spec.find("experts")].clone();
   r.dlogits = exec.backward(dweights, {}, ctx, {true}, 0).inputs[0];
   return r;
+}
+
+RouteRun run_route(const at::Tensor& logits, int64_t k, double aux, const at::Tensor& dweights) {
+  return run_route(logits, Routing{logits.size(-1), k, 0, false, true, aux}, dweights);
 }
 
 TEST(Moe, TiedScoresPickTheLowestExperts) {
@@ -139,6 +144,53 @@ TEST(Moe, TheRouterBackwardAddsTheLoadBalancingLossGradient) {
   const at::Tensor want = torch::autograd::grad({loss}, {z})[0];
   EXPECT_TRUE(testing::close(r.dlogits, want, 1e-12));
   EXPECT_GT(want.abs().max().item<double>(), 1e-3);
+}
+
+// Megatron-LM's sinkhorn router, one expert per token, sigmoid weights: the routing of tokens that
+// all prefer expert 0.
+RouteRun sinkhorn_top1(const at::Tensor& logits) {
+  Routing r{logits.size(-1), 1, 0, /*sigmoid=*/true, /*normalize=*/false};
+  r.sinkhorn = true;
+  return run_route(logits, r, at::ones({logits.size(0), 1}, at::kDouble));
+}
+
+at::Tensor prefer_expert_0(int64_t tokens, int64_t experts) {
+  at::manual_seed(5);
+  at::Tensor z = 0.3 * at::randn({tokens, experts}, at::kDouble);
+  z.select(1, 0).add_(3.0);
+  return z;
+}
+
+// Sinkhorn balances the choice: where every token's top probability is expert 0's, the balanced
+// scores send each expert close to its share of the tokens.
+TEST(Moe, SinkhornSpreadsTokensThatAllPreferOneExpert) {
+  const int64_t tokens = 64, experts = 4;
+  const at::Tensor z = prefer_expert_0(tokens, experts);
+  ASSERT_TRUE(at::equal(std::get<1>(z.max(-1)), at::zeros({tokens}, at::kLong)));
+  const at::Tensor counts = at::bincount(sinkhorn_top1(z).experts.reshape({-1}), {}, experts);
+  EXPECT_LE(counts.max().item<int64_t>(), tokens / experts * 3 / 2) << counts;
+  EXPECT_GE(counts.min().item<int64_t>(), tokens / experts / 2) << counts;
+}
+
+// The choice is the top of the balanced scores as Sinkhorn-Knopp finds them, written here with
+// ATen in Megatron-LM's form (exp of the logits, rows then columns rescaled until the column scales
+// move less than 1e-4); the weight is the sigmoid of the chosen logit.
+TEST(Moe, SinkhornChoosesTheTopOfTheBalancedScores) {
+  const int64_t tokens = 40, experts = 5;
+  const at::Tensor z = prefer_expert_0(tokens, experts);
+  const at::Tensor cost = z.exp();
+  at::Tensor row = at::ones({tokens}, at::kDouble), col = at::ones({experts}, at::kDouble);
+  for (double moved = 1; moved > 1e-4;) {
+    row = 1.0 / (tokens * (cost * col).sum(1));
+    const at::Tensor next = 1.0 / (experts * (cost * row.unsqueeze(1)).sum(0));
+    moved = (next - col).abs().mean().item<double>();
+    col = next;
+  }
+  const at::Tensor want = std::get<1>((cost * col * row.unsqueeze(1)).max(-1, true));
+  const RouteRun r = sinkhorn_top1(z);
+  EXPECT_TRUE(at::equal(r.experts, want)) << r.experts.reshape({-1}) << want.reshape({-1});
+  EXPECT_TRUE(testing::close(r.weights, at::sigmoid(z).gather(1, want), 1e-12));
+  EXPECT_FALSE(at::equal(want, std::get<1>(z.max(-1, true))));  // the balance changed some choices
 }
 
 }  // namespace

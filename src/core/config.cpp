@@ -46,7 +46,17 @@ std::string_view to_string(Positions p) {
                                  : "default";
 }
 std::string_view to_string(Mlp m) { return m == Mlp::Gelu ? "gelu" : m == Mlp::Swiglu ? "swiglu" : "default"; }
-std::string_view to_string(Router r) { return r == Router::Sigmoid ? "sigmoid" : "softmax"; }
+std::string_view to_string(Router r) {
+  switch (r) {
+    case Router::Softmax:
+      return "softmax";
+    case Router::Sigmoid:
+      return "sigmoid";
+    case Router::Sinkhorn:
+      return "sinkhorn";
+  }
+  return "?";
+}
 std::string_view to_string(ExpertWeights w) { return w == ExpertWeights::Activation ? "activation" : "combine"; }
 std::string to_string(Loss l, int64_t chunks) {
   switch (l) {
@@ -86,7 +96,8 @@ Mlp parse_mlp(std::string_view s) {
 Router parse_router(std::string_view s) {
   if (s == "softmax") return Router::Softmax;
   if (s == "sigmoid") return Router::Sigmoid;
-  fail("unknown ModelConfig.router '{}'; allowed: softmax, sigmoid", s);
+  if (s == "sinkhorn") return Router::Sinkhorn;
+  fail("unknown ModelConfig.router '{}'; allowed: softmax, sigmoid, sinkhorn", s);
 }
 
 ExpertWeights parse_expert_weights(std::string_view s) {

@@ -4,6 +4,12 @@
 //   highest first and, between equal ones, the lower expert first, so that a recompute of the same
 //   logits routes every token as the forward did; weights = their probabilities, divided by their
 //   sum when Routing::normalize.
+//   Routing::sinkhorn (Megatron-LM's sinkhorn router) chooses by balanced scores instead: exp(logits)
+//   scaled per token and per expert (Sinkhorn-Knopp) until every token's row sums to 1/tokens and
+//   every expert's column nearly to 1/E; a token's k experts are the k highest of its balanced row,
+//   which orders its experts as logits + log(column scale) does. The weights stay probabilities.
+//   The scales come from every token of the call in a fixed order, one thread, so the choice is the
+//   same in any recompute and under any thread count.
 //   backward reads experts and probs; dlogits is a fresh tensor. It also adds the gradient of the
 //   load-balancing loss aux = c E sum_e f_e P_e (Switch Transformer; Megatron-LM's
 //   switch_load_balancing_loss_func), f_e the share of the (token, slot) pairs routed to expert e
@@ -28,10 +34,52 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 64;
 
+// Sinkhorn-Knopp's sweeps stop when the column scales move less than this on average (Megatron-LM's
+// tolerance), or after kSinkhornSweeps.
+constexpr double kSinkhornTolerance = 1e-4;
+constexpr int kSinkhornSweeps = 1000;
+
+// log of each expert's column scale c_e in the balanced scores a_t exp(z_te) c_e: rows alternately
+// scaled to sum to 1 / rows, columns to 1 / E, from c = 1. Each row of exp(z) is taken relative to
+// its largest entry, which only rescales a_t: the c_e are those of exp(z) itself.
+template <typename T>
+std::vector<double> sinkhorn_log_scales(const T* logits, int64_t rows, int64_t n) {
+  std::vector<double> cost(static_cast<size_t>(rows * n)), row(static_cast<size_t>(rows)), col(n, 1.0), next(n);
+  for (int64_t t = 0; t < rows; ++t) {
+    const T* z = logits + t * n;
+    const double top = static_cast<double>(*std::max_element(z, z + n));
+    for (int64_t e = 0; e < n; ++e) cost[t * n + e] = std::exp(static_cast<double>(z[e]) - top);
+  }
+  const double per_row = 1.0 / static_cast<double>(rows), per_col = 1.0 / static_cast<double>(n);
+  for (int sweep = 0; sweep < kSinkhornSweeps; ++sweep) {
+    for (int64_t t = 0; t < rows; ++t) {
+      double s = 0;
+      for (int64_t e = 0; e < n; ++e) s += cost[t * n + e] * col[e];
+      row[t] = per_row / s;
+    }
+    std::fill(next.begin(), next.end(), 0.0);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t e = 0; e < n; ++e) next[e] += cost[t * n + e] * row[t];
+    double moved = 0;
+    for (int64_t e = 0; e < n; ++e) {
+      next[e] = per_col / next[e];
+      moved += std::abs(next[e] - col[e]);
+    }
+    col.swap(next);
+    if (moved / static_cast<double>(n) <= kSinkhornTolerance) break;
+  }
+  for (double& c : col) c = std::log(c);
+  return col;
+}
+
 template <typename T>
 void forward_rows(const Routing& r, const T* logits, T* weights, int64_t* experts, T* probs, int64_t rows) {
   const int64_t n = r.experts, k = r.top_k;
+  // What a token's experts are chosen by: its probabilities, or its balanced scores (as logits +
+  // log column scale, in the same order).
+  const std::vector<double> balance = r.sinkhorn ? sinkhorn_log_scales(logits, rows, n) : std::vector<double>();
   detail::parallel_chunks(rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    std::vector<double> key(r.sinkhorn ? n : 0);
     for (int64_t t = begin; t < end; ++t) {
       const T* z = logits + t * n;
       T* p = probs + t * n;
@@ -44,6 +92,8 @@ void forward_rows(const Routing& r, const T* logits, T* weights, int64_t* expert
         for (int64_t e = 0; e < n; ++e) sum += (p[e] = std::exp(z[e] - top));
         for (int64_t e = 0; e < n; ++e) p[e] /= sum;
       }
+      for (int64_t e = 0; e < static_cast<int64_t>(key.size()); ++e) key[e] = static_cast<double>(z[e]) + balance[e];
+      auto above = [&](int64_t a, int64_t b) { return r.sinkhorn ? key[a] > key[b] : p[a] > p[b]; };
       int64_t* ex = experts + t * k;
       T* w = weights + t * k;
       T chosen_sum = 0;
@@ -51,7 +101,7 @@ void forward_rows(const Routing& r, const T* logits, T* weights, int64_t* expert
         int64_t best = -1;
         for (int64_t e = 0; e < n; ++e) {
           if (std::find(ex, ex + j, e) != ex + j) continue;
-          if (best < 0 || p[e] > p[best]) best = e;  // strictly greater: ties go to the lower expert
+          if (best < 0 || above(e, best)) best = e;  // strictly greater: ties go to the lower expert
         }
         ex[j] = best;
         w[j] = p[best];

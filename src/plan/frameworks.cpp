@@ -59,9 +59,17 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
     // A mixture of experts' grouped GEMM (--moe-grouped-gemm, TE GroupedLinear) runs its experts on
     // 4 streams, each with a workspace of its own, 1 KiB over the size, cached from the first call
     // (transformer_engine/pytorch/cpp_extensions/gemm.py, common/util/multi_stream.cpp).
-    if (routes_experts(c.arch))
+    if (routes_experts(c.arch) && o.grouped_gemm)
       out.push_back({"cuBLAS workspaces (grouped GEMM, Transformer Engine)", 4 * (te_workspace + 1024),
                      "Transformer Engine's workspaces for the experts' grouped GEMM, one per stream of 4"});
+    // The default token dispatcher (allgather) gathers the tokens of the expert-parallel group into
+    // one buffer from Megatron's global memory buffer, kept from the first layer's dispatch on and
+    // reused by every layer (token_dispatcher.py, use_global_buffer=True; parallel_state.py
+    // GlobalMemoryBuffer).
+    if (routes_experts(c.arch) && l.ep > 1)
+      out.push_back({"gathered tokens (allgather dispatcher)", tokens * l.ep * c.dim * dtype_size(c.dtype),
+                     "the expert-parallel group's tokens in the global memory buffer the dispatcher gathers "
+                     "them into, kept"});
     // megatron/core/utils.py get_batch_on_this_tp_rank: the first stage gets tokens and position
     // ids (int64), the last labels (int64) and the loss mask (fp32), both the attention mask.
     int64_t batch = 0;

@@ -504,6 +504,29 @@ TEST(Frameworks, MegatronFixedAllocationsByHand) {
   EXPECT_EQ(bytes("h100-80gb", 1, o), (std::vector<int64_t>{2 * MiB, 8 * tokens}));
 }
 
+// A mixture of experts under Megatron adds Transformer Engine's grouped-GEMM workspaces (4 streams
+// x (32 MiB + 1 KiB) on Hopper; none with one GEMM per expert) and, under expert parallelism, the
+// allgather dispatcher's kept buffer: the group's tokens, ep x micro-batch x seq rows of dim, bf16.
+TEST(Frameworks, MegatronMixtureOfExpertsAllocationsByHand) {
+  ModelConfig c;
+  c.arch = "moe", c.layers = 2, c.dim = 64, c.heads = 4, c.seq = 128, c.dtype = DType::BF16;
+  Layout l;
+  l.micro_batch = 2, l.global_batch = 4, l.dp = 2, l.ep = 2;
+  const int64_t MiB = int64_t{1} << 20, tokens = 2 * 128, mask = 2 * 128 * 128;
+  auto bytes = [&](const PlanOptions& o) {
+    std::vector<int64_t> out;
+    for (const Allocation& a : fixed_allocations(o, parse_device("h100-80gb"), c, l, 0)) out.push_back(a.bytes);
+    return out;
+  };
+  const int64_t gathered = 2 * tokens * 64 * 2, batch = 16 * tokens + 12 * tokens + mask;
+  EXPECT_EQ(bytes({}), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, 4 * (32 * MiB + 1024), gathered, batch}));
+  PlanOptions o;
+  o.grouped_gemm = false;
+  EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, gathered, batch}));
+  l.ep = 1;
+  EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, batch}));
+}
+
 // torchtitan's Llama keeps its RoPE table, freqs_cis, as a buffer: complex64 (8 bytes) for each of
 // seq positions and head_dim / 2 pairs, on every stage; a model without rotary embeddings has none.
 TEST(Frameworks, TorchtitanRopeTableByHand) {

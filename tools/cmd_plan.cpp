@@ -29,8 +29,8 @@ struct PlanFlags {
   int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
   std::string framework = "megatron", cublas_workspace, fsdp_root = "reshard";
-  bool no_batch_mask = false, no_fused_wgrad = false, no_grouped_gemm = false, expandable_segments = false,
-       fsdp = false, pure_bf16 = false;
+  bool no_batch_mask = false, no_fused_wgrad = false, no_grouped_gemm = false, deterministic = false,
+       expandable_segments = false, fsdp = false, pure_bf16 = false;
   int zero = -1, top = 5;
   bool sp = false;
   CLI::App* app = nullptr;
@@ -56,6 +56,7 @@ struct PlanFlags {
                           "--no-batch-mask",
                           "--no-fused-wgrad",
                           "--no-grouped-gemm",
+                          "--deterministic",
                           "--cublas-workspace",
                           "--expandable-segments",
                           "--fsdp",
@@ -375,6 +376,7 @@ PlanOptions plan_options(const PlanFlags& f) {
   opt.batch_mask = !f.no_batch_mask;
   opt.fused_wgrad = !f.no_fused_wgrad;
   opt.grouped_gemm = !f.no_grouped_gemm;
+  opt.deterministic = f.deterministic;
   opt.expandable_segments = f.expandable_segments;
   if (f.fsdp_root != "reshard" && f.fsdp_root != "keep")
     fail("--fsdp-root '{}': allowed are reshard (PyTorch 2.8 and later) and keep (before 2.8)", f.fsdp_root);
@@ -405,7 +407,7 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
         "itself; leave --zero out",
         f.zero);
   if (space.fsdp) space.zero = {0};
-  for (const char* flag : {"--no-batch-mask", "--no-fused-wgrad", "--no-grouped-gemm"})
+  for (const char* flag : {"--no-batch-mask", "--no-fused-wgrad", "--no-grouped-gemm", "--deterministic"})
     if (opt.framework != Framework::Megatron && f.app->count(flag) > 0)
       fail("{} describes Megatron-LM; --framework {} has no such setting: leave it out", flag,
            to_string(opt.framework));
@@ -469,10 +471,7 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
     fmt::print(
         "  margin: a stage's peak stays {:.0f}% under that (the validated uncertainty, docs/validation.md); "
         "reserved peaks within {:.0f}% of it are marked tight\n",
-        100 * (opt.margin >= 0            ? opt.margin
-               : routes_experts(cfg.arch) ? kExpertUncertainty
-                                          : kAllocatedUncertainty),
-        100 * kReservedUncertainty);
+        100 * (opt.margin >= 0 ? opt.margin : kAllocatedUncertainty), 100 * kReservedUncertainty);
 }
 
 // A search's answer and, when nothing fits, what would.
@@ -676,6 +675,9 @@ Command add_plan(CLI::App& parent) {
   a->add_flag("--no-fused-wgrad", f->no_fused_wgrad,
               "megatron: weight gradients are made in bf16, then added to the fp32 buffers "
               "(--no-gradient-accumulation-fusion)");
+  a->add_flag("--deterministic", f->deterministic,
+              "megatron: PyTorch's deterministic algorithms (--deterministic-mode); a mixture of experts' unpermute "
+              "then keeps the experts' outputs for its backward (index_add)");
   a->add_flag("--no-grouped-gemm", f->no_grouped_gemm,
               "megatron, moe: one GEMM per local expert (SequentialMLP, Megatron-LM without --moe-grouped-gemm)");
   a->add_flag("--fsdp", f->fsdp,

@@ -80,15 +80,16 @@ struct AttentionLayout {
 
 // How the mixture-of-experts ops route tokens (route, dispatch, combine; blocks/moe.cpp).
 struct Routing {
-  int64_t experts = 0;    // E
-  int64_t top_k = 0;      // experts per token
-  int64_t capacity = 0;   // rows per expert in the dispatch buffer; 0: dropless (tokens x top_k rows)
-  bool sigmoid = false;   // scores: a sigmoid per expert, else a softmax over them
-  bool normalize = true;  // the top_k weights divided by their sum
-  double aux_loss = 0;    // coefficient of the load-balancing loss, whose gradient route's backward adds
-  int64_t ep = 1;         // expert-parallel ranks (planning): dispatch and combine exchange their rows
-  bool sinkhorn = false;  // experts chosen by scores balanced over the experts (Sinkhorn-Knopp, Megatron-LM's
-                          // sinkhorn router), not by the probabilities; the weights are probabilities still
+  int64_t experts = 0;         // E
+  int64_t top_k = 0;           // experts per token
+  int64_t capacity = 0;        // rows per expert in the dispatch buffer; 0: dropless (tokens x top_k rows)
+  bool sigmoid = false;        // scores: a sigmoid per expert, else a softmax over them
+  bool normalize = true;       // the top_k weights divided by their sum
+  double aux_loss = 0;         // coefficient of the load-balancing loss, whose gradient route's backward adds
+  int64_t ep = 1;              // expert-parallel ranks (planning): dispatch and combine exchange their rows
+  bool sinkhorn = false;       // experts chosen by scores balanced over the experts (Sinkhorn-Knopp, Megatron-LM's
+                               // sinkhorn router), not by the probabilities; the weights are probabilities still
+  bool deterministic = false;  // planning: unpermute as PyTorch's deterministic index_add (ModelConfig::deterministic)
 };
 
 struct TensorSpec {

@@ -115,6 +115,10 @@ struct ModelConfig {
   bool norm_topk = true;   // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
   double aux_loss = 0.01;  // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
   ExpertWeights expert_weights = ExpertWeights::Combine;
+  // Planning only (the engine refuses it): PyTorch's deterministic algorithms, as Megatron-LM's
+  // --deterministic-mode turns them on. Its unpermute then sums the experts' outputs back with
+  // index_add, whose backward keeps them (rows x dim), where scatter_add keeps its indices only.
+  bool deterministic = false;
   // One rank of an expert-parallel group (planning only): it holds experts / ep of the experts and
   // exchanges the dispatched tokens with the group's other ranks (all-to-all), receiving as many
   // rows as it sent when routing is balanced, `expert_imbalance` times as many on the busiest rank.

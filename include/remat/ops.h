@@ -66,8 +66,11 @@ constexpr int kMaxOpInputs = 3;
 struct OpDef {
   const char* name = "";
   int n_in = 0, n_out = 0;
-  int max_params = 0;                   // parameters it takes at most (a bias-free linear takes one)
-  unsigned bwd_reads_in = 0;            // bit i set: the backward reads input i
+  int max_params = 0;         // parameters it takes at most (a bias-free linear takes one)
+  unsigned bwd_reads_in = 0;  // bit i set: the backward reads input i
+  // Where what the backward reads depends on the node: its bits, in place of bwd_reads_in (unpermute
+  // planned as PyTorch's deterministic index_add keeps its input). Null: bwd_reads_in.
+  unsigned (*bwd_reads_in_of)(const OpNode& node) = nullptr;
   unsigned bwd_reads_out = 0;           // bit i set: the backward reads output i
   GradKind grad_in[kMaxOpInputs] = {};  // GradKind::None each
   // The kind of a node whose kind depends on the node (rope on a column slice of its input adds into

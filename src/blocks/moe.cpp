@@ -60,8 +60,8 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
   // (Megatron-LM's router.py).
   const bool sinkhorn = c.router == Router::Sinkhorn;
   const bool sigmoid = c.router == Router::Sigmoid || (sinkhorn && c.top_k == 1);
-  const Routing routing{c.experts, c.top_k, c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
-                        c.ep,      sinkhorn};
+  const Routing routing{c.experts, c.top_k,  c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
+                        c.ep,      sinkhorn, c.deterministic};
   const int logits = linear(b, "router", n2, c.experts, tag::kRouter, "router logits", false);
   const std::vector<int> routed =
       b.op(OpKind::Route, "route", {logits},

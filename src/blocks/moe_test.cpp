@@ -68,6 +68,21 @@ TEST(Moe, WeightsOnTheActivationKeepItsWeightedCopyInsteadOfTheOutputs) {
   EXPECT_EQ(dropped, (std::vector<std::string>{"act", "weighed"}));
 }
 
+// Under PyTorch's deterministic algorithms (Megatron-LM's --deterministic-mode) the unpermute is an
+// index_add, whose backward keeps the experts' outputs (32 rows x dim 16, fp32) beside its indices;
+// the engine, deterministic already, refuses to plan it.
+TEST(Moe, DeterministicUnpermuteKeepsTheExpertsOutputs) {
+  ModelConfig c = tiny("moe");
+  c.expert_weights = ExpertWeights::Activation;
+  auto saved = [](const BlockSpec& b) {
+    return compile_schedule(b, Policy::parse("none").resolve(b, 1).layers[0]).saved_bytes(b);
+  };
+  const int64_t scatter = saved(make_block(c));
+  c.deterministic = true;
+  EXPECT_EQ(saved(make_block(c)) - scatter, 32 * 16 * 4);
+  EXPECT_THROW(GPT(c, Policy::parse("none")), Error);
+}
+
 // Equal scores go to the lower experts, so a recompute of the same logits routes the same way:
 // with a zero router every token's scores tie, and every policy still gives none's bits.
 TEST(Moe, TiedScoresGoToTheLowerExpertsInEveryRecompute) {

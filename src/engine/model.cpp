@@ -59,6 +59,10 @@ void check_engine(const ModelConfig& cfg) {
     fail(
         "ModelConfig.eager_ops plans a GPU framework's unfused ops (remat plan --framework torchtitan); the engine "
         "runs its own, so it must be false");
+  if (cfg.deterministic)
+    fail(
+        "ModelConfig.deterministic plans PyTorch's deterministic algorithms on a GPU (remat plan --deterministic); "
+        "the engine's ops are deterministic already, so it must be false");
 }
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options)

@@ -368,10 +368,12 @@ TEST(CrossEntropy, UpcastScratchByHand) {
   EXPECT_EQ(scratch(c, false), 4 + 4 * logits);
   EXPECT_EQ(scratch(c, true), 4 * tokens + 8 * logits);
   const BlockSpec head = make_model(c).head;
-  for (size_t i = 0; i < head.ops.size(); ++i)
-    if (head.ops[i].kind == OpKind::CrossEntropy)
+  for (size_t i = 0; i < head.ops.size(); ++i) {
+    if (head.ops[i].kind == OpKind::CrossEntropy) {
       EXPECT_EQ(op_def(OpKind::CrossEntropy).scratch_tensors(head, head.ops[i], true),
                 (std::vector<int64_t>{4 * tokens, 4 * logits, 4 * logits, -4 * logits}));
+    }
+  }
   c.loss = Loss::Model;
   EXPECT_EQ(scratch(c, false), 4);
   EXPECT_EQ(scratch(c, true), 4 * tokens);

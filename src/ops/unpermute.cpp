@@ -1,7 +1,9 @@
 // unpermute: the experts' outputs, already weighted (weigh), summed back into token order.
 //   in: ys (R, C), slots (..., k) int64   out: y (..., C)
 //   y[t] = sum_j ys[slots[t, j]], j in order; a dropped copy (slot -1) adds nothing.
-//   backward reads slots alone; dys is a fresh tensor (zero in rows no copy names).
+//   backward reads slots alone; dys is a fresh tensor (zero in rows no copy names). Planned as
+//   PyTorch's deterministic index_add (Routing::deterministic), it keeps ys as well, as that
+//   op's autograd does (its gradient of the source is expanded to the source's shape).
 #include <algorithm>
 #include <vector>
 
@@ -105,6 +107,7 @@ extern const OpDef kUnpermute = [] {
   d.name = "unpermute";
   d.n_in = 2, d.n_out = 1;
   d.bwd_reads_in = 0b10;
+  d.bwd_reads_in_of = [](const OpNode& n) { return n.routing.deterministic ? 0b11u : 0b10u; };
   d.grad_in[0] = GradKind::Fresh;
   d.comm = ep::return_comm;  // under expert parallelism (planning): back to the tokens' ranks
   d.forward_scratch = ep::return_buffers;

@@ -230,6 +230,7 @@ std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::v
 // The model as the framework runs it: torchtitan's ops are eager PyTorch's, unfused.
 ModelConfig framework_config(ModelConfig cfg, const Device& device, const PlanOptions& options) {
   cfg.eager_ops = options.framework == Framework::Torchtitan && !device.engine;
+  cfg.deterministic = options.framework == Framework::Megatron && options.deterministic && !device.engine;
   return cfg;
 }
 
@@ -272,7 +273,7 @@ class Evaluator {
   double margin() const {
     if (options_.margin >= 0) return options_.margin;
     if (device_.engine) return 0.0;
-    return routes_experts(cfg_.arch) ? kExpertUncertainty : kAllocatedUncertainty;
+    return kAllocatedUncertainty;
   }
   bool within(int64_t peak, int64_t budget) const {
     return static_cast<double>(peak) * (1 + margin()) <= static_cast<double>(budget);

@@ -646,16 +646,5 @@ TEST(Layouts, ExpertParallelismSplitsTheExpertsAndTimesTheirExchange) {
   for (const LayoutPlan& p : search_layouts(dense, space, d, 50).best) EXPECT_EQ(p.layout.ep, 1);
 }
 
-// A mixture of experts keeps the margin its validation rows found, dense models theirs.
-TEST(Layouts, MixturesOfExpertsKeepTheirValidatedMargin) {
-  const Device d = parse_device("h100-80gb");
-  Layout l;
-  l.dp = 2, l.micro_batch = 1, l.global_batch = 2;
-  EXPECT_EQ(plan_layout(small_moe(), l, d, "none").margin, kExpertUncertainty);
-  ModelConfig dense = small_moe();
-  dense.arch = "llama";
-  EXPECT_EQ(plan_layout(dense, l, d, "none").margin, kAllocatedUncertainty);
-}
-
 }  // namespace
 }  // namespace remat

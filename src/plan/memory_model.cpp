@@ -618,9 +618,12 @@ class StepReplay {
     top_ = std::max(top_, sim_.peak());
   }
 
-  // A parameter's elements on this rank: 1 / world of it when sharded (FSDP2, ZeRO), else all.
+  // A parameter's elements on this rank: when sharded (FSDP2, ZeRO), 1 / world of it, or of a routed
+  // expert's 1 / expert_world (the ranks that hold that expert, as persistent_memory shards them);
+  // else all.
   int64_t owned(const ModelParam& p, bool sharded) const {
-    return sharded ? std::max<int64_t>(1, p.spec->numel() / shape_.world) : p.spec->numel();
+    const int world = p.spec->expert && shape_.expert_world > 0 ? shape_.expert_world : shape_.world;
+    return sharded ? std::max<int64_t>(1, p.spec->numel() / world) : p.spec->numel();
   }
 
   // FSDP2, in the order its hooks run; NOTE [FSDP2]. Its units: each block, and the root (the

@@ -243,5 +243,25 @@ TEST(Fsdp, ForeachAdamHoldsTheGradientsAndSqrtVOfEveryParameter) {
   EXPECT_LT(fsdp_step(c, true).peak, 8 * n);
 }
 
+// The allocator replay (StepShape::cuda) keeps the optimizer state persistent_memory counts: a
+// routed expert's fp32 master copy and Adam moments sharded over the ranks that hold the expert
+// (expert_world), the rest over the world. ZeRO-1 on 4 ranks: with 2 ranks per expert instead of
+// 4, the replay's allocated peak grows by what the optimizer state grows, to the byte.
+TEST(MemoryModel, TheAllocatorReplayShardsExpertStateOverTheirRanks) {
+  ModelConfig c;
+  c.arch = "moe", c.layers = 2, c.dim = 64, c.heads = 4, c.batch = 2, c.seq = 64, c.vocab = 256, c.ffn = 128;
+  c.experts = 4, c.top_k = 2, c.dtype = DType::BF16;
+  auto spec = std::make_shared<const ModelSpec>(make_model(c));
+  const CompiledStep plan = compile_step(spec, Policy::parse("none").resolve(spec->block, c.layers));
+  auto step = [&](int expert_world) {
+    StepShape s;
+    s.world = 4, s.zero = 1, s.expert_world = expert_world, s.grad_buffers = true, s.cuda = true;
+    return simulate_memory(plan, {1, 1}, nullptr, s);
+  };
+  const StepMemory all = step(4), pairs = step(2);
+  ASSERT_GT(pairs.optimizer, all.optimizer);
+  EXPECT_EQ(pairs.allocated_peak - all.allocated_peak, pairs.optimizer - all.optimizer);
+}
+
 }  // namespace
 }  // namespace remat

@@ -93,6 +93,7 @@ bad "model 'deepseek-v3' is not modelled: its multi-head latent attention" plan 
 bad "--fsdp-root 'drop': allowed are reshard (PyTorch 2.8 and later) and keep" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --fsdp-root drop
 bad "--no-fused-wgrad describes Megatron-LM; --framework torchtitan has no such setting" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-fused-wgrad
 bad "--no-grouped-gemm: --arch llama has no experts" plan --model llama2-70b --gpus 16 --device h100-80gb --no-grouped-gemm
+bad "--dispatcher 'flex': allowed are allgather (Megatron-LM's default) and alltoall" plan --model mixtral-8x7b --gpus 64 --device h100-80gb --global-batch 256 --dispatcher flex
 bad "policy 'uniform:1' runs uniform:N segments, which are planned on layouts of one pipeline stage" plan --model llama2-70b --gpus 16 --device h100-80gb --tp 8 --pp 2 --dp 1 --policies uniform:1
 bad "--attn-block must be a positive integer, got 0" bench "${tiny[@]}" --attn-block 0
 bad "--dropout must be in [0, 1), got 1.5" bench "${tiny[@]}" --arch gpt2 --dropout 1.5

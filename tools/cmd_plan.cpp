@@ -28,7 +28,7 @@ struct PlanFlags {
   std::string tokens;
   int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
-  std::string framework = "megatron", cublas_workspace, fsdp_root = "reshard";
+  std::string framework = "megatron", cublas_workspace, fsdp_root = "reshard", dispatcher = "allgather";
   bool no_batch_mask = false, no_fused_wgrad = false, no_grouped_gemm = false, deterministic = false,
        expandable_segments = false, fsdp = false, pure_bf16 = false;
   int zero = -1, top = 5;
@@ -57,6 +57,7 @@ struct PlanFlags {
                           "--no-fused-wgrad",
                           "--no-grouped-gemm",
                           "--deterministic",
+                          "--dispatcher",
                           "--cublas-workspace",
                           "--expandable-segments",
                           "--fsdp",
@@ -377,6 +378,9 @@ PlanOptions plan_options(const PlanFlags& f) {
   opt.fused_wgrad = !f.no_fused_wgrad;
   opt.grouped_gemm = !f.no_grouped_gemm;
   opt.deterministic = f.deterministic;
+  if (f.dispatcher != "allgather" && f.dispatcher != "alltoall")
+    fail("--dispatcher '{}': allowed are allgather (Megatron-LM's default) and alltoall", f.dispatcher);
+  opt.allgather_dispatch = f.dispatcher == "allgather";
   opt.expandable_segments = f.expandable_segments;
   if (f.fsdp_root != "reshard" && f.fsdp_root != "keep")
     fail("--fsdp-root '{}': allowed are reshard (PyTorch 2.8 and later) and keep (before 2.8)", f.fsdp_root);
@@ -407,7 +411,8 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
         "itself; leave --zero out",
         f.zero);
   if (space.fsdp) space.zero = {0};
-  for (const char* flag : {"--no-batch-mask", "--no-fused-wgrad", "--no-grouped-gemm", "--deterministic"})
+  for (const char* flag :
+       {"--no-batch-mask", "--no-fused-wgrad", "--no-grouped-gemm", "--deterministic", "--dispatcher"})
     if (opt.framework != Framework::Megatron && f.app->count(flag) > 0)
       fail("{} describes Megatron-LM; --framework {} has no such setting: leave it out", flag,
            to_string(opt.framework));
@@ -678,6 +683,11 @@ Command add_plan(CLI::App& parent) {
   a->add_flag("--deterministic", f->deterministic,
               "megatron: PyTorch's deterministic algorithms (--deterministic-mode); a mixture of experts' unpermute "
               "then keeps the experts' outputs for its backward (index_add)");
+  a->add_option(
+       "--dispatcher", f->dispatcher,
+       "megatron, moe: the token dispatcher (--moe-token-dispatcher-type): allgather keeps the expert-parallel "
+       "group's gathered tokens in a buffer, alltoall does not")
+      ->capture_default_str();
   a->add_flag("--no-grouped-gemm", f->no_grouped_gemm,
               "megatron, moe: one GEMM per local expert (SequentialMLP, Megatron-LM without --moe-grouped-gemm)");
   a->add_flag("--fsdp", f->fsdp,

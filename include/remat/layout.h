@@ -197,6 +197,8 @@ struct PlanOptions {
   bool grouped_gemm = true;          // Megatron, moe: the local experts run as one grouped GEMM (--moe-grouped-gemm,
                                      // Transformer Engine's GroupedLinear, with a workspace per stream); off: one
                                      // GEMM per expert (SequentialMLP)
+  bool allgather_dispatch = true;    // Megatron, moe: the allgather token dispatcher (Megatron's default), which
+                                     // keeps the group's gathered tokens in a buffer; false: alltoall
   bool deterministic = false;        // Megatron: --deterministic-mode, PyTorch's deterministic algorithms
                                      // (ModelConfig::deterministic: a mixture of experts' unpermute keeps more)
   int64_t cublas_workspace = 0;      // bytes of PyTorch's cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG); 0: its

@@ -66,7 +66,7 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
     // one buffer from Megatron's global memory buffer, kept from the first layer's dispatch on and
     // reused by every layer (token_dispatcher.py, use_global_buffer=True; parallel_state.py
     // GlobalMemoryBuffer).
-    if (routes_experts(c.arch) && l.ep > 1)
+    if (routes_experts(c.arch) && l.ep > 1 && o.allgather_dispatch)
       out.push_back({"gathered tokens (allgather dispatcher)", tokens * l.ep * c.dim * dtype_size(c.dtype),
                      "the expert-parallel group's tokens in the global memory buffer the dispatcher gathers "
                      "them into, kept"});

@@ -506,7 +506,8 @@ TEST(Frameworks, MegatronFixedAllocationsByHand) {
 
 // A mixture of experts under Megatron adds Transformer Engine's grouped-GEMM workspaces (4 streams
 // x (32 MiB + 1 KiB) on Hopper; none with one GEMM per expert) and, under expert parallelism, the
-// allgather dispatcher's kept buffer: the group's tokens, ep x micro-batch x seq rows of dim, bf16.
+// allgather dispatcher's kept buffer: the group's tokens, ep x micro-batch x seq rows of dim, bf16
+// (none with the alltoall dispatcher).
 TEST(Frameworks, MegatronMixtureOfExpertsAllocationsByHand) {
   ModelConfig c;
   c.arch = "moe", c.layers = 2, c.dim = 64, c.heads = 4, c.seq = 128, c.dtype = DType::BF16;
@@ -523,6 +524,9 @@ TEST(Frameworks, MegatronMixtureOfExpertsAllocationsByHand) {
   PlanOptions o;
   o.grouped_gemm = false;
   EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, gathered, batch}));
+  o.allgather_dispatch = false;  // alltoall: nothing kept between layers
+  EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, batch}));
+  o.allgather_dispatch = true;
   l.ep = 1;
   EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, batch}));
 }

@@ -71,6 +71,8 @@ struct OpDef {
   // Where what the backward reads depends on the node: its bits, in place of bwd_reads_in (unpermute
   // planned as PyTorch's deterministic index_add keeps its input). Null: bwd_reads_in.
   unsigned (*bwd_reads_in_of)(const OpNode& node) = nullptr;
+  // The inputs a node's backward reads (bit i: input i), by bwd_reads_in_of or bwd_reads_in.
+  unsigned reads_in(const OpNode& node) const { return bwd_reads_in_of ? bwd_reads_in_of(node) : bwd_reads_in; }
   unsigned bwd_reads_out = 0;           // bit i set: the backward reads output i
   GradKind grad_in[kMaxOpInputs] = {};  // GradKind::None each
   // The kind of a node whose kind depends on the node (rope on a column slice of its input adds into

@@ -59,7 +59,7 @@ std::vector<int> BlockSpec::bwd_reads(int op) const {
   const OpNode& node = ops[op];
   const OpDef& def = op_def(node.kind);
   std::vector<int> ids;
-  const unsigned reads_in = def.bwd_reads_in_of ? def.bwd_reads_in_of(node) : def.bwd_reads_in;
+  const unsigned reads_in = def.reads_in(node);
   for (size_t i = 0; i < node.in.size(); ++i)
     if ((reads_in & (1u << i)) && std::find(ids.begin(), ids.end(), node.in[i]) == ids.end()) ids.push_back(node.in[i]);
   for (size_t i = 0; i < node.out.size(); ++i)

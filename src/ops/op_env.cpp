@@ -105,7 +105,7 @@ uint64_t OpEnv::seed(const OpNode& op) {
 }
 
 const at::Tensor& OpEnv::saved_in(const OpNode& op, int i) const {
-  if (!(op_def(op.kind).bwd_reads_in & (1u << i)))
+  if (!(op_def(op.kind).reads_in(op) & (1u << i)))
     REMAT_INTERNAL("backward of '{}' reads input {}, which its definition does not list", op.name, i);
   return in(op, i);
 }

@@ -26,7 +26,7 @@ struct PlanFlags {
   // Layouts of a multi-GPU run.
   std::string device, policies = "none,attn,attn+mlp-act,full,auto", grad_dtype = "fp32", reserve;
   std::string tokens;
-  int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1, ep = 0;
+  int64_t gpus = 0, tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, global_batch = 0, cp = 1, ep = 0, etp = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
   std::string framework = "megatron", cublas_workspace, fsdp_root = "reshard", dispatcher = "allgather";
   bool no_batch_mask = false, no_fused_wgrad = false, no_grouped_gemm = false, deterministic = false,
@@ -65,7 +65,8 @@ struct PlanFlags {
                           "--pure-bf16",
                           "--first-stage-layers",
                           "--last-stage-layers",
-                          "--ep"})
+                          "--ep",
+                          "--etp"})
       if (app->count(f) > 0) return true;
     return false;
   }
@@ -226,6 +227,7 @@ nlohmann::json plan_json(const LayoutPlan& p) {
             {"last_stage_layers", l.last_layers},
             {"dp", l.dp},
             {"ep", l.ep},
+            {"etp", l.etp},
             {"zero", l.zero},
             {"micro_batch", l.micro_batch},
             {"global_batch", l.batch()},
@@ -339,7 +341,7 @@ void check_layout_flags(const PlanFlags& f) {
     fail("bad --grad-dtype '{}'; allowed: fp32 (Megatron's main_grad), bf16, fp16 (the ZeRO paper's)", f.grad_dtype);
   if (f.top < 1 || f.top > 100) fail("--top must be in 1..100, got {}", f.top);
   // 0 is the library's "searched"; given as a flag it is a mistake (leaving the flag out searches).
-  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp", "--ep",
+  for (const char* flag : {"--gpus", "--tp", "--pp", "--vpp", "--dp", "--micro-batch", "--cp", "--ep", "--etp",
                            "--first-stage-layers", "--last-stage-layers"})
     if (f.app->count(flag) > 0) {
       const int64_t v = f.app->get_option(flag)->as<int64_t>();
@@ -355,7 +357,7 @@ void check_layout_flags(const PlanFlags& f) {
   files.check();
   if (!f.json.empty()) check_writable(f.json);
   if (f.device == "cpu")  // before parse_device, which calibrates this machine once
-    for (const char* flag : {"--tp", "--pp", "--vpp", "--sp", "--ep"})
+    for (const char* flag : {"--tp", "--pp", "--vpp", "--sp", "--ep", "--etp"})
       if (f.app->count(flag) > 0 && (std::string(flag) == "--sp" ? f.sp : f.app->get_option(flag)->as<int64_t>() > 1))
         fail(
             "{} is a GPU layout; --device cpu plans remat's own trainer (data parallel only): leave {} out, or plan "
@@ -403,6 +405,7 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.cp = f.cp;
   space.ep = f.ep;
+  space.etp = f.etp;
   space.first_layers = f.first_stage_layers, space.last_layers = f.last_stage_layers;
   space.fsdp = f.fsdp || opt.framework == Framework::Torchtitan;
   if (space.fsdp && f.zero > 0)
@@ -645,8 +648,11 @@ Command add_plan(CLI::App& parent) {
   a->add_option("--gpus", f->gpus, "devices in all; searches the layouts (or say --tp --pp --dp)");
   a->add_option("--tp", f->tp, "tensor-parallel size (default: searched)");
   a->add_option("--ep", f->ep,
-                "expert-parallel ranks, --arch moe: experts split over the data-parallel ranks "
+                "expert-parallel ranks, --arch moe: experts split over the data- x tensor-parallel ranks over etp "
                 "(default: searched)");
+  a->add_option("--etp", f->etp,
+                "expert-tensor-parallel ranks, --arch moe: each expert's linears split over etp of the tp ranks "
+                "(Megatron-LM's --expert-tensor-parallel-size; default: tp)");
   a->add_flag("--sp,!--no-sp", f->sp, "sequence parallelism on (or off) with tp > 1 (default: searched)");
   a->add_option("--cp", f->cp, "context-parallel ranks: the sequence split, attention in a ring (flash)")
       ->capture_default_str();

@@ -124,6 +124,11 @@ struct ModelConfig {
   // rows as it sent when routing is balanced, `expert_imbalance` times as many on the busiest rank.
   int64_t ep = 1;
   double expert_imbalance = 1.0;
+  // One rank of an expert-tensor-parallel group (planning only; Megatron-LM's
+  // --expert-tensor-parallel-size): each expert's first linears keep ffn / etp of its features and
+  // its second linear sums over them, and the dispatch buffer holds the rows of the group's etp
+  // ranks (all-gathered after the exchange, reduce-scattered before the way back). Divides tp.
+  int64_t etp = 1;
 
   int64_t hidden() const { return ffn > 0 ? ffn : 4 * dim; }
   int64_t head_dim() const { return head_size > 0 ? head_size : dim / heads; }
@@ -138,11 +143,13 @@ struct ModelConfig {
   // divided by tp with sp.
   int64_t local_seq() const { return seq / cp; }
   int64_t rank_seq() const { return sp ? local_seq() / tp : local_seq(); }
-  // moe: rows of the dispatch buffer (tokens x top_k dropless; experts x capacity otherwise) and
-  // the rows each expert takes under a capacity factor (0: dropless).
+  // moe: rows of the dispatch buffer (tokens x top_k dropless; experts x capacity otherwise; times
+  // etp, the expert-tensor-parallel group's rows) and the rows each expert takes under a capacity
+  // factor (0: dropless).
   int64_t expert_capacity() const;
   int64_t dispatch_rows() const;
   int64_t rank_experts() const { return experts / ep; }
+  int64_t rank_expert_hidden() const { return hidden() / etp; }  // an expert's features on one etp rank
 };
 
 // Throws remat::Error naming the first invalid field ("ModelConfig.heads ...") and what is allowed:

@@ -96,10 +96,13 @@ struct Layout {
   // --decoder-first/last-pipeline-num-layers), the others sharing the rest evenly; 0: all even.
   int64_t first_layers = 0, last_layers = 0;
   int64_t dp = 1;  // data-parallel replicas
-  // Expert-parallel ranks (arch moe): the routed experts split over ep of the dp x cp ranks, which
-  // exchange their tokens in all-to-alls; the experts' parameters are sharded over the
-  // expert-data-parallel ranks, dp x cp / ep (Megatron-LM's EP with expert tensor parallelism 1).
+  // Expert-parallel ranks (arch moe): the routed experts split over ep ranks, which exchange their
+  // tokens in all-to-alls; expert-tensor-parallel ranks (etp, dividing tp): each expert's linears
+  // split over etp ranks of the tensor-parallel group. Megatron-LM's expert grid: the tp x cp x dp
+  // ranks of a stage regrouped as etp x ep x edp; the experts' parameters are sharded over the
+  // expert-data-parallel ranks, edp = dp x cp x tp / (ep x etp).
   int64_t ep = 1;
+  int64_t etp = 1;
   int zero = 0;              // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
   bool fsdp = false;         // FSDP2 over dp x cp instead (torchtitan): sharded fp32 weights as the master
                              // copy, each stage's weights all-gathered for its passes and its gradients
@@ -114,6 +117,8 @@ struct Layout {
   // Ranks the gradients are reduced over and the optimizer state is sharded over: the data- and
   // context-parallel ranks (Megatron-LM's DP x CP group).
   int64_t shards() const { return dp * cp; }
+  // The ranks that hold the same experts' shards: the expert-data-parallel group.
+  int64_t expert_shards() const { return dp * cp * tp / (ep * etp); }
   // Sequences per step.
   int64_t batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
   // Micro-batches per step on each pipeline (gradient accumulation follows).
@@ -238,8 +243,9 @@ struct SearchSpace {
   int64_t max_vpp = 4;
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
-  int64_t ep = 0;  // expert-parallel ranks, arch moe (0: searched over the experts' divisors)
-  int64_t cp = 1;  // context-parallel ranks (not searched)
+  int64_t ep = 0;   // expert-parallel ranks, arch moe (0: searched over the experts' divisors)
+  int64_t etp = 0;  // expert-tensor-parallel ranks, arch moe (0: tp, Megatron-LM's default)
+  int64_t cp = 1;   // context-parallel ranks (not searched)
   int64_t first_layers = 0, last_layers = 0;  // an uneven pipeline's first and last stages (Layout)
   bool fsdp = false;                          // every layout shards with FSDP2 (zero 0)
   int zero_fixed = -1, sp_fixed = -1;

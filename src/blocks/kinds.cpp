@@ -137,6 +137,8 @@ void validate(const ModelConfig& c) {
   validate_split(c);
   if (c.ep != 1 && !kind.routes)
     fail("ModelConfig.ep {} splits experts over ranks; a {} block has none (use arch moe)", c.ep, c.arch);
+  if (c.etp != 1 && !kind.routes)
+    fail("ModelConfig.etp {} splits experts' linears over ranks; a {} block has none (use arch moe)", c.etp, c.arch);
   if (kind.validate) kind.validate(c);
 }
 

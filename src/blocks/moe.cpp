@@ -39,15 +39,20 @@ int expert_linear(Builder& b, const std::string& name, int xs, int rows, int64_t
   return b.op(OpKind::ExpertLinear, name, {xs, rows}, {{name, {c.dispatch_rows(), out}, c.dtype, tags, doc}}, {w})[0];
 }
 
-// The shared expert: a SwiGLU MLP of n2.
+// The shared expert: a SwiGLU MLP of n2, split over the tensor-parallel ranks as the dense MLP is
+// (Megatron-LM's SharedExpertMLP).
 int shared_expert(Builder& b, int n2) {
   const ModelConfig& c = b.cfg();
   constexpr uint32_t kTags = tag::kShared | tag::kMlpInner;
-  const int gate = linear(b, "shared_gate", n2, c.shared_ffn, kTags, "shared expert gate projection", false);
-  const int up = linear(b, "shared_up", n2, c.shared_ffn, kTags, "shared expert up projection", false);
-  const int act = b.op(OpKind::Swiglu, "shared_act", {gate, up},
-                       {{"shared_act", b.btc(c.shared_ffn), c.dtype, kTags, "shared expert silu(gate) * up"}})[0];
-  return linear(b, "shared_down", act, c.dim, kTags, "shared expert down projection", false, Init::ResidualNormal);
+  const int gate = linear(b, "shared_gate", n2, c.shared_ffn, kTags, "shared expert gate projection", false,
+                          Init::Normal, Split::Column);
+  const int up = linear(b, "shared_up", n2, c.shared_ffn, kTags, "shared expert up projection", false, Init::Normal,
+                        Split::Column);
+  const int act =
+      b.op(OpKind::Swiglu, "shared_act", {gate, up},
+           {{"shared_act", b.btc(c.shared_ffn / c.tp), c.dtype, kTags, "shared expert silu(gate) * up"}})[0];
+  return linear(b, "shared_down", act, c.dim, kTags, "shared expert down projection", false, Init::ResidualNormal,
+                Split::Row);
 }
 
 // Router, dispatch, the experts and the combine; plus the shared expert. The experts are SwiGLU
@@ -55,13 +60,14 @@ int shared_expert(Builder& b, int n2) {
 int experts(Builder& b, const DecoderStyle& s, int n2) {
   const ModelConfig& c = b.cfg();
   const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
-  const int64_t rows = c.dispatch_rows(), f = c.hidden();
+  const int64_t rows = c.dispatch_rows(), f = c.rank_expert_hidden();
   // Sinkhorn's weights: a sigmoid for one expert per token, a softmax for more, as they are
   // (Megatron-LM's router.py).
   const bool sinkhorn = c.router == Router::Sinkhorn;
   const bool sigmoid = c.router == Router::Sigmoid || (sinkhorn && c.top_k == 1);
-  const Routing routing{c.experts, c.top_k,  c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
-                        c.ep,      sinkhorn, c.deterministic};
+  Routing routing{c.experts, c.top_k,  c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
+                  c.ep,      sinkhorn, c.deterministic};
+  routing.etp = c.etp;
   const int logits = linear(b, "router", n2, c.experts, tag::kRouter, "router logits", false);
   const std::vector<int> routed =
       b.op(OpKind::Route, "route", {logits},
@@ -133,10 +139,23 @@ void check(const ModelConfig& c) {
     fail("ModelConfig.top_k must be in 1..experts ({}), got {}", c.experts, c.top_k);
   if (c.shared_ffn < 0 || c.shared_ffn > (int64_t{1} << 24))
     fail("ModelConfig.shared_ffn must be in 0..16777216 (0: no shared expert), got {}", c.shared_ffn);
+  if (c.shared_ffn % c.tp != 0)
+    fail(
+        "ModelConfig.shared_ffn {} must be a multiple of tp {}: the shared expert's first linears are split by columns",
+        c.shared_ffn, c.tp);
   if (!(c.capacity_factor >= 0 && c.capacity_factor <= 1024))
     fail("ModelConfig.capacity_factor must be 0 (dropless) or in (0, 1024], got {}", c.capacity_factor);
   if (!(c.aux_loss >= 0 && c.aux_loss <= 1e3)) fail("ModelConfig.aux_loss must be in [0, 1000], got {}", c.aux_loss);
-  if (c.tp > 1) fail("ModelConfig.tp {}: the moe block has no tensor-parallel split of its experts; give tp 1", c.tp);
+  // Megatron-LM's MoELayer refuses to train with tensor parallelism but no sequence parallelism
+  // (moe_layer.py): each rank routes its own seq / tp tokens.
+  if (c.tp > 1 && !c.sp)
+    fail("ModelConfig.tp {} without sp: a mixture of experts routes each rank's share of the sequence; turn on sp",
+         c.tp);
+  if (c.etp < 1 || c.tp % c.etp != 0 || c.hidden() % c.etp != 0)
+    fail(
+        "ModelConfig.etp {} must divide tp ({}) and the experts' width ({}): an expert-tensor-parallel group is a "
+        "part of the tensor-parallel group, each rank holding ffn / etp of every local expert's features",
+        c.etp, c.tp, c.hidden());
   if (c.cp > 1) fail("ModelConfig.cp {}: the moe block is not modelled under context parallelism; give cp 1", c.cp);
   if (c.ep < 1 || c.experts % c.ep != 0)
     fail("ModelConfig.ep {} must divide the experts ({}): each expert-parallel rank holds whole experts", c.ep,

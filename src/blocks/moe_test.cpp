@@ -30,6 +30,40 @@ TEST(Moe, TheDispatchBufferHasItsSizeBeforeTheStep) {
   EXPECT_EQ(capped.param_numel(), dropless.param_numel());
 }
 
+// Expert tensor parallelism (planning): on tp 2 + sp each rank routes its 4 of a sequence's 8
+// tokens, 2 x 4 x 2 = 16 copies; with etp 2 the dispatch buffer holds the group's 32 rows at half
+// the experts' width, with etp 1 its own 16 rows at the whole width. Around the exchange: the 16
+// copies (1024 bytes), the buffer, and with ep 2 and etp 2 this rank's half of it between the
+// all-to-all and the all-gather.
+TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
+  ModelConfig c = tiny("moe");
+  c.tp = 2, c.sp = true, c.etp = 2;
+  auto dispatch = [](const BlockSpec& b) {
+    for (size_t op = 0; op < b.ops.size(); ++op)
+      if (b.ops[op].kind == OpKind::Dispatch) return static_cast<int>(op);
+    return -1;
+  };
+  const BlockSpec split = make_block(c);
+  EXPECT_EQ(split.tensors[split.find("xs")].shape, (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(split.tensors[split.find("act")].shape, (std::vector<int64_t>{32, 32}));
+  const int64_t copies = 16 * 16 * 4, rows = 32 * 16 * 4;
+  EXPECT_EQ(split.forward_scratch(dispatch(split), {}), copies + rows);
+  c.ep = 2;
+  const BlockSpec both = make_block(c);
+  EXPECT_EQ(both.forward_scratch(dispatch(both), {}), copies + rows + rows / 2);
+  // Bytes sent: half of this rank's rows in the all-to-all, half of the buffer in the all-gather.
+  EXPECT_DOUBLE_EQ(both.comm(dispatch(both)).forward, rows / 4 + rows / 2);
+  c.etp = 1, c.shared_ffn = 8;  // the shared expert is split as a dense MLP: 4 of its 8 features
+  const BlockSpec whole = make_block(c);
+  EXPECT_EQ(whole.tensors[whole.find("shared_act")].shape, (std::vector<int64_t>{2, 8, 4}));
+  EXPECT_EQ(whole.tensors[whole.find("xs")].shape, (std::vector<int64_t>{16, 16}));
+  EXPECT_EQ(whole.tensors[whole.find("act")].shape, (std::vector<int64_t>{16, 64}));
+  c.etp = 4;  // more than the tensor-parallel group
+  EXPECT_THROW(make_block(c), Error);
+  c.etp = 2, c.sp = false;  // Megatron-LM's MoE layer refuses tp without sp
+  EXPECT_THROW(make_block(c), Error);
+}
+
 TEST(Moe, PresetsDropWhatTheirMegatronModulesRecompute) {
   ModelConfig c = tiny("moe");
   c.shared_ffn = 8;

@@ -100,7 +100,7 @@ int64_t BlockSpec::eager_saved(int op) const {
 OpComm BlockSpec::comm(int op) const {
   const OpDef& def = op_def(ops[op].kind);
   // Tensor-parallel ops, and the expert-parallel exchanges of dispatch and combine.
-  return def.comm && (ops[op].tp.active() || ops[op].routing.ep > 1) ? def.comm(*this, ops[op]) : OpComm{};
+  return def.comm && (ops[op].tp.active() || ops[op].routing.exchanges()) ? def.comm(*this, ops[op]) : OpComm{};
 }
 
 int64_t BlockSpec::param_bytes(int param) const { return params[param].numel() * dtype_size(dtype); }

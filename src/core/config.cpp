@@ -118,9 +118,9 @@ int64_t ModelConfig::expert_capacity() const {
 }
 
 int64_t ModelConfig::dispatch_rows() const {
-  if (capacity_factor > 0) return rank_experts() * expert_capacity();
+  if (capacity_factor > 0) return rank_experts() * expert_capacity() * etp;
   const int64_t balanced = batch * rank_seq() * top_k;
-  return ep > 1 ? static_cast<int64_t>(std::ceil(static_cast<double>(balanced) * expert_imbalance)) : balanced;
+  return etp * (ep > 1 ? static_cast<int64_t>(std::ceil(static_cast<double>(balanced) * expert_imbalance)) : balanced);
 }
 
 void parse_loss(std::string_view s, ModelConfig& cfg) {
@@ -170,6 +170,7 @@ std::string describe(const ModelConfig& c) {
     if (c.router != Router::Softmax) s += fmt::format(" router={}", to_string(c.router));
     if (c.expert_weights != ExpertWeights::Combine) s += fmt::format(" weights={}", to_string(c.expert_weights));
     if (c.ep > 1) s += fmt::format(" ep={}", c.ep);
+    if (c.etp > 1) s += fmt::format(" etp={}", c.etp);
   }
   if (c.tp > 1) s += fmt::format(" tp={}{}", c.tp, c.sp ? "+sp" : "");
   return s;

@@ -55,6 +55,9 @@ void check_engine(const ModelConfig& cfg) {
     fail("ModelConfig.cp {}: context parallelism is planned (remat plan --cp), not run; the engine runs cp 1", cfg.cp);
   if (cfg.ep > 1)
     fail("ModelConfig.ep {}: expert parallelism is planned (remat plan --ep), not run; the engine runs ep 1", cfg.ep);
+  if (cfg.etp > 1)
+    fail("ModelConfig.etp {}: expert tensor parallelism is planned (remat plan --etp), not run; the engine runs etp 1",
+         cfg.etp);
   if (cfg.eager_ops)
     fail(
         "ModelConfig.eager_ops plans a GPU framework's unfused ops (remat plan --framework torchtitan); the engine "

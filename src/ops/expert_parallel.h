@@ -1,5 +1,6 @@
 // What dispatch and combine share under expert parallelism (internal, planning): the all-to-all
-// that carries the dispatched rows between the ranks of an expert-parallel group, and its buffers.
+// that carries the dispatched rows between the ranks of an expert-parallel group, the all-gather
+// over the expert-tensor-parallel ranks after it, and their buffers.
 // See block.h, Routing.
 #pragma once
 
@@ -10,18 +11,24 @@
 
 namespace remat::ops::ep {
 
-// Bytes one rank sends in an all-to-all of `bytes` over routing.ep ranks, forward and again for the
-// gradients: the (ep - 1) / ep of them that are not its own. Nothing at ep 1.
+// Bytes one rank sends for a dispatch buffer of `bytes` (the etp group's rows), forward and again
+// for the gradients: the all-to-all over routing.ep ranks of its own rows (bytes / etp), the
+// (ep - 1) / ep of them that are not its own, then the all-gather over the etp ranks (or, on the
+// way back, the reduce-scatter) of the whole. Nothing at ep 1 and etp 1.
 inline OpComm all_to_all(const Routing& r, int64_t bytes) {
-  if (r.ep <= 1) return {};
-  const double sent = static_cast<double>(r.ep - 1) / static_cast<double>(r.ep) * static_cast<double>(bytes);
+  const double own = static_cast<double>(bytes) / static_cast<double>(r.etp);
+  const double sent = static_cast<double>(r.ep - 1) / static_cast<double>(r.ep) * own +
+                      static_cast<double>(r.etp - 1) / static_cast<double>(r.etp) * static_cast<double>(bytes);
   return {sent, sent};
 }
 
 // The exchange's buffers, alive around it: this rank's token copies in expert order (`copies`
-// bytes) on one side, the rows of the buffer (`rows` bytes) on the other. Nothing at ep 1.
+// bytes) on one side, the rows of the buffer (`rows` bytes, the etp group's) on the other, and
+// between them, with both ep and etp above 1, this rank's rows of it (the all-to-all's output and
+// the all-gather's input; the reduce-scatter's output on the way back). Nothing at ep 1 and etp 1.
 inline int64_t exchange_buffers(const Routing& r, int64_t copies, int64_t rows) {
-  return r.ep <= 1 ? 0 : copies + rows;
+  if (!r.exchanges()) return 0;
+  return copies + rows + (r.ep > 1 && r.etp > 1 ? rows / r.etp : 0);
 }
 
 // The experts' outputs (input 0 of combine or unpermute, R x C) going back to their tokens' ranks:

@@ -62,12 +62,14 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
     if (routes_experts(c.arch) && o.grouped_gemm)
       out.push_back({"cuBLAS workspaces (grouped GEMM, Transformer Engine)", 4 * (te_workspace + 1024),
                      "Transformer Engine's workspaces for the experts' grouped GEMM, one per stream of 4"});
-    // The default token dispatcher (allgather) gathers the tokens of the expert-parallel group into
-    // one buffer from Megatron's global memory buffer, kept from the first layer's dispatch on and
-    // reused by every layer (token_dispatcher.py, use_global_buffer=True; parallel_state.py
-    // GlobalMemoryBuffer).
-    if (routes_experts(c.arch) && l.ep > 1 && o.allgather_dispatch)
-      out.push_back({"gathered tokens (allgather dispatcher)", tokens * l.ep * c.dim * dtype_size(c.dtype),
+    // The default token dispatcher (allgather) gathers the tokens of the expert-tensor- and
+    // expert-parallel group (etp x ep ranks, each with its seq / tp share under sequence
+    // parallelism) into one buffer from Megatron's global memory buffer, kept from the first
+    // layer's dispatch on and reused by every layer (token_dispatcher.py, use_global_buffer=True;
+    // parallel_state.py GlobalMemoryBuffer).
+    const int64_t group = l.ep * l.etp, rank_tokens = l.sp ? tokens / l.tp : tokens;
+    if (routes_experts(c.arch) && group > 1 && o.allgather_dispatch)
+      out.push_back({"gathered tokens (allgather dispatcher)", rank_tokens * group * c.dim * dtype_size(c.dtype),
                      "the expert-parallel group's tokens in the global memory buffer the dispatcher gathers "
                      "them into, kept"});
     // megatron/core/utils.py get_batch_on_this_tp_rank: the first stage gets tokens and position
@@ -115,9 +117,12 @@ std::vector<Allocation> outside_allocator(const Device& d, const Layout& l) {
   // Expert parallelism: NCCL's all-to-all is a send and a receive to every other rank of the group,
   // point-to-point buffers as above for each of the ep - 1 peers; the experts' gradients are
   // reduced over a ring of their own, the expert-data-parallel group.
-  if (l.ep > 1) {
+  // Expert tensor parallelism: a ring of its own (Megatron-LM makes the group apart from the
+  // tensor-parallel one, as every process group is one NCCL communicator).
+  if (l.ep > 1 || l.etp > 1) {
     nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * 8 * 4 * MiB);
-    nccl("expert-data-parallel group", l.shards() / l.ep, ring);
+    nccl("expert-tensor-parallel group", l.etp, ring);
+    nccl("expert-data-parallel group", l.expert_shards(), ring);
   }
   return out;
 }

@@ -42,6 +42,7 @@ std::string to_string(const Layout& l) {
   if (l.uneven()) s += fmt::format(" ({} | ... | {} layers)", l.first_layers, l.last_layers);
   s += fmt::format(", dp {}", l.dp);
   if (l.ep > 1) s += fmt::format(", ep {}", l.ep);
+  if (l.etp != l.tp && (l.ep > 1 || l.etp > 1)) s += fmt::format(", etp {}", l.etp);
   if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
   if (l.fsdp) s += ", fsdp";
   s += fmt::format(", micro-batch {} x {}", l.micro_batch, l.micro_batches());
@@ -78,7 +79,7 @@ void validate_stages(const Layout& l, const ModelConfig& cfg) {
 
 // What remat's own engine and trainer run (device cpu).
 void validate_on_engine(const Layout& l, const ModelConfig& cfg) {
-  if (l.tp > 1 || l.pp > 1 || l.cp > 1 || l.ep > 1)
+  if (l.tp > 1 || l.pp > 1 || l.cp > 1 || l.ep > 1 || l.etp > 1)
     fail(
         "device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
         "pp {} for a GPU --device",
@@ -99,6 +100,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   positive("vpp", l.vpp);
   positive("dp", l.dp);
   positive("ep", l.ep);
+  positive("etp", l.etp);
   positive("micro_batch", l.micro_batch);
   if (l.global_batch < 0 || l.global_batch > kMaxGlobalBatch)
     fail("Layout.global_batch must be in 0..{} (0 = micro_batch * dp), got {}", kMaxGlobalBatch, l.global_batch);
@@ -133,14 +135,19 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
         "Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
         "zero 0 or 1 with pipelines",
         l.zero, l.pp);
-  if (l.ep > 1 && l.shards() % l.ep != 0)
-    fail("Layout.ep {} must divide the data- x context-parallel ranks ({} x {}): experts are split over them", l.ep,
-         l.dp, l.cp);
+  if (l.tp % l.etp != 0)
+    fail("Layout.etp {} must divide tp {}: the expert-tensor-parallel group is a part of the tensor-parallel group",
+         l.etp, l.tp);
+  if ((l.shards() * l.tp / l.etp) % l.ep != 0)
+    fail(
+        "Layout.ep {} must divide the data- x context- x tensor-parallel ranks over etp ({} x {} x {} / {}): experts "
+        "are split over them",
+        l.ep, l.dp, l.cp, l.tp, l.etp);
   if (l.ep > 1 && l.fsdp)
     fail("Layout.ep {} with FSDP is not modelled; plan experts with zero 0-1 (Megatron-LM)", l.ep);
   {
     ModelConfig at = cfg;  // what the block kind supports at this split
-    at.tp = l.tp, at.sp = l.sp, at.cp = l.cp, at.ep = l.ep;
+    at.tp = l.tp, at.sp = l.sp, at.cp = l.cp, at.ep = l.ep, at.etp = l.etp;
     remat::validate(at);
   }
   if (device.engine) validate_on_engine(l, cfg);
@@ -177,15 +184,16 @@ std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, con
   s->cfg.sp = l.sp;
   s->cfg.cp = l.cp;
   s->cfg.ep = l.ep;
+  s->cfg.etp = l.etp;
   s->cfg.batch = l.micro_batch;
   s->spec = std::make_shared<const ModelSpec>(make_model(s->cfg));
   s->rates = rates_of(device, cfg.dtype);
   if (!(s->rates.link_gbps > 0)) s->rates.link_gbps = s->rates.memory_gbps;  // tp 1: no collectives to time
   const BlockSpec& b = s->spec->block;
-  // An expert-parallel group's ranks are tp x cp apart (Megatron-LM's order tp, cp, ep, dp, pp):
-  // its all-to-alls cross nodes once tp x cp x ep passes a node.
+  // An expert-parallel group's ranks are etp apart (Megatron-LM's expert grid, in the order etp,
+  // ep, edp, pp): its all-to-alls cross nodes once etp x ep passes a node.
   const double ep_gbps =
-      (l.tp * l.cp * l.ep > device.gpus_per_node ? device.inter_gbps : device.intra_gbps) * device.link_efficiency;
+      (l.etp * l.ep > device.gpus_per_node ? device.inter_gbps : device.intra_gbps) * device.link_efficiency;
   s->rates.expert_gbps = ep_gbps;
   for (size_t op = 0; op < b.ops.size(); ++op) {
     s->costs.block.push_back(estimate_op(b, static_cast<int>(op), s->rates));
@@ -243,7 +251,7 @@ class Evaluator {
         params_(make_model(cfg).param_numel()) {}
 
   Shapes& shapes(const Layout& l) {
-    const auto key = std::make_tuple((l.tp * 4096 + l.cp) * 4096 + l.ep, l.sp, l.micro_batch);
+    const auto key = std::make_tuple(((l.tp * 4096 + l.cp) * 4096 + l.ep) * 4096 + l.etp, l.sp, l.micro_batch);
     auto it = shapes_.find(key);
     if (it == shapes_.end()) it = shapes_.emplace(key, make_shapes(cfg_, l, device_)).first;
     return *it->second;
@@ -292,8 +300,8 @@ class Evaluator {
   // Memoized by everything the replay reads: the layout, the stage and its layers' choices (the
   // search and each stage's policy search ask for the same replay many times).
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp,
-                                  l.vpp, l.dp, l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage, l.ep);
+    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp,
+                                  l.vpp, l.dp, l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage, l.ep, l.etp);
     for (const LayerRange& c : stage_layers(cfg_.layers, l, stage))
       for (int64_t x = c.first; x < c.end; ++x)
         for (const TensorPolicy& t : layers.layers[x].tensors) key += t.choice == Choice::Save ? '1' : '0';
@@ -316,7 +324,7 @@ class Evaluator {
       shape.scaled_loss = m * l.shards() > 1;
       shape.world = static_cast<int>(l.shards());
       shape.rank = largest_shard(numel, l.shards());
-      shape.expert_world = static_cast<int>(l.shards() / l.ep);
+      shape.expert_world = static_cast<int>(l.expert_shards());
       shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad;
       shape.fsdp = l.fsdp;
       shape.fsdp_reshard = l.pp == 1;  // torchtitan keeps a pipeline stage's weights gathered
@@ -408,7 +416,7 @@ class Evaluator {
     // The frontier's choice sets are those of the first micro-batch size planned at this split
     // (sizes scale with the micro-batch; computing it is the search's dearest step), priced and
     // ordered on this one's ops.
-    auto& frontier = frontiers_[{l.tp * 4096 + l.ep, l.sp}];
+    auto& frontier = frontiers_[{(l.tp * 4096 + l.ep) * 4096 + l.etp, l.sp}];
     if (frontier.empty()) frontier = block_frontier(sh.spec->block, sh.costs, keep_everything(sh.spec->block));
     if (sh.frontier.empty()) {
       sh.frontier = frontier;
@@ -597,7 +605,7 @@ class Evaluator {
   int64_t params_ = 0;  // the whole model's
   std::map<std::tuple<int64_t, bool, int64_t>, std::unique_ptr<Shapes>> shapes_;
   std::unordered_map<std::string, StepMemory> memo_;
-  std::map<std::pair<int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by (tp and ep, sp)
+  std::map<std::pair<int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by (tp, ep and etp, sp)
   int64_t evaluated_ = 0;
 };
 
@@ -616,6 +624,8 @@ void check_search_space(const SearchSpace& space, int top) {
                          {"pp", space.pp},
                          {"dp", space.dp},
                          {"vpp", space.vpp},
+                         {"ep", space.ep},
+                         {"etp", space.etp},
                          {"micro_batch", space.micro_batch}})
     if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 1..{} (0: searched), got {}", name, kMostGpus, v);
   if (space.zero_fixed < -1 || space.zero_fixed > 3)
@@ -630,13 +640,15 @@ void check_search_space(const SearchSpace& space, int top) {
   if (top < 1) fail("search_layouts: top must be >= 1, got {}", top);
 }
 
-// Expert parallelism: the experts' divisors that divide the dp x cp ranks (an explicit one is
-// evaluated whatever they are: validate() says why it does not fit).
-std::vector<int64_t> expert_parallel_sizes(const ModelConfig& cfg, const SearchSpace& space, int64_t dp) {
+// Expert parallelism: the experts' divisors that divide the dp x cp x tp / etp ranks (an explicit
+// one is evaluated whatever they are: validate() says why it does not fit).
+std::vector<int64_t> expert_parallel_sizes(const ModelConfig& cfg, const SearchSpace& space, int64_t dp, int64_t tp,
+                                           int64_t etp) {
   if (space.ep > 0) return {space.ep};
+  if (tp % etp != 0) return {1};  // validate() names the etp
   std::vector<int64_t> eps;
   for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
-    if ((dp * space.cp) % ep == 0) eps.push_back(ep);
+    if ((dp * space.cp * tp / etp) % ep == 0) eps.push_back(ep);
   return eps;
 }
 
@@ -697,9 +709,10 @@ std::vector<Layout> candidate_layouts(const ModelConfig& cfg, const SearchSpace&
         if ((space.gpus / tp) % (pp * space.cp) != 0) continue;
         const int64_t dp = space.gpus / (tp * space.cp * pp);
         if (space.dp > 0 && dp != space.dp) continue;
-        for (int64_t ep : expert_parallel_sizes(cfg, space, dp)) {
+        const int64_t etp = space.etp > 0 ? space.etp : routes_experts(cfg.arch) ? tp : 1;
+        for (int64_t ep : expert_parallel_sizes(cfg, space, dp, tp, etp)) {
           Layout l;
-          l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.dp = dp, l.ep = ep;
+          l.tp = tp, l.sp = sp != 0, l.cp = space.cp, l.pp = pp, l.dp = dp, l.ep = ep, l.etp = etp;
           add_layouts(cfg, space, device, l, layouts, refused);
         }
       }

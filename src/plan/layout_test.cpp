@@ -529,6 +529,35 @@ TEST(Frameworks, MegatronMixtureOfExpertsAllocationsByHand) {
   o.allgather_dispatch = true;
   l.ep = 1;
   EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, batch}));
+  // tp 2 + sp: each rank's half of the tokens, gathered from the etp x ep ranks of the
+  // expert-tensor- and expert-parallel group.
+  l.tp = 2, l.sp = true, l.etp = 1, l.ep = 2;
+  EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, tokens / 2 * 2 * 64 * 2, batch}));
+  l.etp = 2, l.ep = 1;
+  EXPECT_EQ(bytes(o), (std::vector<int64_t>{2 * 32 * MiB, 32 * MiB, tokens / 2 * 2 * 64 * 2, batch}));
+}
+
+// Megatron-LM's expert grid regroups a stage's tp x cp x dp ranks as etp x ep x edp: on tp 2 and
+// dp 4, ep 2 with etp 2 leaves edp 2, and so does ep 4 with etp 1; etp must divide tp, and ep the
+// ranks over etp.
+TEST(Layouts, TheExpertGridRegroupsTheStagesRanks) {
+  ModelConfig c;
+  c.arch = "moe", c.layers = 2, c.dim = 64, c.heads = 4, c.seq = 128, c.dtype = DType::BF16;
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.tp = 2, l.sp = true, l.dp = 4, l.micro_batch = 1, l.global_batch = 4, l.ep = 2, l.etp = 2;
+  EXPECT_EQ(l.expert_shards(), 2);
+  EXPECT_NO_THROW(validate(l, c, d));
+  l.ep = 4, l.etp = 1;
+  EXPECT_EQ(l.expert_shards(), 2);
+  EXPECT_NO_THROW(validate(l, c, d));
+  l.ep = 4, l.etp = 2;  // the 8 ranks over etp 2 hold ep 4, edp 1
+  EXPECT_EQ(l.expert_shards(), 1);
+  EXPECT_NO_THROW(validate(l, c, d));
+  l.ep = 8;
+  EXPECT_THROW(validate(l, c, d), Error);
+  l.ep = 2, l.etp = 4;
+  EXPECT_THROW(validate(l, c, d), Error);
 }
 
 // torchtitan's Llama keeps its RoPE table, freqs_cis, as a buffer: complex64 (8 bytes) for each of
@@ -567,6 +596,8 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   EXPECT_EQ(total(l), 512 * MiB + 2 * ring + 64 * MiB);
   l.dp = 1, l.cp = 2;  // its own ring, and the dp x cp group's
   EXPECT_EQ(total(l), 512 * MiB + 3 * ring + 64 * MiB);
+  l.cp = 1, l.pp = 1, l.dp = 4, l.ep = 2, l.etp = 2;  // tp 2: tp, dp, etp and edp (2) rings, ep's one peer
+  EXPECT_EQ(total(l), 512 * MiB + 4 * ring + 32 * MiB);
   EXPECT_TRUE(outside_allocator(parse_device("cpu"), l).empty());
 }
 

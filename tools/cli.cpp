@@ -71,6 +71,10 @@ void ShapeFlags::add_planning(CLI::App* a) {
                 "a Hugging Face config.json (Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX); flags override it");
   a->add_option("--vocab", cfg.vocab, "token models: vocabulary size")->capture_default_str();
   a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
+  a->add_option("--router-dtype", router_dtype,
+                "moe: model (the router's logits and weights in the model's dtype) or fp32 (Megatron-LM's "
+                "--moe-router-dtype fp32: fp32 logits, weights, and the weighted products and combine they make)")
+      ->capture_default_str();
   a->add_option("--expert-imbalance", cfg.expert_imbalance,
                 "moe with --ep: the busiest expert-parallel rank's dispatched rows over the mean (1 = balanced)")
       ->capture_default_str();
@@ -121,6 +125,9 @@ ModelConfig ShapeFlags::resolve() {
   }
   if (!loss.empty()) parse_loss(loss, cfg);
   cfg.router = parse_router(router);
+  if (router_dtype != "model" && router_dtype != "fp32")
+    fail("unknown --router-dtype '{}'; allowed: model, fp32", router_dtype);
+  cfg.router_fp32 = router_dtype == "fp32";
   cfg.expert_weights = parse_expert_weights(expert_weights);
   if (attention.find(',') != std::string::npos && !lists_attention)
     fail("--attention takes one of math, flash here, got '{}'; remat bench takes a list", attention);

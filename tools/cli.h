@@ -35,6 +35,7 @@ struct ShapeFlags {
   std::string attention = "math";
   std::string norm, positions, mlp, qkv, loss;  // "" = the kind's
   std::string router = "softmax";
+  std::string router_dtype = "model";
   std::string expert_weights = "combine";
   bool bias_flag = false, tied_flag = false;
   std::string model;         // plan: a preset (remat/models.h)

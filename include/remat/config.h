@@ -115,6 +115,10 @@ struct ModelConfig {
   bool norm_topk = true;   // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
   double aux_loss = 0.01;  // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
   ExpertWeights expert_weights = ExpertWeights::Combine;
+  // The router's logits and routing weights in fp32 whatever the model's dtype (Megatron-LM's
+  // --moe-router-dtype fp32): the weighted activation is made in fp32 and cast back, and the
+  // experts' outputs go back to their tokens as an fp32 copy. Nothing changes at dtype fp32.
+  bool router_fp32 = false;
   // Planning only (the engine refuses it): PyTorch's deterministic algorithms, as Megatron-LM's
   // --deterministic-mode turns them on. Its unpermute then sums the experts' outputs back with
   // index_add, whose backward keeps them (rows x dim), where scatter_add keeps its indices only.

@@ -39,11 +39,18 @@ int expert_linear(Builder& b, const std::string& name, int xs, int rows, int64_t
   return b.op(OpKind::ExpertLinear, name, {xs, rows}, {{name, {c.dispatch_rows(), out}, c.dtype, tags, doc}}, {w})[0];
 }
 
-// The shared expert: a SwiGLU MLP of n2, split over the tensor-parallel ranks as the dense MLP is
-// (Megatron-LM's SharedExpertMLP).
-int shared_expert(Builder& b, int n2) {
+// The shared expert: an MLP of n2 with the experts' activation (SwiGLU, or GELU), split over the
+// tensor-parallel ranks as the dense MLP is (Megatron-LM's SharedExpertMLP).
+int shared_expert(Builder& b, const DecoderStyle& s, int n2) {
   const ModelConfig& c = b.cfg();
   constexpr uint32_t kTags = tag::kShared | tag::kMlpInner;
+  if (!s.swiglu) {
+    const int fc = linear(b, "shared_fc", n2, c.shared_ffn, kTags, "shared expert first linear (GELU input)", false,
+                          Init::Normal, Split::Column);
+    const int act = unary(b, OpKind::Gelu, "shared_act", fc, kTags, "shared expert GELU output");
+    return linear(b, "shared_down", act, c.dim, kTags, "shared expert second linear", false, Init::ResidualNormal,
+                  Split::Row);
+  }
   const int gate = linear(b, "shared_gate", n2, c.shared_ffn, kTags, "shared expert gate projection", false,
                           Init::Normal, Split::Column);
   const int up = linear(b, "shared_up", n2, c.shared_ffn, kTags, "shared expert up projection", false, Init::Normal,
@@ -68,10 +75,16 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
   Routing routing{c.experts, c.top_k,  c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
                   c.ep,      sinkhorn, c.deterministic};
   routing.etp = c.etp;
-  const int logits = linear(b, "router", n2, c.experts, tag::kRouter, "router logits", false);
+  routing.fp32_return = c.router_fp32 && c.dtype != DType::F32;
+  const DType weights = c.router_fp32 ? DType::F32 : c.dtype;
+  // The router's logits; with ModelConfig::router_fp32 one GEMM with an fp32 output (Megatron-LM's
+  // router_gating_linear).
+  const int logits =
+      b.op(OpKind::Linear, "router", {n2}, {{"router", b.res(c.experts), weights, tag::kRouter, "router logits"}},
+           {{"router.weight", {c.experts, c.dim}, Init::Normal}})[0];
   const std::vector<int> routed =
       b.op(OpKind::Route, "route", {logits},
-           {{"weights", per_token, c.dtype, tag::kRouter, "routing weight of each token's experts"},
+           {{"weights", per_token, weights, tag::kRouter, "routing weight of each token's experts"},
             {"experts", per_token, DType::I64, tag::kRouter, "each token's experts, highest score first"},
             {"probs", b.res(c.experts), DType::F32, tag::kRouter,
              sigmoid ? "router scores (sigmoid)" : "router probabilities (softmax)"}});
@@ -114,7 +127,7 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
                 : b.op(OpKind::Combine, "combine", {down, routed[0], slots},
                        {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
   b.last().routing = routing;
-  if (c.shared_ffn > 0) out = add(b, "moe", out, shared_expert(b, n2), "routed plus shared experts");
+  if (c.shared_ffn > 0) out = add(b, "moe", out, shared_expert(b, s, n2), "routed plus shared experts");
   return out;
 }
 

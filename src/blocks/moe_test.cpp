@@ -64,6 +64,33 @@ TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
   EXPECT_THROW(make_block(c), Error);
 }
 
+// Megatron-LM's --moe-router-dtype fp32 on a bf16 model: the logits and weights are fp32 tensors;
+// weighing the 32 rows of 64 features makes an fp32 product (8192 bytes) in each pass, and the
+// way back starts from an fp32 copy of the 32 x 16 outputs (2048 bytes). A GELU model's shared
+// expert is GELU too.
+TEST(Moe, AnFp32RouterWeighsAndCombinesInFp32) {
+  ModelConfig c = tiny("moe");
+  c.dtype = DType::BF16, c.expert_weights = ExpertWeights::Activation, c.router_fp32 = true;
+  auto op = [](const BlockSpec& b, OpKind kind) {
+    for (size_t i = 0; i < b.ops.size(); ++i)
+      if (b.ops[i].kind == kind) return static_cast<int>(i);
+    return -1;
+  };
+  const BlockSpec fp32 = make_block(c);
+  EXPECT_EQ(fp32.tensors[fp32.find("router")].dtype, DType::F32);
+  EXPECT_EQ(fp32.tensors[fp32.find("weights")].dtype, DType::F32);
+  EXPECT_EQ(fp32.forward_scratch(op(fp32, OpKind::Weigh), {}), 32 * 64 * 4);
+  EXPECT_EQ(fp32.backward_scratch(op(fp32, OpKind::Weigh), {}), 32 * 64 * 4);
+  EXPECT_EQ(fp32.forward_scratch(op(fp32, OpKind::Unpermute), {}), 32 * 16 * 4);
+  c.router_fp32 = false, c.mlp = Mlp::Gelu, c.shared_ffn = 8;
+  const BlockSpec model = make_block(c);
+  EXPECT_EQ(model.tensors[model.find("weights")].dtype, DType::BF16);
+  EXPECT_EQ(model.forward_scratch(op(model, OpKind::Weigh), {}), 0);
+  EXPECT_EQ(model.forward_scratch(op(model, OpKind::Unpermute), {}), 0);
+  EXPECT_GE(model.find("shared_fc"), 0);
+  EXPECT_EQ(model.find("shared_gate"), -1);
+}
+
 TEST(Moe, PresetsDropWhatTheirMegatronModulesRecompute) {
   ModelConfig c = tiny("moe");
   c.shared_ffn = 8;

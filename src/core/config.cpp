@@ -169,6 +169,7 @@ std::string describe(const ModelConfig& c) {
     if (c.capacity_factor > 0) s += fmt::format(" capacity={}", c.capacity_factor);
     if (c.router != Router::Softmax) s += fmt::format(" router={}", to_string(c.router));
     if (c.expert_weights != ExpertWeights::Combine) s += fmt::format(" weights={}", to_string(c.expert_weights));
+    if (c.router_fp32) s += " router-dtype=fp32";
     if (c.ep > 1) s += fmt::format(" ep={}", c.ep);
     if (c.etp > 1) s += fmt::format(" etp={}", c.etp);
   }

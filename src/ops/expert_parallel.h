@@ -32,14 +32,16 @@ inline int64_t exchange_buffers(const Routing& r, int64_t copies, int64_t rows) 
 }
 
 // The experts' outputs (input 0 of combine or unpermute, R x C) going back to their tokens' ranks:
-// the all-to-all's bytes, and its buffers around it (input 1's elements are the token copies).
+// the all-to-all's bytes, and its buffers around it (input 1's elements are the token copies);
+// with Routing::fp32_return, also the outputs' fp32 copy the way back starts from.
 inline OpComm return_comm(const BlockSpec& b, const OpNode& n) {
   return all_to_all(n.routing, b.tensors[n.in[0]].bytes());
 }
 inline int64_t return_buffers(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const TensorSpec& ys = b.tensors[n.in[0]];
   const int64_t copies = b.tensors[n.in[1]].numel() * ys.shape.back() * dtype_size(ys.dtype);
-  return exchange_buffers(n.routing, copies, ys.bytes());
+  const int64_t fp32 = n.routing.fp32_return ? ys.numel() * dtype_size(DType::F32) : 0;
+  return exchange_buffers(n.routing, copies, ys.bytes()) + fp32;
 }
 
 }  // namespace remat::ops::ep

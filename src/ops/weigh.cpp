@@ -107,6 +107,14 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 1, std::move(dw));
 }
 
+// Planning: fp32 weights on half-precision rows (ModelConfig::router_fp32) make the product in
+// fp32 and cast it back (Megatron-LM's experts' bias_act with fp32 probabilities); in backward the
+// gradient of that cast is fp32 too. One fp32 copy of the rows in each pass.
+int64_t fp32_product(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  const TensorSpec &x = b.tensors[n.in[0]], &w = b.tensors[n.in[1]];
+  return w.dtype == DType::F32 && x.dtype != DType::F32 ? x.numel() * dtype_size(DType::F32) : 0;
+}
+
 BlockSpec example() {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.weigh");
@@ -133,6 +141,8 @@ extern const OpDef kWeigh = [] {
   d.bwd_reads_in = 0b111;
   d.grad_in[0] = GradKind::Fresh;
   d.grad_in[1] = GradKind::Fresh;
+  d.forward_scratch = fp32_product;
+  d.backward_scratch = fp32_product;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

@@ -419,6 +419,11 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
     if (opt.framework != Framework::Megatron && f.app->count(flag) > 0)
       fail("{} describes Megatron-LM; --framework {} has no such setting: leave it out", flag,
            to_string(opt.framework));
+  if (opt.framework == Framework::Torchtitan && routes_experts(cfg.arch))
+    fail(
+        "--framework torchtitan is torchtitan at 9dec370 (December 2024), which has no mixture of experts; plan "
+        "--arch {} with --framework megatron",
+        cfg.arch);
   if (f.no_grouped_gemm && !routes_experts(cfg.arch))
     fail("--no-grouped-gemm: --arch {} has no experts; it applies to --arch moe", cfg.arch);
   space.zero_fixed = f.zero;

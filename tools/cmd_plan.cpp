@@ -345,7 +345,9 @@ void check_layout_flags(const PlanFlags& f) {
                            "--first-stage-layers", "--last-stage-layers"})
     if (f.app->count(flag) > 0) {
       const int64_t v = f.app->get_option(flag)->as<int64_t>();
-      if (v < 1 || v > (1 << 20)) fail("{} must be in 1..1048576, got {}; leave it out to search", flag, v);
+      if (v < 1 || v > (1 << 20))
+        fail("{} must be in 1..1048576, got {}; leave it out to {}", flag, v,
+             std::string_view(flag) == "--etp" ? "follow tp" : "search");
     }
   if ((f.app->count("--first-stage-layers") > 0) != (f.app->count("--last-stage-layers") > 0))
     fail(

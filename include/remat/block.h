@@ -90,7 +90,8 @@ struct Routing {
   bool sinkhorn = false;       // experts chosen by scores balanced over the experts (Sinkhorn-Knopp, Megatron-LM's
                                // sinkhorn router), not by the probabilities; the weights are probabilities still
   bool deterministic = false;  // planning: unpermute as PyTorch's deterministic index_add (ModelConfig::deterministic)
-  bool fp32_return = false;    // planning: the experts' outputs go back as an fp32 copy (ModelConfig::router_fp32)
+  bool fp32_return = false;    // planning: fp32 routing weights on a half-precision model (ModelConfig::router_fp32)
+  bool allgather = false;      // planning: Megatron-LM's allgather token dispatcher (ModelConfig::allgather_dispatch)
   int64_t etp = 1;             // expert-tensor-parallel ranks (planning): the dispatch buffer holds their rows,
                                // all-gathered after the exchange and reduce-scattered before the way back
 

@@ -116,9 +116,12 @@ struct ModelConfig {
   double aux_loss = 0.01;  // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
   ExpertWeights expert_weights = ExpertWeights::Combine;
   // The router's logits and routing weights in fp32 whatever the model's dtype (Megatron-LM's
-  // --moe-router-dtype fp32): the weighted activation is made in fp32 and cast back, and the
-  // experts' outputs go back to their tokens as an fp32 copy. Nothing changes at dtype fp32.
+  // --moe-router-dtype fp32): an unfused weighted activation (GELU's) is made in fp32 and cast
+  // back, and the experts' outputs cross the ranks back as an fp32 copy. Nothing changes at dtype fp32.
   bool router_fp32 = false;
+  // Planning only: Megatron-LM's allgather token dispatcher (its default), which gathers the
+  // tokens of the etp x ep ranks instead of exchanging rows in all-to-alls (ops/expert_parallel.h).
+  bool allgather_dispatch = false;
   // Planning only (the engine refuses it): PyTorch's deterministic algorithms, as Megatron-LM's
   // --deterministic-mode turns them on. Its unpermute then sums the experts' outputs back with
   // index_add, whose backward keeps them (rows x dim), where scatter_add keeps its indices only.

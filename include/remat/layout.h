@@ -102,7 +102,7 @@ struct Layout {
   // ranks of a stage regrouped as etp x ep x edp; the experts' parameters are sharded over the
   // expert-data-parallel ranks, edp = dp x cp x tp / (ep x etp).
   int64_t ep = 1;
-  int64_t etp = 1;
+  int64_t etp = 1;           // 1 here; search_layouts takes SearchSpace::etp, tp unless given (Megatron-LM's default)
   int zero = 0;              // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
   bool fsdp = false;         // FSDP2 over dp x cp instead (torchtitan): sharded fp32 weights as the master
                              // copy, each stage's weights all-gathered for its passes and its gradients

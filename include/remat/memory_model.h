@@ -66,7 +66,7 @@ struct StepShape {
   // gathered for its forward and again for its backward).
   int zero = 0;
   // Ranks the routed experts' parameters are sharded over instead (Megatron-LM's expert-data-parallel
-  // group: world / ep); 0: world.
+  // group, Layout::expert_shards); 0: world.
   int expert_world = 0;
   int64_t extra_buffers = 0;  // other persistent buffers of the trainer (the loss's all-reduce)
   bool grad_buffers = false;  // gradients go to persistent buffers even with world 1 (Megatron's main_grad)

@@ -62,24 +62,24 @@ int attention(Builder& b, const DecoderStyle& s, int n1) {
   return core_attention(b, q, k, v, attention_layout(c, /*causal=*/true, 0, 0, 0));
 }
 
-// The MLP's activation: GELU of fc, or silu(gate) * up.
-int mlp_activation(Builder& b, const DecoderStyle& s, int n2) {
+}  // namespace
+
+int decoder_mlp_activation(Builder& b, const DecoderStyle& s, int n2, const std::string& prefix,
+                           const std::string& what, int64_t width, uint32_t tags, uint32_t act_tags) {
   const ModelConfig& c = b.cfg();
   if (!s.swiglu) {
-    const int fc = linear(b, "fc", n2, c.hidden(), tag::kMlpInner, "MLP first linear (GELU input)", s.bias,
-                          Init::Normal, Split::Column);
-    return unary(b, OpKind::Gelu, "act", fc, tag::kMlpAct | tag::kMlpInner, "MLP activation (GELU output)");
+    const int fc = linear(b, prefix + "fc", n2, width, tags, what + " first linear (GELU input)", s.bias, Init::Normal,
+                          Split::Column);
+    return unary(b, OpKind::Gelu, prefix + "act", fc, tags | act_tags, what + " activation (GELU output)");
   }
   const int gate =
-      linear(b, "gate", n2, c.hidden(), tag::kMlpInner, "MLP gate projection", s.bias, Init::Normal, Split::Column);
+      linear(b, prefix + "gate", n2, width, tags, what + " gate projection", s.bias, Init::Normal, Split::Column);
   const int up =
-      linear(b, "up", n2, c.hidden(), tag::kMlpInner, "MLP up projection", s.bias, Init::Normal, Split::Column);
+      linear(b, prefix + "up", n2, width, tags, what + " up projection", s.bias, Init::Normal, Split::Column);
   return b.op(
-      OpKind::Swiglu, "act", {gate, up},
-      {{"act", b.btc(c.rank_hidden()), c.dtype, tag::kMlpAct | tag::kMlpInner, "SwiGLU output silu(gate) * up"}})[0];
+      OpKind::Swiglu, prefix + "act", {gate, up},
+      {{prefix + "act", b.btc(width / c.tp), c.dtype, tags | act_tags, what + " SwiGLU output silu(gate) * up"}})[0];
 }
-
-}  // namespace
 
 DecoderStyle resolve_style(const ModelConfig& c, const DecoderStyle& kind) {
   DecoderStyle s = kind;
@@ -142,7 +142,7 @@ BlockSpec decoder_block(const ModelConfig& c, const DecoderStyle& s, const std::
   const int x = b.input("x", b.res(c.dim), c.dtype, "block input (residual stream)");
   const int x2 = decoder_attention(b, s, x);
   const int n2 = decoder_norm2(b, s, x, x2);
-  const int act = mlp_activation(b, s, n2);
+  const int act = decoder_mlp_activation(b, s, n2, "", "MLP", c.hidden(), tag::kMlpInner, tag::kMlpAct);
   int mlp = linear(b, "mlp", act, c.dim, 0, s.swiglu ? "MLP down projection" : "MLP second linear", s.bias,
                    Init::ResidualNormal, Split::Row);
   mlp = dropout(b, "mlp", mlp, tag::kMlpInner, "MLP output");

@@ -45,6 +45,12 @@ int decoder_attention(detail::Builder& b, const DecoderStyle& style, int x);
 // The second norm, of x2 (or of x under a parallel residual).
 int decoder_norm2(detail::Builder& b, const DecoderStyle& style, int x, int x2);
 
+// An MLP of n2 in `style` up to its activation: GELU of fc, or silu(gate) * up, `width` features in
+// all, split by columns over tp. Names take `prefix` ("", "shared_"), docs `what` ("MLP"); every
+// tensor gets `tags`, the activation `act_tags` as well. Returns the activation.
+int decoder_mlp_activation(detail::Builder& b, const DecoderStyle& style, int n2, const std::string& prefix,
+                           const std::string& what, int64_t width, uint32_t tags, uint32_t act_tags);
+
 // What a decoder in `style` supports beyond validate()'s checks: rotary positions turn pairs of
 // head dimensions. Throws remat::Error.
 void check_decoder(const ModelConfig& c, const DecoderStyle& style);

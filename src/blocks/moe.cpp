@@ -44,21 +44,8 @@ int expert_linear(Builder& b, const std::string& name, int xs, int rows, int64_t
 int shared_expert(Builder& b, const DecoderStyle& s, int n2) {
   const ModelConfig& c = b.cfg();
   constexpr uint32_t kTags = tag::kShared | tag::kMlpInner;
-  if (!s.swiglu) {
-    const int fc = linear(b, "shared_fc", n2, c.shared_ffn, kTags, "shared expert first linear (GELU input)", false,
-                          Init::Normal, Split::Column);
-    const int act = unary(b, OpKind::Gelu, "shared_act", fc, kTags, "shared expert GELU output");
-    return linear(b, "shared_down", act, c.dim, kTags, "shared expert second linear", false, Init::ResidualNormal,
-                  Split::Row);
-  }
-  const int gate = linear(b, "shared_gate", n2, c.shared_ffn, kTags, "shared expert gate projection", false,
-                          Init::Normal, Split::Column);
-  const int up = linear(b, "shared_up", n2, c.shared_ffn, kTags, "shared expert up projection", false, Init::Normal,
-                        Split::Column);
-  const int act =
-      b.op(OpKind::Swiglu, "shared_act", {gate, up},
-           {{"shared_act", b.btc(c.shared_ffn / c.tp), c.dtype, kTags, "shared expert silu(gate) * up"}})[0];
-  return linear(b, "shared_down", act, c.dim, kTags, "shared expert down projection", false, Init::ResidualNormal,
+  const int act = decoder_mlp_activation(b, s, n2, "shared_", "shared expert", c.shared_ffn, kTags, 0);
+  return linear(b, "shared_down", act, c.dim, kTags, "shared expert down projection", s.bias, Init::ResidualNormal,
                 Split::Row);
 }
 
@@ -76,6 +63,7 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
                   c.ep,      sinkhorn, c.deterministic};
   routing.etp = c.etp;
   routing.fp32_return = c.router_fp32 && c.dtype != DType::F32;
+  routing.allgather = c.allgather_dispatch;
   const DType weights = c.router_fp32 ? DType::F32 : c.dtype;
   // The router's logits; with ModelConfig::router_fp32 one GEMM with an fp32 output (Megatron-LM's
   // router_gating_linear).

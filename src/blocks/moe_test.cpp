@@ -30,30 +30,39 @@ TEST(Moe, TheDispatchBufferHasItsSizeBeforeTheStep) {
   EXPECT_EQ(capped.param_numel(), dropless.param_numel());
 }
 
+// The first op of `kind` in b.
+int op_of(const BlockSpec& b, OpKind kind) {
+  for (size_t i = 0; i < b.ops.size(); ++i)
+    if (b.ops[i].kind == kind) return static_cast<int>(i);
+  return -1;
+}
+
 // Expert tensor parallelism (planning): on tp 2 + sp each rank routes its 4 of a sequence's 8
 // tokens, 2 x 4 x 2 = 16 copies; with etp 2 the dispatch buffer holds the group's 32 rows at half
-// the experts' width, with etp 1 its own 16 rows at the whole width. Around the exchange: the 16
-// copies (1024 bytes), the buffer, and with ep 2 and etp 2 this rank's half of it between the
-// all-to-all and the all-gather.
+// the experts' width, with etp 1 its own 16 rows at the whole width. The alltoall dispatcher keeps,
+// around the exchange, the 16 copies (1024 bytes), the buffer, and with ep 4 and etp 2 this rank's
+// half of it between the all-to-all and the all-gather; it sends (1 - 1 / (ep etp)) of the buffer.
+// The allgather dispatcher's gathered tokens are a fixed allocation: its way back unpermutes into
+// the 8 x ep x etp gathered rows.
 TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
   ModelConfig c = tiny("moe");
   c.tp = 2, c.sp = true, c.etp = 2;
-  auto dispatch = [](const BlockSpec& b) {
-    for (size_t op = 0; op < b.ops.size(); ++op)
-      if (b.ops[op].kind == OpKind::Dispatch) return static_cast<int>(op);
-    return -1;
-  };
   const BlockSpec split = make_block(c);
+  const int dispatch = op_of(split, OpKind::Dispatch), combine = op_of(split, OpKind::Combine);
   EXPECT_EQ(split.tensors[split.find("xs")].shape, (std::vector<int64_t>{32, 16}));
   EXPECT_EQ(split.tensors[split.find("act")].shape, (std::vector<int64_t>{32, 32}));
   const int64_t copies = 16 * 16 * 4, rows = 32 * 16 * 4;
-  EXPECT_EQ(split.forward_scratch(dispatch(split), {}), copies + rows);
-  c.ep = 2;
+  EXPECT_EQ(split.forward_scratch(dispatch, {}), copies + rows);
+  EXPECT_DOUBLE_EQ(split.comm(dispatch).forward, rows / 2);
+  c.ep = 4;
   const BlockSpec both = make_block(c);
-  EXPECT_EQ(both.forward_scratch(dispatch(both), {}), copies + rows + rows / 2);
-  // Bytes sent: half of this rank's rows in the all-to-all, half of the buffer in the all-gather.
-  EXPECT_DOUBLE_EQ(both.comm(dispatch(both)).forward, rows / 4 + rows / 2);
-  c.etp = 1, c.shared_ffn = 8;  // the shared expert is split as a dense MLP: 4 of its 8 features
+  EXPECT_EQ(both.forward_scratch(dispatch, {}), copies + rows + rows / 2);
+  EXPECT_DOUBLE_EQ(both.comm(dispatch).forward, rows * 7 / 8);
+  c.allgather_dispatch = true;
+  const BlockSpec gathered = make_block(c);
+  EXPECT_EQ(gathered.forward_scratch(dispatch, {}), 0);
+  EXPECT_EQ(gathered.forward_scratch(combine, {}), 8 * 4 * 2 * 16 * 4);
+  c.allgather_dispatch = false, c.etp = 1, c.ep = 2, c.shared_ffn = 8;  // a shared expert splits as a dense MLP
   const BlockSpec whole = make_block(c);
   EXPECT_EQ(whole.tensors[whole.find("shared_act")].shape, (std::vector<int64_t>{2, 8, 4}));
   EXPECT_EQ(whole.tensors[whole.find("xs")].shape, (std::vector<int64_t>{16, 16}));
@@ -64,31 +73,33 @@ TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
   EXPECT_THROW(make_block(c), Error);
 }
 
-// Megatron-LM's --moe-router-dtype fp32 on a bf16 model: the logits and weights are fp32 tensors;
-// weighing the 32 rows of 64 features makes an fp32 product (8192 bytes) in each pass, and the
-// way back starts from an fp32 copy of the 32 x 16 outputs (2048 bytes). A GELU model's shared
-// expert is GELU too.
+// Megatron-LM's --moe-router-dtype fp32 on a bf16 model: the logits and weights are fp32 tensors.
+// Weighing GELU's 32 rows of 64 features makes an fp32 product (8192 bytes) in each pass; a
+// SwiGLU's is weighted inside its fused kernel. The way back runs on an fp32 copy of the experts'
+// outputs only where a collective carries them (tp 2 + sp, etp 2: the 32 x 16 rows, 2048 bytes,
+// beside the copies and the outputs). A GELU model's shared expert is GELU too.
 TEST(Moe, AnFp32RouterWeighsAndCombinesInFp32) {
   ModelConfig c = tiny("moe");
-  c.dtype = DType::BF16, c.expert_weights = ExpertWeights::Activation, c.router_fp32 = true;
-  auto op = [](const BlockSpec& b, OpKind kind) {
-    for (size_t i = 0; i < b.ops.size(); ++i)
-      if (b.ops[i].kind == kind) return static_cast<int>(i);
-    return -1;
-  };
+  c.dtype = DType::BF16, c.expert_weights = ExpertWeights::Activation, c.router_fp32 = true, c.mlp = Mlp::Gelu;
+  c.shared_ffn = 8;
   const BlockSpec fp32 = make_block(c);
+  const int weigh = op_of(fp32, OpKind::Weigh), unpermute = op_of(fp32, OpKind::Unpermute);
   EXPECT_EQ(fp32.tensors[fp32.find("router")].dtype, DType::F32);
   EXPECT_EQ(fp32.tensors[fp32.find("weights")].dtype, DType::F32);
-  EXPECT_EQ(fp32.forward_scratch(op(fp32, OpKind::Weigh), {}), 32 * 64 * 4);
-  EXPECT_EQ(fp32.backward_scratch(op(fp32, OpKind::Weigh), {}), 32 * 64 * 4);
-  EXPECT_EQ(fp32.forward_scratch(op(fp32, OpKind::Unpermute), {}), 32 * 16 * 4);
-  c.router_fp32 = false, c.mlp = Mlp::Gelu, c.shared_ffn = 8;
+  EXPECT_EQ(fp32.forward_scratch(weigh, {}), 32 * 64 * 4);
+  EXPECT_EQ(fp32.backward_scratch(weigh, {}), 32 * 64 * 4);
+  EXPECT_EQ(fp32.forward_scratch(unpermute, {}), 0);
+  EXPECT_GE(fp32.find("shared_fc"), 0);
+  EXPECT_EQ(fp32.find("shared_gate"), -1);
+  c.tp = 2, c.sp = true, c.etp = 2;
+  const BlockSpec split = make_block(c);
+  EXPECT_EQ(split.forward_scratch(op_of(split, OpKind::Unpermute), {}), 16 * 16 * 2 + 32 * 16 * 2 + 32 * 16 * 4);
+  c.tp = 1, c.sp = false, c.etp = 1, c.mlp = Mlp::Swiglu;
+  const BlockSpec fused = make_block(c);
+  EXPECT_EQ(fused.forward_scratch(op_of(fused, OpKind::Weigh), {}), 0);
+  c.router_fp32 = false;
   const BlockSpec model = make_block(c);
   EXPECT_EQ(model.tensors[model.find("weights")].dtype, DType::BF16);
-  EXPECT_EQ(model.forward_scratch(op(model, OpKind::Weigh), {}), 0);
-  EXPECT_EQ(model.forward_scratch(op(model, OpKind::Unpermute), {}), 0);
-  EXPECT_GE(model.find("shared_fc"), 0);
-  EXPECT_EQ(model.find("shared_gate"), -1);
 }
 
 TEST(Moe, PresetsDropWhatTheirMegatronModulesRecompute) {

@@ -108,11 +108,13 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 }
 
 // Planning: fp32 weights on half-precision rows (ModelConfig::router_fp32) make the product in
-// fp32 and cast it back (Megatron-LM's experts' bias_act with fp32 probabilities); in backward the
-// gradient of that cast is fp32 too. One fp32 copy of the rows in each pass.
+// fp32 and cast it back (Megatron-LM's experts' unfused bias_act with fp32 probabilities); in
+// backward the gradient of that cast is fp32 too. One fp32 copy of the rows in each pass. A
+// SwiGLU's product is weighted inside Megatron-LM's fused kernel (weighted_bias_swiglu): none.
 int64_t fp32_product(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const TensorSpec &x = b.tensors[n.in[0]], &w = b.tensors[n.in[1]];
-  return w.dtype == DType::F32 && x.dtype != DType::F32 ? x.numel() * dtype_size(DType::F32) : 0;
+  const bool fused = x.producer >= 0 && b.ops[x.producer].kind == OpKind::Swiglu;
+  return w.dtype == DType::F32 && x.dtype != DType::F32 && !fused ? x.numel() * dtype_size(DType::F32) : 0;
 }
 
 BlockSpec example() {

@@ -68,7 +68,7 @@ double roofline_ms(int64_t flops, int64_t bytes, const MachineRates& r) {
 }  // namespace
 
 double MachineRates::comm_gbps(const BlockSpec& b, int op) const {
-  return b.ops[op].routing.ep > 1 && expert_gbps > 0 ? expert_gbps : link_gbps;
+  return b.ops[op].routing.exchanges() && expert_gbps > 0 ? expert_gbps : link_gbps;
 }
 
 OpTime estimate_op(const BlockSpec& b, int op, const MachineRates& rates) {

@@ -143,6 +143,9 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
         "Layout.ep {} must divide the data- x context- x tensor-parallel ranks over etp ({} x {} x {} / {}): experts "
         "are split over them",
         l.ep, l.dp, l.cp, l.tp, l.etp);
+  if (routes_experts(cfg.arch) && l.fsdp && l.etp != l.tp)
+    fail("Layout.etp {} with FSDP is not modelled: FSDP shards over the data-parallel ranks; give etp = tp ({})", l.etp,
+         l.tp);
   if (l.ep > 1 && l.fsdp)
     fail("Layout.ep {} with FSDP is not modelled; plan experts with zero 0-1 (Megatron-LM)", l.ep);
   {
@@ -239,6 +242,7 @@ std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::v
 ModelConfig framework_config(ModelConfig cfg, const Device& device, const PlanOptions& options) {
   cfg.eager_ops = options.framework == Framework::Torchtitan && !device.engine;
   cfg.deterministic = options.framework == Framework::Megatron && options.deterministic && !device.engine;
+  cfg.allgather_dispatch = options.framework == Framework::Megatron && options.allgather_dispatch && !device.engine;
   return cfg;
 }
 
@@ -251,7 +255,7 @@ class Evaluator {
         params_(make_model(cfg).param_numel()) {}
 
   Shapes& shapes(const Layout& l) {
-    const auto key = std::make_tuple(((l.tp * 4096 + l.cp) * 4096 + l.ep) * 4096 + l.etp, l.sp, l.micro_batch);
+    const auto key = std::make_tuple(l.tp, l.cp, l.ep, l.etp, l.sp, l.micro_batch);
     auto it = shapes_.find(key);
     if (it == shapes_.end()) it = shapes_.emplace(key, make_shapes(cfg_, l, device_)).first;
     return *it->second;
@@ -416,7 +420,7 @@ class Evaluator {
     // The frontier's choice sets are those of the first micro-batch size planned at this split
     // (sizes scale with the micro-batch; computing it is the search's dearest step), priced and
     // ordered on this one's ops.
-    auto& frontier = frontiers_[{(l.tp * 4096 + l.ep) * 4096 + l.etp, l.sp}];
+    auto& frontier = frontiers_[{l.tp, l.ep, l.etp, l.sp}];
     if (frontier.empty()) frontier = block_frontier(sh.spec->block, sh.costs, keep_everything(sh.spec->block));
     if (sh.frontier.empty()) {
       sh.frontier = frontier;
@@ -603,9 +607,9 @@ class Evaluator {
   Device device_;
   PlanOptions options_;
   int64_t params_ = 0;  // the whole model's
-  std::map<std::tuple<int64_t, bool, int64_t>, std::unique_ptr<Shapes>> shapes_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t>, std::unique_ptr<Shapes>> shapes_;
   std::unordered_map<std::string, StepMemory> memo_;
-  std::map<std::pair<int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by (tp, ep and etp, sp)
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::vector<BlockOption>> frontiers_;  // by tp, ep, etp, sp
   int64_t evaluated_ = 0;
 };
 

@@ -506,8 +506,8 @@ TEST(Frameworks, MegatronFixedAllocationsByHand) {
 
 // A mixture of experts under Megatron adds Transformer Engine's grouped-GEMM workspaces (4 streams
 // x (32 MiB + 1 KiB) on Hopper; none with one GEMM per expert) and, under expert parallelism, the
-// allgather dispatcher's kept buffer: the group's tokens, ep x micro-batch x seq rows of dim, bf16
-// (none with the alltoall dispatcher).
+// allgather dispatcher's kept buffer: the group's tokens, etp x ep x micro-batch x seq / tp (with
+// sp) rows of dim, bf16 (none with the alltoall dispatcher).
 TEST(Frameworks, MegatronMixtureOfExpertsAllocationsByHand) {
   ModelConfig c;
   c.arch = "moe", c.layers = 2, c.dim = 64, c.heads = 4, c.seq = 128, c.dtype = DType::BF16;
@@ -556,6 +556,8 @@ TEST(Layouts, TheExpertGridRegroupsTheStagesRanks) {
   EXPECT_NO_THROW(validate(l, c, d));
   l.ep = 8;
   EXPECT_THROW(validate(l, c, d), Error);
+  l.dp = 2, l.global_batch = 2, l.ep = 4, l.etp = 1;  // ep over the tensor-parallel ranks too
+  EXPECT_NO_THROW(validate(l, c, d));
   l.ep = 2, l.etp = 4;
   EXPECT_THROW(validate(l, c, d), Error);
 }

@@ -122,7 +122,9 @@ std::vector<Allocation> outside_allocator(const Device& d, const Layout& l) {
   if (l.ep > 1 || l.etp > 1) {
     nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * 8 * 4 * MiB);
     nccl("expert-tensor-parallel group", l.etp, ring);
-    nccl("expert-data-parallel group", l.expert_shards(), ring);
+    // Megatron-LM reduces the experts' gradients over a group of their own only when they are
+    // sharded unlike the dense parameters (ep > 1, or etp other than tp).
+    if (l.ep > 1 || l.etp != l.tp) nccl("expert-data-parallel group", l.expert_shards(), ring);
   }
   return out;
 }

@@ -600,6 +600,8 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   EXPECT_EQ(total(l), 512 * MiB + 3 * ring + 64 * MiB);
   l.cp = 1, l.pp = 1, l.dp = 4, l.ep = 2, l.etp = 2;  // tp 2: tp, dp, etp and edp (2) rings, ep's one peer
   EXPECT_EQ(total(l), 512 * MiB + 4 * ring + 32 * MiB);
+  l.ep = 1;  // the experts sharded as the dense parameters: no ring of their own
+  EXPECT_EQ(total(l), 512 * MiB + 3 * ring);
   EXPECT_TRUE(outside_allocator(parse_device("cpu"), l).empty());
 }
 

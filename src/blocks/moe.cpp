@@ -152,11 +152,12 @@ void check(const ModelConfig& c) {
   if (c.tp > 1 && !c.sp)
     fail("ModelConfig.tp {} without sp: a mixture of experts routes each rank's share of the sequence; turn on sp",
          c.tp);
-  if (c.etp < 1 || c.tp % c.etp != 0 || c.hidden() % c.etp != 0)
+  // validate() has tp dividing the experts' width, so etp does too.
+  if (c.etp < 1 || c.tp % c.etp != 0)
     fail(
-        "ModelConfig.etp {} must divide tp ({}) and the experts' width ({}): an expert-tensor-parallel group is a "
-        "part of the tensor-parallel group, each rank holding ffn / etp of every local expert's features",
-        c.etp, c.tp, c.hidden());
+        "ModelConfig.etp {} must divide tp {}: an expert-tensor-parallel group is a part of the tensor-parallel "
+        "group, each rank holding ffn / etp of every local expert's features",
+        c.etp, c.tp);
   if (c.cp > 1) fail("ModelConfig.cp {}: the moe block is not modelled under context parallelism; give cp 1", c.cp);
   if (c.ep < 1 || c.experts % c.ep != 0)
     fail("ModelConfig.ep {} must divide the experts ({}): each expert-parallel rank holds whole experts", c.ep,

@@ -108,9 +108,10 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   e.set_grad(op, 0, std::move(dx));
 }
 
-// Under expert parallelism (planning) the buffer's rows arrive from the group in an all-to-all
-// (ops/expert_parallel.h): the copies in expert order sent, those received before they are grouped
-// by local expert (Megatron-LM's permute, all-to-all, sort by expert).
+// Under expert parallelism (planning) the buffer's rows arrive from the group as the token
+// dispatcher moves them (ops/expert_parallel.h): the alltoall dispatcher's copies in expert order
+// sent, those received and gathered before they are grouped by local expert (Megatron-LM's
+// permute, all-to-all, all-gather, sort by expert); the allgather dispatcher's kept buffer.
 OpComm comm(const BlockSpec& b, const OpNode& n) { return ep::all_to_all(n.routing, b.tensors[n.out[0]].bytes()); }
 
 int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {

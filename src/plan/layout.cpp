@@ -135,10 +135,8 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
         "Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
         "zero 0 or 1 with pipelines",
         l.zero, l.pp);
-  if (l.tp % l.etp != 0)
-    fail("Layout.etp {} must divide tp {}: the expert-tensor-parallel group is a part of the tensor-parallel group",
-         l.etp, l.tp);
-  if ((l.shards() * l.tp / l.etp) % l.ep != 0)
+  // (An etp that does not divide tp is the block kind's refusal, below.)
+  if (l.tp % l.etp == 0 && (l.shards() * l.tp / l.etp) % l.ep != 0)
     fail(
         "Layout.ep {} must divide the data- x context- x tensor-parallel ranks over etp ({} x {} x {} / {}): experts "
         "are split over them",

@@ -92,7 +92,7 @@ bad "--etp 2 splits experts' linears over ranks; a llama block has none" plan "$
 bad "--etp 4 must divide tp 2" plan "${moe[@]}" --global-batch 8 --gpus 8 --tp 2 --sp --pp 1 --dp 4 --etp 4
 bad "--tp 2 without sp: a mixture of experts routes each rank's share" plan "${moe[@]}" --global-batch 8 --gpus 2 --tp 2 --no-sp --pp 1 --dp 1
 bad "--etp must be in 1..1048576, got 0" plan "${moe[@]}" --global-batch 8 --gpus 2 --etp 0
-bad "--framework torchtitan is torchtitan at 9dec370 (December 2024), which has no mixture of experts" plan "${moe[@]}" --global-batch 8 --gpus 2 --framework torchtitan
+bad "--framework torchtitan is torchtitan at 9dec370 (December 2024), which has no mixture of experts; plan --arch moe with --framework megatron" plan "${moe[@]}" --global-batch 8 --gpus 2 --framework torchtitan
 bad "--etp 1 with FSDP is not modelled" plan "${moe[@]}" --global-batch 8 --gpus 4 --tp 2 --sp --dp 2 --pp 1 --fsdp --etp 1
 bad "unknown --router-dtype 'fp16'; allowed: model, fp32" plan "${moe[@]}" --global-batch 8 --gpus 2 --router-dtype fp16
 bad "--expert-imbalance must be in [1, 1024]" plan "${moe[@]}" --global-batch 8 --gpus 2 --expert-imbalance 0.5

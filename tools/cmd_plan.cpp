@@ -74,6 +74,7 @@ struct PlanFlags {
 
 nlohmann::json memory_json(const StepMemory& s) {
   return {{"params", s.params},
+          {"expert_params", s.expert_params},
           {"grads", s.grads},
           {"optimizer", s.optimizer},
           {"data", s.data},
@@ -198,7 +199,8 @@ double parse_tokens(const std::string& text) {
   return v * scale;
 }
 
-nlohmann::json plan_json(const LayoutPlan& p) {
+// One layout's plan as JSON; `experts`: the model routes experts (the text names ep and etp).
+nlohmann::json plan_json(const LayoutPlan& p, bool experts) {
   const Layout& l = p.layout;
   nlohmann::json stages = nlohmann::json::array();
   for (const RankPlan& r : p.ranks) {
@@ -234,7 +236,7 @@ nlohmann::json plan_json(const LayoutPlan& p) {
             {"micro_batches", l.micro_batches()},
             {"grad_bytes", l.grad_bytes},
             {"gpus", l.gpus()},
-            {"text", to_string(l)}}},
+            {"text", to_string(l, experts)}}},
           {"policy", p.policy},
           {"fits", p.fits},
           {"parameters", p.params},
@@ -259,10 +261,12 @@ nlohmann::json plan_json(const LayoutPlan& p) {
             {"tokens_per_s", t.tokens_per_s}}}};
 }
 
-void print_breakdown(const LayoutPlan& p, double tokens, const Device& device, bool opt_reserve_given) {
+// The best layout's step: where its time and each stage's bytes go.
+void print_breakdown(const LayoutPlan& p, bool experts, double tokens, const Device& device, bool opt_reserve_given) {
   const LayoutTime& t = p.time;
   const bool pipeline = p.layout.pp > 1;
-  fmt::print("\n{} with {}:\n\n", to_string(p.layout), p.policy == "auto" ? "auto (each stage planned)" : p.policy);
+  fmt::print("\n{} with {}:\n\n", to_string(p.layout, experts),
+             p.policy == "auto" ? "auto (each stage planned)" : p.policy);
   Table m;
   m.header = {p.layout.gpus() > 1 || p.layout.pp > 1 ? "per GPU" : "memory",
               "weights",
@@ -421,11 +425,6 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
     if (opt.framework != Framework::Megatron && f.app->count(flag) > 0)
       fail("{} describes Megatron-LM; --framework {} has no such setting: leave it out", flag,
            to_string(opt.framework));
-  if (opt.framework == Framework::Torchtitan && routes_experts(cfg.arch))
-    fail(
-        "--framework torchtitan is torchtitan at 9dec370 (December 2024), which has no mixture of experts; plan "
-        "--arch {} with --framework megatron",
-        cfg.arch);
   if (f.no_grouped_gemm && !routes_experts(cfg.arch))
     fail("--no-grouped-gemm: --arch {} has no experts; it applies to --arch moe", cfg.arch);
   space.zero_fixed = f.zero;
@@ -539,9 +538,9 @@ nlohmann::json layouts_json(const ModelConfig& cfg, const SearchSpace& space, co
   j["fits"] = !a.res.best.empty();
   j["searched_s"] = a.searched_s;
   j["layouts"] = nlohmann::json::array();
-  for (const LayoutPlan& p : a.res.best) j["layouts"].push_back(plan_json(p));
+  for (const LayoutPlan& p : a.res.best) j["layouts"].push_back(plan_json(p, routes_experts(cfg.arch)));
   if (a.res.best.empty()) {
-    if (!a.res.least.ranks.empty()) j["least"] = plan_json(a.res.least);
+    if (!a.res.least.ranks.empty()) j["least"] = plan_json(a.res.least, routes_experts(cfg.arch));
     j["min_gpus"] = a.fewest;
     j["devices_that_fit"] = a.other_devices;
   }
@@ -576,7 +575,7 @@ void print_layouts(const ModelConfig& cfg, const std::vector<LayoutPlan>& best, 
     for (const RankPlan& r : p.ranks) reserved = std::max(reserved, r.memory.reserved_peak);
     tight = tight || p.reserved_tight;
     if (roomy == 0 && reserved <= p.budget) roomy = static_cast<int>(i) + 1;
-    t.rows.push_back({std::to_string(i + 1), to_string(p.layout), policy, bytes_str(p.peak()),
+    t.rows.push_back({std::to_string(i + 1), to_string(p.layout, routes_experts(cfg.arch)), policy, bytes_str(p.peak()),
                       device.engine ? "-" : bytes_str(reserved) + (p.reserved_tight ? " (tight)" : ""),
                       bytes_str(p.budget - (device.engine ? p.peak() : reserved)), seconds_str(p.time.step_s),
                       fmt::format("{:.1f}%", 100 * p.time.mfu), fmt::format("{:.0f}", p.time.tokens_per_s)});
@@ -621,7 +620,7 @@ int run_layouts(PlanFlags& f) {
     fail_no_layout(cfg, space, device, a);
   }
   print_layouts(cfg, a.res.best, device);
-  print_breakdown(a.res.best.front(), tokens, device, opt.reserve >= 0 || opt.budget > 0);
+  print_breakdown(a.res.best.front(), routes_experts(cfg.arch), tokens, device, opt.reserve >= 0 || opt.budget > 0);
   write_json();
   return 0;
 }

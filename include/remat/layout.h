@@ -119,14 +119,21 @@ struct Layout {
   int64_t shards() const { return dp * cp; }
   // The ranks that hold the same experts' shards: the expert-data-parallel group.
   int64_t expert_shards() const { return dp * cp * tp / (ep * etp); }
+  // Whether a stage's ranks regroup as etp x ep x edp: etp divides tp, and ep the ranks over etp.
+  bool expert_grid_divides() const { return tp % etp == 0 && shards() * tp / etp % ep == 0; }
   // Sequences per step.
   int64_t batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
   // Micro-batches per step on each pipeline (gradient accumulation follows).
   int64_t micro_batches() const { return batch() / (micro_batch * dp); }
 };
 
-// "tp 8 + sp, pp 8, dp 4, zero 1, micro-batch 1 x 16".
-std::string to_string(const Layout& l);
+// "tp 8 + sp, pp 8, dp 4, zero 1, micro-batch 1 x 16"; for a mixture of experts (`experts`) also
+// "ep 8" when ep > 1 and "etp 1" when etp is not tp (Megatron-LM's default).
+std::string to_string(const Layout& l, bool experts = false);
+
+// One rank's model under `l`: `cfg` split as l splits it (tp, sp, cp, ep, etp), running one
+// micro-batch of l.micro_batch sequences.
+ModelConfig rank_config(const ModelConfig& cfg, const Layout& l);
 
 // The layers of pipeline stage `stage` of `l` over a model of `layers`: its chunks, in order.
 std::vector<LayerRange> stage_layers(int64_t layers, const Layout& l, int64_t stage);

@@ -26,17 +26,19 @@ namespace remat {
 // Adam moments 8 bytes per parameter. bf16/fp16 (planning only; mixed precision as Megatron):
 // weights 2, gradients 2, fp32 master weights and Adam moments 12.
 struct StepMemory {
-  int64_t params = 0;     // weights
-  int64_t grads = 0;      // parameter gradients: alive from the backward to the next step, or (data
-                          // parallelism) the persistent buckets, counted in `buffers`
-  int64_t optimizer = 0;  // optimizer state (with ZeRO-1: this rank's share)
-  int64_t data = 0;       // one batch: input and target
-  int64_t buffers = 0;    // persistent communication buffers (data parallelism: gradient buckets)
-  int64_t fixed = 0;      // a GPU framework's fixed allocations (workspaces, the batch: layout.h,
-                          // RankPlan::fixed names them); 0 for remat's own engine
-  int64_t saved = 0;      // live after the forward, above base()
-  int64_t peak = 0;       // highest live during the step, above base()
-  std::string peak_at;    // where the peak falls: "backward of layer 5, op 'fc'"
+  int64_t params = 0;         // weights
+  int64_t expert_params = 0;  // of `params`: the routed experts' (their gradients are reduced over
+                              // the expert-data-parallel ranks, StepShape::expert_world)
+  int64_t grads = 0;          // parameter gradients: alive from the backward to the next step, or (data
+                              // parallelism) the persistent buckets, counted in `buffers`
+  int64_t optimizer = 0;      // optimizer state (with ZeRO-1: this rank's share)
+  int64_t data = 0;           // one batch: input and target
+  int64_t buffers = 0;        // persistent communication buffers (data parallelism: gradient buckets)
+  int64_t fixed = 0;          // a GPU framework's fixed allocations (workspaces, the batch: layout.h,
+                              // RankPlan::fixed names them); 0 for remat's own engine
+  int64_t saved = 0;          // live after the forward, above base()
+  int64_t peak = 0;           // highest live during the step, above base()
+  std::string peak_at;        // where the peak falls: "backward of layer 5, op 'fc'"
   // With StepShape::cuda: PyTorch's caching allocator over two steps (caching_allocator.h): the
   // peak of the blocks it hands out (each request rounded, unsplit tails included) and of the
   // segments it reserves. 0 otherwise.

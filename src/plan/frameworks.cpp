@@ -49,7 +49,8 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
                                           int stage) {
   if (d.engine) return {};  // remat's own trainer: the memory model replays all of it
   const bool first = stage == 0, last = stage == l.pp - 1;
-  const int64_t tokens = l.micro_batch * c.seq / l.cp;  // a rank's tokens of one micro-batch
+  const ModelConfig rank = rank_config(c, l);
+  const int64_t tokens = rank.batch * rank.local_seq();  // a rank's tokens of one micro-batch
   std::vector<Allocation> out;
   out.push_back(torch_cublas(o, d));
   if (o.framework == Framework::Megatron) {
@@ -67,9 +68,10 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
     // parallelism) into one buffer from Megatron's global memory buffer, kept from the first
     // layer's dispatch on and reused by every layer (token_dispatcher.py, use_global_buffer=True;
     // parallel_state.py GlobalMemoryBuffer).
-    const int64_t group = l.ep * l.etp, rank_tokens = l.sp ? tokens / l.tp : tokens;
+    const int64_t group = l.ep * l.etp;
     if (routes_experts(c.arch) && group > 1 && o.allgather_dispatch)
-      out.push_back({"gathered tokens (allgather dispatcher)", rank_tokens * group * c.dim * dtype_size(c.dtype),
+      out.push_back({"gathered tokens (allgather dispatcher)",
+                     rank.batch * rank.rank_seq() * group * c.dim * dtype_size(c.dtype),
                      "the expert-parallel group's tokens in the global memory buffer the dispatcher gathers "
                      "them into, kept"});
     // megatron/core/utils.py get_batch_on_this_tp_rank: the first stage gets tokens and position

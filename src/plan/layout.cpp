@@ -34,15 +34,21 @@ std::vector<LayerRange> stage_layers(int64_t layers, const Layout& l, int64_t st
   return c;
 }
 
-std::string to_string(const Layout& l) {
+ModelConfig rank_config(const ModelConfig& cfg, const Layout& l) {
+  ModelConfig c = cfg;
+  c.tp = l.tp, c.sp = l.sp, c.cp = l.cp, c.ep = l.ep, c.etp = l.etp, c.batch = l.micro_batch;
+  return c;
+}
+
+std::string to_string(const Layout& l, bool experts) {
   std::string s = fmt::format("tp {}{}", l.tp, l.sp ? " + sp" : "");
   if (l.cp > 1) s += fmt::format(", cp {}", l.cp);
   s += fmt::format(", pp {}", l.pp);
   if (l.vpp > 1) s += fmt::format(" x {} chunks", l.vpp);
   if (l.uneven()) s += fmt::format(" ({} | ... | {} layers)", l.first_layers, l.last_layers);
   s += fmt::format(", dp {}", l.dp);
-  if (l.ep > 1) s += fmt::format(", ep {}", l.ep);
-  if (l.etp != l.tp && (l.ep > 1 || l.etp > 1)) s += fmt::format(", etp {}", l.etp);
+  if (experts && l.ep > 1) s += fmt::format(", ep {}", l.ep);
+  if (experts && l.etp != l.tp) s += fmt::format(", etp {}", l.etp);
   if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
   if (l.fsdp) s += ", fsdp";
   s += fmt::format(", micro-batch {} x {}", l.micro_batch, l.micro_batches());
@@ -136,7 +142,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
         "zero 0 or 1 with pipelines",
         l.zero, l.pp);
   // (An etp that does not divide tp is the block kind's refusal, below.)
-  if (l.tp % l.etp == 0 && (l.shards() * l.tp / l.etp) % l.ep != 0)
+  if (l.tp % l.etp == 0 && !l.expert_grid_divides())
     fail(
         "Layout.ep {} must divide the data- x context- x tensor-parallel ranks over etp ({} x {} x {} / {}): experts "
         "are split over them",
@@ -146,11 +152,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
          l.tp);
   if (l.ep > 1 && l.fsdp)
     fail("Layout.ep {} with FSDP is not modelled; plan experts with zero 0-1 (Megatron-LM)", l.ep);
-  {
-    ModelConfig at = cfg;  // what the block kind supports at this split
-    at.tp = l.tp, at.sp = l.sp, at.cp = l.cp, at.ep = l.ep, at.etp = l.etp;
-    remat::validate(at);
-  }
+  remat::validate(rank_config(cfg, l));  // what the block kind supports at this split
   if (device.engine) validate_on_engine(l, cfg);
 }
 
@@ -180,13 +182,7 @@ MachineRates rates_of(const Device& d, DType dtype) {
 
 std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, const Device& device) {
   auto s = std::make_unique<Shapes>();
-  s->cfg = cfg;
-  s->cfg.tp = l.tp;
-  s->cfg.sp = l.sp;
-  s->cfg.cp = l.cp;
-  s->cfg.ep = l.ep;
-  s->cfg.etp = l.etp;
-  s->cfg.batch = l.micro_batch;
+  s->cfg = rank_config(cfg, l);
   s->spec = std::make_shared<const ModelSpec>(make_model(s->cfg));
   s->rates = rates_of(device, cfg.dtype);
   if (!(s->rates.link_gbps > 0)) s->rates.link_gbps = s->rates.memory_gbps;  // tp 1: no collectives to time
@@ -238,6 +234,11 @@ std::string rank_policy_text(const std::vector<LayerRange>& chunks, const std::v
 
 // The model as the framework runs it: torchtitan's ops are eager PyTorch's, unfused.
 ModelConfig framework_config(ModelConfig cfg, const Device& device, const PlanOptions& options) {
+  if (options.framework == Framework::Torchtitan && !device.engine && routes_experts(cfg.arch))
+    fail(
+        "PlanOptions.framework torchtitan is torchtitan at 9dec370 (December 2024), which has no mixture of "
+        "experts; plan ModelConfig.arch {} with PlanOptions.framework megatron",
+        cfg.arch);
   cfg.eager_ops = options.framework == Framework::Torchtitan && !device.engine;
   cfg.deterministic = options.framework == Framework::Megatron && options.deterministic && !device.engine;
   cfg.allgather_dispatch = options.framework == Framework::Megatron && options.allgather_dispatch && !device.engine;
@@ -553,12 +554,17 @@ class Evaluator {
     t.p2p_s = m * slow.p2p_ms / 1e3;
     // Data parallelism, on the most-loaded rank's parameters: all-reduce the gradients (ZeRO:
     // reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights again for
-    // the backward), overlapped with the last micro-batch's backward.
+    // the backward), overlapped with the last micro-batch's backward. The dense parameters' ring
+    // spans the data- x context-parallel ranks, the routed experts' the expert-data-parallel ones.
     const ModelSpec& spec = *sh.spec;
     const StepMemory& worst = p.rank().memory;
     const int64_t wbytes = dtype_size(spec.block.dtype);
-    const double numel = static_cast<double>(worst.params) / wbytes * (l.zero >= 3 ? static_cast<double>(l.dp) : 1.0);
     const double d = static_cast<double>(l.shards()), share = (d - 1) / d;
+    const double de = static_cast<double>(l.expert_shards());
+    const double unsharded = l.zero >= 3 ? d : 1.0, unsharded_experts = l.zero >= 3 ? de : 1.0;  // ZeRO-3: a shard
+    // Elements each rank's ring moves once: (n - 1) / n of the gradients it reduces.
+    const double moved = share * static_cast<double>(worst.params - worst.expert_params) / wbytes * unsharded +
+                         (de - 1) / de * static_cast<double>(worst.expert_params) / wbytes * unsharded_experts;
     double bytes = 0;
     if (l.fsdp) {
       // FSDP2: every micro-batch gathers each stage's bf16 weights for its forward and again for its
@@ -571,10 +577,10 @@ class Evaluator {
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - t.compute_s) + first;
     } else {
       if (l.zero == 0)
-        bytes = 2 * share * numel * l.grad_bytes;
+        bytes = 2 * moved * l.grad_bytes;
       else
-        bytes = share * numel * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
-      if (l.shards() > 1 && !device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
+        bytes = moved * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
+      if (!device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
     }
     // A word embedding tied across the first and last stage: its gradient all-reduced between them.
@@ -649,8 +655,10 @@ std::vector<int64_t> expert_parallel_sizes(const ModelConfig& cfg, const SearchS
   if (space.ep > 0) return {space.ep};
   if (tp % etp != 0) return {1};  // validate() names the etp
   std::vector<int64_t> eps;
+  Layout grid;
+  grid.dp = dp, grid.cp = space.cp, grid.tp = tp, grid.etp = etp;
   for (int64_t ep : routes_experts(cfg.arch) ? divisors(cfg.experts) : std::vector<int64_t>{1})
-    if ((dp * space.cp * tp / etp) % ep == 0) eps.push_back(ep);
+    if (grid.ep = ep; grid.expert_grid_divides()) eps.push_back(ep);
   return eps;
 }
 

@@ -437,16 +437,18 @@ StepMemory persistent_memory(const CompiledStep& plan, const StepShape& shape, c
     return shard_first(n, rank + 1, world) - shard_first(n, rank, world);
   };
   const int expert_world = shape.expert_world > 0 ? shape.expert_world : shape.world;
-  const int64_t owned =
-      share(numel, shape.rank, shape.world) + share(expert_numel, shape.rank % expert_world, expert_world);
+  const int64_t owned_experts = share(expert_numel, shape.rank % expert_world, expert_world);
+  const int64_t owned = share(numel, shape.rank, shape.world) + owned_experts;
   numel += expert_numel;
   if (shape.fsdp) {  // the sharded weights are the master copy; gradients are made in the backward
     m.params = owned * e.sharded_weight();
+    m.expert_params = owned_experts * e.sharded_weight();
     m.grads = owned * e.sharded_weight();
     m.optimizer = owned * e.state;
     m.buffers = shape.extra_buffers;
   } else {
     m.params = (shape.zero >= 3 ? owned : numel) * e.weight;
+    m.expert_params = (shape.zero >= 3 ? owned_experts : expert_numel) * e.weight;
     m.grads = shape.bucketed() ? (shape.zero >= 2 ? owned : numel) * e.grad : numel * e.weight;
     m.optimizer = (shape.zero >= 1 ? owned : numel) * (e.master + e.state);
     if (shape.bucketed()) m.buffers = m.grads + shape.extra_buffers;

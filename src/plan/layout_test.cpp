@@ -719,5 +719,16 @@ TEST(Frameworks, TorchtitanPlansNoMixtureOfExperts) {
   EXPECT_NO_THROW(plan_layout(c, l, parse_device("h100-80gb"), "none", o));
 }
 
+// A layout's text names the expert grid of a mixture of experts where it is not Megatron-LM's
+// default (ep 1, etp = tp), and never for a dense model (whose etp is 1 whatever tp is).
+TEST(Layouts, TheTextNamesTheExpertGrid) {
+  Layout l;
+  l.tp = 2, l.sp = true, l.dp = 2, l.micro_batch = 1, l.etp = 1;
+  EXPECT_EQ(to_string(l, true), "tp 2 + sp, pp 1, dp 2, etp 1, micro-batch 1 x 1");
+  EXPECT_EQ(to_string(l), "tp 2 + sp, pp 1, dp 2, micro-batch 1 x 1");
+  l.etp = 2, l.ep = 2;
+  EXPECT_EQ(to_string(l, true), "tp 2 + sp, pp 1, dp 2, ep 2, micro-batch 1 x 1");
+}
+
 }  // namespace
 }  // namespace remat

@@ -167,6 +167,12 @@ std::string describe(const GemmMeasurement& m) {
       rates += fmt::format("{}{} {:.1f}", rates.empty() ? "" : ", ", name, rate);
     out += fmt::format("    {:<14} {:<13} (GFLOP/s: {})\n", c.product, c.chosen, rates);
   }
+  if (m.pass_ms.size() == 2)
+    out += fmt::format(
+        "    linears on {}: a pass of every class took {:.1f} ms (median) with them on remat's kernel threads, {:.1f} "
+        "ms on the BLAS's (the BLAS's threads only when faster in every one of 5 pairs)\n",
+        m.classes.front().chosen == "blas-threads" ? "the BLAS's threads" : "remat's kernel threads",
+        m.pass_ms[0].second, m.pass_ms[1].second);
   return out;
 }
 

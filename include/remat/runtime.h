@@ -73,19 +73,25 @@ void set_gemm(GemmChoice choice);
 struct GemmClassRates {
   std::string product;                                 // "linear dy W"
   std::vector<std::pair<std::string, double>> gflops;  // ("onednn", 61.2), ("blas", 74.0), ("blas-threads", 97.5)
-  std::string chosen;                                  // the fastest: "blas-threads"
+  std::string chosen;                                  // what the class runs on: "blas"
 };
 struct GemmMeasurement {
   std::vector<GemmClassRates> classes;
+  // A pass of every class in turn, ms, with the linears on remat's kernel threads and on the BLAS's
+  // own ("kernel-threads", "blas-threads"); empty when the build has no threaded BLAS.
+  std::vector<std::pair<std::string, double>> pass_ms;
   std::string source;  // "measured now, on CPU, threads ...", or "measured earlier, cached in PATH"
 };
 
 // --gemm auto: times each class of the engine's products on every GEMM this build has (shapes of a
 // GPT layer: 1024 tokens at widths 512 and 2048; 64 heads of 128 x 64 and 8 of 1024 x 64), on
-// `threads`, interleaved, and sets each class to the fastest (the median of 5 calls). The result is
-// cached per CPU model, BLAS and its kernel, oneDNN version, threads and remat release (cache_dir,
-// or remat's cache folder, $REMAT_CACHE): a machine chooses once, and the same choice gives the
-// same bits. A few seconds when it measures.
+// `threads`, interleaved, and sets each class to the fastest on remat's kernel threads (the median
+// of 5 calls). Whether the linears run on the BLAS's own threads instead is a property of the whole
+// pass (the kernel threads poll for their jobs only when every product runs on them), so it is
+// chosen by timing a pass of every class both ways. The result is cached per CPU model, BLAS and
+// its kernel, oneDNN version, threads and remat release (cache_dir, or remat's cache folder,
+// $REMAT_CACHE): a machine chooses once, and the same choice gives the same bits. A few seconds
+// when it measures.
 GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir = "");
 
 // The engine's GEMM per class as text ("linear=blas-threads,blas-threads,blas;head=onednn,onednn,onednn"):

@@ -779,7 +779,8 @@ std::string BenchResult::json() const {
   config["floor_gemm_gflops"] = floor_rates;
   if (!options.gemm_choice.classes.empty())
     config["gemm_choice"] = {{"source", options.gemm_choice.source},
-                             {"classes", detail::gemm_classes_json(options.gemm_choice.classes)}};
+                             {"classes", detail::gemm_classes_json(options.gemm_choice.classes)},
+                             {"pass_ms", options.gemm_choice.pass_ms}};
   nlohmann::json out = {{"config", config}, {"rows", nlohmann::json::array()}, {"notes", notes}};
   for (const BenchRow& r : rows) out["rows"].push_back(row_json(r));
   return out.dump(2) + "\n";

@@ -108,9 +108,4 @@ class SingleThreadedBlas {
 // [{"product": ..., "chosen": ..., "gflops": {"onednn": ..., ...}}, ...].
 nlohmann::json gemm_classes_json(const std::vector<GemmClassRates>& classes);
 
-// What a linear's product costs the op after it (choose_gemm): the neighbour's time after the
-// product less its time alone, never below 0 (a product cannot speed its neighbour up; a faster
-// sample is noise, and would credit the product with a rate over the CPU's peak).
-double neighbour_slowdown_ms(double after_ms, double alone_ms);
-
 }  // namespace remat::detail

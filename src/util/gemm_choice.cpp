@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -102,8 +103,11 @@ bool load_choice(const std::string& path, const std::string& key, GemmMeasuremen
       classes.push_back(std::move(r));
     }
     if (classes.size() != static_cast<size_t>(kGemmClasses)) return false;
+    std::vector<std::pair<std::string, double>> pass_ms;
+    for (const auto& p : j.at("pass_ms")) pass_ms.emplace_back(p.at(0).get<std::string>(), p.at(1).get<double>());
     detail::set_gemm_table(t);
     m.classes = std::move(classes);
+    m.pass_ms = std::move(pass_ms);
     m.source = "measured earlier, cached in " + path;
     return true;
   } catch (const std::exception&) {
@@ -115,88 +119,97 @@ void save_choice(const std::string& folder, const std::string& path, const std::
                  const GemmMeasurement& m) {
   try {
     std::filesystem::create_directories(folder);
-    const nlohmann::json j = {
-        {"key", key}, {"table", detail::to_string(table)}, {"classes", detail::gemm_classes_json(m.classes)}};
+    const nlohmann::json j = {{"key", key},
+                              {"table", detail::to_string(table)},
+                              {"classes", detail::gemm_classes_json(m.classes)},
+                              {"pass_ms", m.pass_ms}};
     write_file_atomic(path, j.dump(1) + "\n");
   } catch (const std::exception&) {
     // Unwritable: the next run measures again.
   }
 }
 
-// In a step, the next op after a linear runs on remat's kernel threads (attention, a norm, the
-// next tile). OpenBLAS's own threads, once done, spin for about 2^28 cycles on the same cores:
-// blas-threads costs the work after it as well. So each linear sample is the product followed by
-// a fixed neighbour (attention products on oneDNN or the BLAS, on the kernel threads), and its
-// time is the pair's less the neighbour's own (its median measured alone, the BLAS's threads asleep).
-class Neighbour {
- public:
-  Neighbour(const ThreadConfig& threads, const GemmTable& table)
-      : threads_(threads), table_(table), w_(workload(static_cast<int>(GemmClass::HeadNN))) {
-    std::vector<double> alone;
-    detail::let_blas_threads_sleep();
-    run();
-    for (int rep = 0; rep < 5; ++rep) alone.push_back(run());
-    alone_ms_ = detail::median(alone);
-  }
-  // Milliseconds of one run.
-  double run() const {
-    GemmTable t = table_;
-    t[static_cast<int>(GemmClass::HeadNN)] = detail::available(GemmImpl::OneDnn) ? GemmImpl::OneDnn : GemmImpl::Blas;
-    detail::set_gemm_table(t);
-    detail::KernelThreadsAwake awake(threads_.aten == 1);
-    const auto t0 = detail::Clock::now();
-    w_.run();
-    return detail::ms_since(t0);
-  }
-  double alone_ms() const { return alone_ms_; }
-
- private:
-  const ThreadConfig& threads_;
-  const GemmTable& table_;
-  const Workload w_;
-  double alone_ms_ = 0;
-};
-
-// Every candidate of class c, each sample interleaved with the others' (a warm-up, then five);
-// the fastest by median goes into table[c].
-GemmClassRates measure_class(int c, const ThreadConfig& threads, const Neighbour& neighbour, GemmTable& table) {
+// Every candidate of class c, each sample interleaved with the others' (a warm-up, then five), as
+// a pass runs them: the kernel threads poll for their jobs unless the BLAS's own threads need the
+// cores. table[c] is set to the fastest by median on the kernel threads; the BLAS's threads, a
+// choice for the whole pass, are choose_linear_threads' to make.
+GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& table) {
   const Workload w = workload(c);
   const std::vector<GemmImpl> impls = candidates(c);
   std::vector<std::vector<double>> ms(impls.size());
   auto run = [&](size_t i) {
-    double pair_ms = 0;
+    double sample_ms = 0;
     {
       GemmTable t = table;
       t[c] = impls[i];
       detail::set_gemm_table(t);
-      // As a pass runs them: the kernel threads poll unless the BLAS's own threads need the cores.
       detail::KernelThreadsAwake awake(impls[i] != GemmImpl::BlasThreads && threads.aten == 1);
       const auto t0 = detail::Clock::now();
       w.run();
-      pair_ms = detail::ms_since(t0);
+      sample_ms = detail::ms_since(t0);
     }
-    if (c < 3) pair_ms += detail::neighbour_slowdown_ms(neighbour.run(), neighbour.alone_ms());
     if (impls[i] == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // every sample starts alike
-    return std::max(pair_ms, 1e-3);
+    return std::max(sample_ms, 1e-3);
   };
   for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
   for (int rep = 0; rep < 5; ++rep)
     for (size_t i = 0; i < impls.size(); ++i) ms[i].push_back(run(i));
   GemmClassRates r;
   r.product = std::string(detail::to_string(static_cast<GemmClass>(c)));
-  size_t best = 0;
+  std::optional<size_t> best;
   for (size_t i = 0; i < impls.size(); ++i) {
     r.gflops.emplace_back(detail::to_string(impls[i]), w.flops / (detail::median(ms[i]) * 1e6));
-    if (detail::median(ms[i]) < detail::median(ms[best])) best = i;
+    if (impls[i] != GemmImpl::BlasThreads && (!best || detail::median(ms[i]) < detail::median(ms[*best]))) best = i;
   }
-  r.chosen = std::string(detail::to_string(impls[best]));
-  table[c] = impls[best];
+  r.chosen = std::string(detail::to_string(impls[best.value_or(0)]));
+  table[c] = impls[best.value_or(0)];
   return r;
 }
 
-}  // namespace
+// A pass of every class's products in turn under `t`, ms: the kernel threads poll only when every
+// product runs on them, as BlockExecutor's passes do (NOTE [Kernel threads awake]).
+double run_pass(const std::vector<Workload>& classes, const GemmTable& t, const ThreadConfig& threads) {
+  detail::set_gemm_table(t);
+  double ms = 0;
+  {
+    detail::KernelThreadsAwake awake(detail::gemm_on_kernel_threads() && threads.aten == 1);
+    const auto t0 = detail::Clock::now();
+    for (const Workload& w : classes) w.run();
+    ms = detail::ms_since(t0);
+  }
+  if (!detail::gemm_on_kernel_threads()) detail::let_blas_threads_sleep();  // the next pass starts alike
+  return ms;
+}
 
-double detail::neighbour_slowdown_ms(double after_ms, double alone_ms) { return std::max(0.0, after_ms - alone_ms); }
+// The linears on the BLAS's own threads, or on remat's kernel threads with `table`'s choice: the
+// BLAS's threads spin on the cores after each call, and while any product runs on them the kernel
+// threads sleep between jobs (waking one costs the host's scheduler), so what they cost shows in a
+// whole pass, not in a product timed alone. Passes are interleaved in pairs (a warm-up, then
+// five); the linears leave the kernel threads, which the engine's passes own, only when the
+// BLAS's threads won every pair: their cost comes in spells (steps 10-25% slower on a busy host)
+// that a median of five passes can miss.
+void choose_linear_threads(const ThreadConfig& threads, GemmTable& table, GemmMeasurement& m) {
+  if (!detail::available(GemmImpl::BlasThreads)) return;
+  std::vector<Workload> classes;
+  for (int c = 0; c < kGemmClasses; ++c) classes.push_back(workload(c));
+  GemmTable threaded = table;
+  for (int c = 0; c < 3; ++c) threaded[c] = GemmImpl::BlasThreads;
+  std::vector<double> pooled_ms, threaded_ms;
+  bool every_pair = true;
+  for (int rep = 0; rep <= 5; ++rep) {
+    const double a = run_pass(classes, table, threads), b = run_pass(classes, threaded, threads);
+    if (rep == 0) continue;
+    pooled_ms.push_back(a), threaded_ms.push_back(b);
+    every_pair = every_pair && b < a;
+  }
+  m.pass_ms = {{"kernel-threads", detail::median(pooled_ms)}, {"blas-threads", detail::median(threaded_ms)}};
+  if (every_pair) {
+    table = threaded;
+    for (int c = 0; c < 3; ++c) m.classes[static_cast<size_t>(c)].chosen = "blas-threads";
+  }
+}
+
+}  // namespace
 
 nlohmann::json detail::gemm_classes_json(const std::vector<GemmClassRates>& classes) {
   nlohmann::json out = nlohmann::json::array();
@@ -220,8 +233,8 @@ GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cach
   const ThreadConfig before = current_threads();
   apply_threads(threads);
   GemmTable table = detail::gemm_table();
-  const Neighbour neighbour(threads, table);
-  for (int c = 0; c < kGemmClasses; ++c) m.classes.push_back(measure_class(c, threads, neighbour, table));
+  for (int c = 0; c < kGemmClasses; ++c) m.classes.push_back(measure_class(c, threads, table));
+  choose_linear_threads(threads, table, m);
   detail::set_gemm_table(table);
   apply_threads(before);
   m.source = fmt::format("measured now, on {}, threads {}", detail::cpu_model(), to_string(threads));

@@ -262,7 +262,9 @@ nlohmann::json plan_json(const LayoutPlan& p, bool experts) {
 }
 
 // The best layout's step: where its time and each stage's bytes go.
-void print_breakdown(const LayoutPlan& p, bool experts, double tokens, const Device& device, bool opt_reserve_given) {
+void print_breakdown(const LayoutPlan& p, const ModelConfig& cfg, const PlanOptions& opt, double tokens,
+                     const Device& device) {
+  const bool experts = routes_experts(cfg.arch), opt_reserve_given = opt.reserve >= 0 || opt.budget > 0;
   const LayoutTime& t = p.time;
   const bool pipeline = p.layout.pp > 1;
   fmt::print("\n{} with {}:\n\n", to_string(p.layout, experts),
@@ -302,7 +304,7 @@ void print_breakdown(const LayoutPlan& p, bool experts, double tokens, const Dev
     if (a.bytes > 0) fixed += fmt::format("{}{} {}", fixed.empty() ? "" : ", ", a.name, bytes_str(a.bytes));
   if (!fixed.empty()) fmt::print("  fixed{}: {}\n", pipeline ? fmt::format(" (stage {})", p.rank().stage) : "", fixed);
   std::string outside;
-  for (const Allocation& a : outside_allocator(device, p.layout))
+  for (const Allocation& a : outside_allocator(opt, device, cfg, p.layout))
     outside += fmt::format("{}{} {}", outside.empty() ? "" : ", ", a.name, bytes_str(a.bytes));
   if (!outside.empty() && !opt_reserve_given)
     fmt::print("  outside PyTorch's allocator: {}; budget {}\n", outside, bytes_str(p.budget));
@@ -472,9 +474,9 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
                bytes_str(opt.reserve >= 0 ? opt.reserve : int64_t{2} << 30),
                device.engine ? "kept free for the system (--reserve)" : "given with --reserve");
   else {
-    Layout every;  // a layout with every communicator, for the terms' sizes
+    Layout every;  // a dense model's layout with every communicator, for the terms' sizes
     every.tp = every.cp = every.pp = every.dp = 2;
-    const std::vector<Allocation> outside = outside_allocator(device, every);
+    const std::vector<Allocation> outside = outside_allocator(opt, device, ModelConfig{}, every);
     fmt::print(
         "  per GPU: {} less what lies outside PyTorch's allocator: the CUDA context {}, NCCL's buffers {} per "
         "communicator (tensor-, context-, data-parallel) and {} for pipeline neighbours\n",
@@ -620,7 +622,7 @@ int run_layouts(PlanFlags& f) {
     fail_no_layout(cfg, space, device, a);
   }
   print_layouts(cfg, a.res.best, device);
-  print_breakdown(a.res.best.front(), routes_experts(cfg.arch), tokens, device, opt.reserve >= 0 || opt.budget > 0);
+  print_breakdown(a.res.best.front(), cfg, opt, tokens, device);
   write_json();
   return 0;
 }

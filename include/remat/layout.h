@@ -280,8 +280,10 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& options, const Devi
                                           const Layout& l, int stage);
 
 // What a GPU of layout `l` holds outside PyTorch's caching allocator, each named with its reason:
-// the CUDA context and NCCL's buffers, one set per communicator the layout uses. Empty for the CPU.
-std::vector<Allocation> outside_allocator(const Device& device, const Layout& l);
+// the CUDA context and NCCL's buffers, one set per communicator the layout uses (for a mixture of
+// experts, those of its token dispatcher). Empty for the CPU.
+std::vector<Allocation> outside_allocator(const PlanOptions& options, const Device& device, const ModelConfig& cfg,
+                                          const Layout& l);
 
 // The smallest power-of-two multiple of space.gpus (up to 65536) at which some layout fits, or 0.
 int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options = {});

@@ -42,8 +42,9 @@ int op_of(const BlockSpec& b, OpKind kind) {
 // the experts' width, with etp 1 its own 16 rows at the whole width. The alltoall dispatcher keeps,
 // around the exchange, the 16 copies (1024 bytes), the buffer, and with ep 4 and etp 2 this rank's
 // half of it between the all-to-all and the all-gather; it sends (1 - 1 / (ep etp)) of the buffer.
-// The allgather dispatcher's gathered tokens are a fixed allocation: its way back unpermutes into
-// the 8 x ep x etp gathered rows.
+// The allgather dispatcher's gathered tokens are a fixed allocation, and it sends the group's other
+// 7 ranks' shares of them (7 x 8 tokens x 64 bytes); its dispatch backward makes the gradient of
+// the 8 x ep x etp gathered rows, and its way back unpermutes into them.
 TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
   ModelConfig c = tiny("moe");
   c.tp = 2, c.sp = true, c.etp = 2;
@@ -61,6 +62,8 @@ TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
   c.allgather_dispatch = true;
   const BlockSpec gathered = make_block(c);
   EXPECT_EQ(gathered.forward_scratch(dispatch, {}), 0);
+  EXPECT_EQ(gathered.backward_scratch(dispatch, {}), 8 * 4 * 2 * 16 * 4);
+  EXPECT_DOUBLE_EQ(gathered.comm(dispatch).forward, 7 * 8 * 16 * 4);
   EXPECT_EQ(gathered.forward_scratch(combine, {}), 8 * 4 * 2 * 16 * 4);
   c.allgather_dispatch = false, c.etp = 1, c.ep = 2, c.shared_ffn = 8;  // a shared expert splits as a dense MLP
   const BlockSpec whole = make_block(c);
@@ -73,11 +76,28 @@ TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
   EXPECT_THROW(make_block(c), Error);
 }
 
+// A rank that holds one expert (8 experts over ep 8) takes the all-to-all's rows in its expert's
+// order already: the alltoall dispatcher sorts nothing, and keeps only the copies it sent and, with
+// etp 2, its rows before the all-gather (the gathered buffer is the experts' input itself).
+TEST(Moe, ARankWithOneExpertSortsNothing) {
+  ModelConfig c = tiny("moe");  // 8 experts
+  c.tp = 2, c.sp = true, c.etp = 2, c.ep = 4;
+  const int64_t copies = 16 * 16 * 4, rows = 32 * 16 * 4;
+  const BlockSpec two = make_block(c);
+  EXPECT_EQ(two.forward_scratch(op_of(two, OpKind::Dispatch), {}), copies + rows + rows / 2);
+  EXPECT_EQ(two.forward_scratch(op_of(two, OpKind::Combine), {}), copies + rows + rows / 2);
+  c.ep = 8;
+  const BlockSpec one = make_block(c);
+  EXPECT_EQ(one.forward_scratch(op_of(one, OpKind::Dispatch), {}), copies + rows / 2);
+  EXPECT_EQ(one.forward_scratch(op_of(one, OpKind::Combine), {}), copies + rows / 2);
+}
+
 // Megatron-LM's --moe-router-dtype fp32 on a bf16 model: the logits and weights are fp32 tensors.
 // Weighing GELU's 32 rows of 64 features makes an fp32 product (8192 bytes) in each pass; a
 // SwiGLU's is weighted inside its fused kernel. The way back runs on an fp32 copy of the experts'
 // outputs only where a collective carries them (tp 2 + sp, etp 2: the 32 x 16 rows, 2048 bytes,
-// beside the copies and the outputs). A GELU model's shared expert is GELU too.
+// beside the copies and the outputs, and the reduce-scatter's fp32 half of them). A GELU model's
+// shared expert is GELU too.
 TEST(Moe, AnFp32RouterWeighsAndCombinesInFp32) {
   ModelConfig c = tiny("moe");
   c.dtype = DType::BF16, c.expert_weights = ExpertWeights::Activation, c.router_fp32 = true, c.mlp = Mlp::Gelu;
@@ -93,7 +113,8 @@ TEST(Moe, AnFp32RouterWeighsAndCombinesInFp32) {
   EXPECT_EQ(fp32.find("shared_gate"), -1);
   c.tp = 2, c.sp = true, c.etp = 2;
   const BlockSpec split = make_block(c);
-  EXPECT_EQ(split.forward_scratch(op_of(split, OpKind::Unpermute), {}), 16 * 16 * 2 + 32 * 16 * 2 + 32 * 16 * 4);
+  EXPECT_EQ(split.forward_scratch(op_of(split, OpKind::Unpermute), {}),
+            16 * 16 * 2 + 32 * 16 * 2 + 32 * 16 * 4 + 16 * 16 * 4);
   c.tp = 1, c.sp = false, c.etp = 1, c.mlp = Mlp::Swiglu;
   const BlockSpec fused = make_block(c);
   EXPECT_EQ(fused.forward_scratch(op_of(fused, OpKind::Weigh), {}), 0);

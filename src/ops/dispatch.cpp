@@ -112,10 +112,18 @@ void backward(detail::OpEnv& e, const OpNode& op) {
 // dispatcher moves them (ops/expert_parallel.h): the alltoall dispatcher's copies in expert order
 // sent, those received and gathered before they are grouped by local expert (Megatron-LM's
 // permute, all-to-all, all-gather, sort by expert); the allgather dispatcher's kept buffer.
-OpComm comm(const BlockSpec& b, const OpNode& n) { return ep::all_to_all(n.routing, b.tensors[n.out[0]].bytes()); }
+OpComm comm(const BlockSpec& b, const OpNode& n) {
+  if (n.routing.allgather) return ep::gathered_comm(n.routing, b.tensors[n.in[0]].bytes());
+  return ep::all_to_all(n.routing, b.tensors[n.out[0]].bytes());
+}
 
 int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   return ep::exchange_buffers(n.routing, b.tensors[n.in[0]].bytes() * n.routing.top_k, b.tensors[n.out[0]].bytes());
+}
+
+int64_t exchange_scratch_backward(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  const int64_t tokens = b.tensors[n.in[0]].bytes();
+  return ep::exchange_buffers_backward(n.routing, tokens * n.routing.top_k, b.tensors[n.out[0]].bytes(), tokens);
 }
 
 BlockSpec build(int64_t capacity) {
@@ -168,7 +176,7 @@ extern const OpDef kDispatch = [] {
   d.grad_in[0] = GradKind::Fresh;
   d.comm = comm;
   d.forward_scratch = exchange_scratch;
-  d.backward_scratch = exchange_scratch;
+  d.backward_scratch = exchange_scratch_backward;
   d.forward = forward;
   d.backward = backward;
   d.test = &kTest;

@@ -97,7 +97,8 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
   return out;
 }
 
-std::vector<Allocation> outside_allocator(const Device& d, const Layout& l) {
+std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d, const ModelConfig& c,
+                                          const Layout& l) {
   if (d.engine) return {};
   std::vector<Allocation> out;
   // The CUDA context with lazy module loading (the default since CUDA 11.7): 287-430 MB measured
@@ -116,18 +117,20 @@ std::vector<Allocation> outside_allocator(const Device& d, const Layout& l) {
   // Pipeline sends: point-to-point to the two neighbouring stages, NCCL's 4 MiB per channel and
   // peer over its 8 point-to-point channels.
   nccl("pipeline neighbours", l.pp, 2 * 8 * 4 * MiB);
-  // Expert parallelism: NCCL's all-to-all is a send and a receive to every other rank of the group,
-  // point-to-point buffers as above for each of the ep - 1 peers; the experts' gradients are
-  // reduced over a ring of their own, the expert-data-parallel group.
-  // Expert tensor parallelism: a ring of its own (Megatron-LM makes the group apart from the
-  // tensor-parallel one, as every process group is one NCCL communicator).
-  if (l.ep > 1 || l.etp > 1) {
+  if (!routes_experts(c.arch)) return out;
+  // A mixture of experts (Megatron-LM's groups; every process group is one NCCL communicator):
+  // both token dispatchers gather over the etp x ep ranks (the allgather dispatcher its tokens,
+  // the alltoall one its token counts); the alltoall dispatcher's all-to-all is a send and a
+  // receive to every other rank of the expert-parallel group (point-to-point buffers as above for
+  // each of the ep - 1 peers) and its gather over the expert-tensor-parallel ranks a ring. The
+  // experts' gradients are reduced over a ring of their own when they are sharded unlike the
+  // dense parameters (ep > 1, or etp other than tp).
+  nccl("expert- and expert-tensor-parallel group", l.ep * l.etp, ring);
+  if (!(o.framework == Framework::Megatron && o.allgather_dispatch)) {
     nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * 8 * 4 * MiB);
     nccl("expert-tensor-parallel group", l.etp, ring);
-    // Megatron-LM reduces the experts' gradients over a group of their own only when they are
-    // sharded unlike the dense parameters (ep > 1, or etp other than tp).
-    if (l.ep > 1 || l.etp != l.tp) nccl("expert-data-parallel group", l.expert_shards(), ring);
   }
+  if (l.ep > 1 || l.etp != l.tp) nccl("expert-data-parallel group", l.expert_shards(), ring);
   return out;
 }
 

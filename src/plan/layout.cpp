@@ -277,7 +277,7 @@ class Evaluator {
     int64_t reserve = options_.reserve;
     if (reserve < 0) {
       reserve = device_.engine ? int64_t{2} << 30 : 0;  // the CPU: kept for the system and other processes
-      for (const Allocation& a : outside_allocator(device_, l)) reserve += a.bytes;
+      for (const Allocation& a : outside_allocator(options_, device_, cfg_, l)) reserve += a.bytes;
     }
     return std::max<int64_t>(0, device_.memory - reserve);
   }

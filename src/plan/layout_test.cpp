@@ -587,7 +587,7 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   const int64_t MiB = int64_t{1} << 20, ring = 2 * 16 * (4 * MiB + 4915200 + MiB / 2);
   auto total = [&](const Layout& l) {
     int64_t sum = 0;
-    for (const Allocation& a : outside_allocator(d, l)) sum += a.bytes;
+    for (const Allocation& a : outside_allocator({}, d, ModelConfig{}, l)) sum += a.bytes;
     return sum;
   };
   Layout l;
@@ -598,11 +598,38 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   EXPECT_EQ(total(l), 512 * MiB + 2 * ring + 64 * MiB);
   l.dp = 1, l.cp = 2;  // its own ring, and the dp x cp group's
   EXPECT_EQ(total(l), 512 * MiB + 3 * ring + 64 * MiB);
-  l.cp = 1, l.pp = 1, l.dp = 4, l.ep = 2, l.etp = 2;  // tp 2: tp, dp, etp and edp (2) rings, ep's one peer
-  EXPECT_EQ(total(l), 512 * MiB + 4 * ring + 32 * MiB);
+  EXPECT_TRUE(outside_allocator({}, parse_device("cpu"), ModelConfig{}, l).empty());
+}
+
+// A mixture of experts' communicators, by token dispatcher, on tp 2 and dp 4 (tp and dp rings
+// first): the etp x ep gather ring, the alltoall dispatcher's all-to-all (a peer per other ep
+// rank) and expert-tensor-parallel ring, and the expert-data-parallel ring when the experts are
+// sharded unlike the dense parameters (ep > 1 or etp other than tp).
+TEST(Frameworks, OutsideTheAllocatorCountsTheExpertsCommunicators) {
+  const Device d = parse_device("h100-80gb");
+  const int64_t MiB = int64_t{1} << 20, ring = 2 * 16 * (4 * MiB + 4915200 + MiB / 2), peer = 8 * 4 * MiB;
+  ModelConfig c;
+  c.arch = "moe";
+  PlanOptions allgather, alltoall;
+  alltoall.allgather_dispatch = false;
+  auto total = [&](const PlanOptions& o, const Layout& l) {
+    int64_t sum = 0;
+    for (const Allocation& a : outside_allocator(o, d, c, l)) sum += a.bytes;
+    return sum;
+  };
+  Layout l;
+  l.tp = 2, l.dp = 4, l.ep = 2, l.etp = 2;  // edp 2
+  const int64_t base = 512 * MiB + 2 * ring;
+  EXPECT_EQ(total(allgather, l), base + ring + ring);
+  EXPECT_EQ(total(alltoall, l), base + ring + peer + ring + ring);
   l.ep = 1;  // the experts sharded as the dense parameters: no ring of their own
-  EXPECT_EQ(total(l), 512 * MiB + 3 * ring);
-  EXPECT_TRUE(outside_allocator(parse_device("cpu"), l).empty());
+  EXPECT_EQ(total(allgather, l), base + ring);
+  EXPECT_EQ(total(alltoall, l), base + ring + ring);
+  l.etp = 1;  // whole experts on each tensor-parallel rank: reduced over all 8 ranks
+  EXPECT_EQ(total(allgather, l), base + ring);
+  EXPECT_EQ(total(alltoall, l), base + ring);
+  c.arch = "llama";  // a dense model: none of them
+  EXPECT_EQ(total(alltoall, l), base);
 }
 
 // A plan fits when its peak with the margin is within the budget, and the budget is the device less
@@ -614,7 +641,7 @@ TEST(Layouts, FitsKeepsTheMarginFree) {
   l.tp = 2;
   const LayoutPlan p = plan_layout(c, l, d, "none");
   int64_t outside = 0;
-  for (const Allocation& a : outside_allocator(d, l)) outside += a.bytes;
+  for (const Allocation& a : outside_allocator({}, d, c, l)) outside += a.bytes;
   EXPECT_EQ(p.budget, d.memory - outside);
   EXPECT_EQ(p.margin, kAllocatedUncertainty);
   PlanOptions o;

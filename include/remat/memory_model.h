@@ -70,6 +70,8 @@ struct StepShape {
   // Ranks the routed experts' parameters are sharded over instead (Megatron-LM's expert-data-parallel
   // group, Layout::expert_shards); 0: world.
   int expert_world = 0;
+  // The ranks a parameter is sharded over: expert_world for a routed expert's (when set), else world.
+  int world_of(bool expert) const { return expert && expert_world > 0 ? expert_world : world; }
   int64_t extra_buffers = 0;  // other persistent buffers of the trainer (the loss's all-reduce)
   bool grad_buffers = false;  // gradients go to persistent buffers even with world 1 (Megatron's main_grad)
   int grad_bytes = 0;         // bytes per element of the gradient buffers; 0: the weights' dtype

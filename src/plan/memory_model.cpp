@@ -436,7 +436,7 @@ StepMemory persistent_memory(const CompiledStep& plan, const StepShape& shape, c
   auto share = [](int64_t n, int rank, int world) {
     return shard_first(n, rank + 1, world) - shard_first(n, rank, world);
   };
-  const int expert_world = shape.expert_world > 0 ? shape.expert_world : shape.world;
+  const int expert_world = shape.world_of(/*expert=*/true);
   const int64_t owned_experts = share(expert_numel, shape.rank % expert_world, expert_world);
   const int64_t owned = share(numel, shape.rank, shape.world) + owned_experts;
   numel += expert_numel;
@@ -624,7 +624,7 @@ class StepReplay {
   // expert's 1 / expert_world (the ranks that hold that expert, as persistent_memory shards them);
   // else all.
   int64_t owned(const ModelParam& p, bool sharded) const {
-    const int world = p.spec->expert && shape_.expert_world > 0 ? shape_.expert_world : shape_.world;
+    const int world = shape_.world_of(p.spec->expert);
     return sharded ? std::max<int64_t>(1, p.spec->numel() / world) : p.spec->numel();
   }
 

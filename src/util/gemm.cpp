@@ -120,9 +120,11 @@ bool can_run(GemmImpl impl) {
   return (sizeof(T) == 4 && impl == GemmImpl::OneDnn) ? dnnl_sgemm() != nullptr : cblas<T>() != nullptr;
 }
 
-// Tiles of the output: at most 256 rows by 512 columns, from the shape alone (never the thread
-// count), each over the whole of k. NOTE [The engine's GEMMs] has the measurements.
-constexpr int64_t kTileRows = 256, kTileCols = 512;
+// Tiles of the output: at most 256 rows by 512 columns, each over the whole of k, and rows cut
+// finer (tile_rows) while the product has fewer than 4 tiles, so that a short product (an
+// expert's rows) still spreads over the cores; from the shape alone, never the thread count.
+// NOTE [The engine's GEMMs] has the measurements.
+constexpr int64_t kTileRows = 256, kTileCols = 512, kMinTileRows = 64, kMinTiles = 4;
 
 // A transposed A whose rows are 4 KiB or longer puts every row of a tile's panel on a page of its
 // own: oneDNN's sgemm then ran a linear's weight gradient (dy^T x: A is dy, lda its width) at 57-69
@@ -135,17 +137,20 @@ constexpr int64_t kPackLda = 1024;
 
 void sgemm_tiled(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int64_t rows = (m + kTileRows - 1) / kTileRows, cols = (n + kTileCols - 1) / kTileCols;
+  const int64_t tr = tile_rows(m, n);
+  const int64_t rows = (m + tr - 1) / tr, cols = (n + kTileCols - 1) / kTileCols;
   const bool pack = impl == GemmImpl::OneDnn && ta && lda >= kPackLda;
+  // Every tile on one kernel thread, even a product of one tile: the BLAS's own threads would spin
+  // on the cores the pass's kernel threads hold.
   std::optional<SingleThreadedBlas> one_thread;
-  if (impl != GemmImpl::OneDnn && kernel_threads() > 1 && rows * cols > 1) one_thread.emplace();
+  if (impl != GemmImpl::OneDnn && kernel_threads() > 1) one_thread.emplace();
   // Packed, a chunk is one row of tiles: its panel is copied once, for all of the row's tiles.
   parallel_chunks(rows * cols, pack ? cols : 1, [&](int64_t begin, int64_t end) {
     float* panel = nullptr;
     int64_t panel_row = -1;
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t / cols * kTileRows, j = t % cols * kTileCols;
-      const int64_t mr = std::min(kTileRows, m - i);
+      const int64_t i = t / cols * tr, j = t % cols * kTileCols;
+      const int64_t mr = std::min(tr, m - i);
       const float* at = ta ? a + i : a + i * lda;  // rows i.. of op(A): columns of A when transposed
       int64_t ld = lda;
       if (pack) {
@@ -209,6 +214,13 @@ void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Ten
 }
 
 }  // namespace
+
+int64_t tile_rows(int64_t m, int64_t n) {
+  const int64_t cols = (n + kTileCols - 1) / kTileCols;
+  int64_t r = kTileRows;
+  while (r > kMinTileRows && (m + r - 1) / r * cols < kMinTiles) r /= 2;
+  return r;
+}
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {

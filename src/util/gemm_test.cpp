@@ -99,7 +99,7 @@ class GemmChoiceScope {
 TEST(Gemm, TiledProductIsTheProduct) {
   at::manual_seed(3);
   const int64_t n = 1100, k = 70;
-  for (const int64_t m : {600, 1100})  // a transposed A of 1100 columns is packed (PackedPanel...)
+  for (const int64_t m : {100, 600, 1100})  // 100: tiles of 64 rows; a transposed A of 1100 columns is packed
     for (const bool ta : {false, true})
       for (const bool tb : {false, true})
         for (const double beta : {0.0, 1.0}) {
@@ -110,6 +110,16 @@ TEST(Gemm, TiledProductIsTheProduct) {
           EXPECT_TRUE(testing::close(product(a, ta, b, tb, c0, beta, 2), want, 1e-5))
               << "m " << m << " ta " << ta << " tb " << tb << " beta " << beta;
         }
+}
+
+// A short product is cut into rows of fewer than 256 until it has 4 tiles (down to 64 rows), so
+// that an expert's few hundred rows still spread over the cores; a linear of 1024 tokens keeps 256.
+TEST(Gemm, AShortProductIsCutIntoFourTiles) {
+  EXPECT_EQ(tile_rows(1024, 1536), 256);
+  EXPECT_EQ(tile_rows(1024, 512), 256);
+  EXPECT_EQ(tile_rows(256, 1024), 128);  // 2 x 2 tiles
+  EXPECT_EQ(tile_rows(256, 512), 64);    // 4 x 1
+  EXPECT_EQ(tile_rows(40, 512), 64);     // one tile: no finer than 64 rows
 }
 
 // A transposed A with rows of 1024 floats or more (a weight gradient's dy^T) is copied into a

@@ -1,5 +1,7 @@
 # The front door. `make run`: set up, build, run the seed experiment. `make test`: set up, build, test.
 SHELL := /bin/bash
+# A command piped into tee fails the target when the command fails.
+.SHELLFLAGS := -o pipefail -c
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -29,10 +31,14 @@ planner: build
 	  --chart results/planner.png --chart results/planner.svg
 
 # A byte-level GPT on Debian's English fortunes with the default settings, its
-# loss chart, and a sample from the trained model.
+# loss chart, and a sample from the trained model. It trains into runs/fortunes.new, which
+# replaces runs/fortunes (a run of its own, from an earlier `make train`) once it completes.
 train: build
-	$(BUILD)/remat train --save runs/fortunes --csv results/train.csv --chart results/train.png --chart results/train.svg \
+	rm -rf runs/fortunes.new
+	$(BUILD)/remat train --save runs/fortunes.new --csv results/train.csv --chart results/train.png --chart results/train.svg \
 	  | tee results/train.txt
+	rm -rf runs/fortunes.old && { [ ! -e runs/fortunes ] || mv runs/fortunes runs/fortunes.old; }
+	mv runs/fortunes.new runs/fortunes && rm -rf runs/fortunes.old
 	$(BUILD)/remat sample --load runs/fortunes --prompt "The meaning of life is" --tokens 400 --seed 7 | tee results/sample.txt
 
 # Multi-GPU plans: the fastest layouts for GPT-3 175B on 64 A100s, LLaMA-70B on 16 H100s and a 1T

@@ -160,19 +160,24 @@ const GemmMeasurement& settle_gemm(const ThreadConfig& threads) {
 
 std::string describe(const GemmMeasurement& m) {
   if (m.classes.empty()) return "";
-  std::string out = fmt::format("  GEMM per class, the fastest {}:\n", m.source);
+  std::string out = fmt::format("  GEMM per class, chosen by measurement {}:\n", m.source);
   for (const GemmClassRates& c : m.classes) {
     std::string rates;
     for (const auto& [name, rate] : c.gflops)
       rates += fmt::format("{}{} {:.1f}", rates.empty() ? "" : ", ", name, rate);
     out += fmt::format("    {:<14} {:<13} (GFLOP/s: {})\n", c.product, c.chosen, rates);
   }
+  auto pass = [&](const char* name) {
+    for (const auto& [n, ms] : m.pass_ms)
+      if (n == name) return ms;
+    return 0.0;
+  };
   if (m.pass_ms.size() == 2)
     out += fmt::format(
         "    linears on {}: a pass of every class took {:.1f} ms (median) with them on remat's kernel threads, {:.1f} "
         "ms on the BLAS's (the BLAS's threads only when faster in every one of 5 pairs)\n",
         m.classes.front().chosen == "blas-threads" ? "the BLAS's threads" : "remat's kernel threads",
-        m.pass_ms[0].second, m.pass_ms[1].second);
+        pass("kernel-threads"), pass("blas-threads"));
   return out;
 }
 

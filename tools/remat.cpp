@@ -189,7 +189,8 @@ int main(int argc, char** argv) {
                       "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
                       "or a name such as SkylakeX");
     c.app->add_option("--gemm", gemm,
-                      "the engine's GEMM: auto (each class of products on the one measured fastest here, cached; "
+                      "the engine's GEMM: auto (each class of products on the one measured fastest here on remat's "
+                      "threads, the linears on the BLAS's own threads when a pass runs faster so; cached; "
                       "default), onednn, blas, or a record such as linear=blas-threads,blas-threads,blas;"
                       "head=onednn,onednn,onednn");
   }

@@ -560,7 +560,7 @@ class Evaluator {
     const StepMemory& worst = p.rank().memory;
     const int64_t wbytes = dtype_size(spec.block.dtype);
     const double d = static_cast<double>(l.shards()), share = (d - 1) / d;
-    const double de = static_cast<double>(l.expert_shards());
+    const double de = std::max<double>(1, static_cast<double>(l.expert_shards()));               // (validate: >= 1)
     const double unsharded = l.zero >= 3 ? d : 1.0, unsharded_experts = l.zero >= 3 ? de : 1.0;  // ZeRO-3: a shard
     // Elements each rank's ring moves once: (n - 1) / n of the gradients it reduces.
     const double moved = share * static_cast<double>(worst.params - worst.expert_params) / wbytes * unsharded +

@@ -198,7 +198,7 @@ void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Ten
   const int64_t lda = a.stride(rank - 2), ldb = b.stride(rank - 2), ldc = c.stride(rank - 2);
   const GemmImpl impl = impl_of(head_class(ta, tb));
   std::optional<SingleThreadedBlas> one_thread;
-  if (impl != GemmImpl::OneDnn && kernel_threads() > 1 && n_outer > 1) one_thread.emplace();
+  if (impl != GemmImpl::OneDnn && kernel_threads() > 1) one_thread.emplace();  // as sgemm_tiled
   parallel_chunks(n_outer, 1, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       int64_t oa0 = 0, ob0 = 0, oc0 = 0;

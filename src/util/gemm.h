@@ -113,4 +113,8 @@ class SingleThreadedBlas {
 // [{"product": ..., "chosen": ..., "gflops": {"onednn": ..., ...}}, ...].
 nlohmann::json gemm_classes_json(const std::vector<GemmClassRates>& classes);
 
+// choose_gemm's rule for the linears' threads: the BLAS's own threads only when the pass with them
+// (`threaded`, ms) was faster than the pass on the kernel threads (`pooled`) in every pair.
+bool linears_on_blas_threads(const std::vector<double>& pooled, const std::vector<double>& threaded);
+
 }  // namespace remat::detail

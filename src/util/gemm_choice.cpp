@@ -195,21 +195,30 @@ void choose_linear_threads(const ThreadConfig& threads, GemmTable& table, GemmMe
   GemmTable threaded = table;
   for (int c = 0; c < 3; ++c) threaded[c] = GemmImpl::BlasThreads;
   std::vector<double> pooled_ms, threaded_ms;
-  bool every_pair = true;
-  for (int rep = 0; rep <= 5; ++rep) {
-    const double a = run_pass(classes, table, threads), b = run_pass(classes, threaded, threads);
+  for (int rep = 0; rep <= 5; ++rep) {  // each pair in the other order from the last
+    double a = 0, b = 0;
+    if (rep % 2 == 0)
+      a = run_pass(classes, table, threads), b = run_pass(classes, threaded, threads);
+    else
+      b = run_pass(classes, threaded, threads), a = run_pass(classes, table, threads);
     if (rep == 0) continue;
     pooled_ms.push_back(a), threaded_ms.push_back(b);
-    every_pair = every_pair && b < a;
   }
   m.pass_ms = {{"kernel-threads", detail::median(pooled_ms)}, {"blas-threads", detail::median(threaded_ms)}};
-  if (every_pair) {
+  if (detail::linears_on_blas_threads(pooled_ms, threaded_ms)) {
     table = threaded;
     for (int c = 0; c < 3; ++c) m.classes[static_cast<size_t>(c)].chosen = "blas-threads";
   }
 }
 
 }  // namespace
+
+bool detail::linears_on_blas_threads(const std::vector<double>& pooled, const std::vector<double>& threaded) {
+  if (pooled.empty() || pooled.size() != threaded.size()) return false;
+  for (size_t i = 0; i < pooled.size(); ++i)
+    if (!(threaded[i] < pooled[i])) return false;
+  return true;
+}
 
 nlohmann::json detail::gemm_classes_json(const std::vector<GemmClassRates>& classes) {
   nlohmann::json out = nlohmann::json::array();

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "remat/error.h"
 #include "remat/runtime.h"
@@ -100,15 +101,30 @@ TEST(GemmChoice, SetsEachClassToItsFastestAndCachesIt) {
   EXPECT_EQ(again.pass_ms, m.pass_ms);
 }
 
-// An entry edited by hand is measured again, never trusted.
+// An entry edited by hand, or of an older format (no pass times), is measured again, never trusted.
 TEST(GemmChoice, AnUnreadableCacheEntryIsMeasuredAgain) {
   if (!has_blas()) GTEST_SKIP() << "one GEMM only: nothing to choose";
   const TableScope scope;
   const CacheFolder cache;
   choose_gemm({1, 1}, cache.str());
+  for (const auto& entry : std::filesystem::directory_iterator(cache.str())) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(entry.path()));
+    j.erase("pass_ms");
+    std::ofstream(entry.path()) << j.dump();
+  }
+  EXPECT_NE(choose_gemm({1, 1}, cache.str()).source.find("measured now"), std::string::npos);
   for (const auto& entry : std::filesystem::directory_iterator(cache.str()))
     std::ofstream(entry.path()) << "{ not json";
   EXPECT_NE(choose_gemm({1, 1}, cache.str()).source.find("measured now"), std::string::npos);
+}
+
+// The linears leave the kernel threads only when the BLAS's own threads won every pair: a better
+// median with one pair lost keeps them, as does a tie.
+TEST(GemmChoice, TheBlasThreadsMustWinEveryPair) {
+  EXPECT_TRUE(detail::linears_on_blas_threads({10, 11, 12, 10, 11}, {9, 10, 11, 9, 10}));
+  EXPECT_FALSE(detail::linears_on_blas_threads({10, 11, 12, 10, 11}, {9, 10, 13, 9, 10}));
+  EXPECT_FALSE(detail::linears_on_blas_threads({10, 11}, {9, 11}));
+  EXPECT_FALSE(detail::linears_on_blas_threads({}, {}));
 }
 
 // The floor's rate is the best of every GEMM the build has, whatever the engine runs now.

@@ -273,6 +273,10 @@ struct SearchResult {
 SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
                             const PlanOptions& options = {});
 
+// Whether a mixture of experts' tokens go by Megatron-LM's allgather dispatcher on `device`
+// (PlanOptions::allgather_dispatch under Megatron-LM; never on remat's own engine).
+bool allgather_dispatch(const PlanOptions& options, const Device& device);
+
 // What `options.framework` allocates on each GPU of pipeline stage `stage` of `l`, beyond the
 // tensors the memory model replays: its GEMM workspaces and the micro-batch it keeps on the GPU.
 // `cfg` is the model (whole, not a rank's share).

@@ -36,10 +36,6 @@ LayerPolicy policy_of(const BlockSpec& spec, const std::vector<bool>& saved) {
   return lp;
 }
 
-// Whether the kernel threads may poll through a pass: only when every GEMM and loop of the pass runs
-// on them, so that no BLAS or OpenMP thread needs the cores they hold (NOTE [Kernel threads awake]).
-bool pass_owns_the_cores() { return detail::gemm_on_kernel_threads() && current_threads().aten == 1; }
-
 }  // namespace
 
 BlockExecutor::BlockExecutor(BlockSpec spec, LayerPolicy policy, ExecOptions options)
@@ -78,7 +74,7 @@ at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, 
 
   detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, nullptr, params, layer);
   if (replay_seeds) env.replay_seeds();
-  detail::KernelThreadsAwake awake(pass_owns_the_cores());
+  detail::KernelThreadsAwake awake(detail::pass_owns_the_cores());
   for (const Step& step : s.forward) {
     if (step.kind == Step::Kind::Free) {
       ctx.tensors[step.index] = at::Tensor();
@@ -111,7 +107,7 @@ BlockExecutor::Grads BlockExecutor::backward(const at::Tensor& dy, at::TensorLis
   env.grads.assign(spec_.tensors.size(), at::Tensor());
   env.param_grads.assign(spec_.params.size(), at::Tensor());
   env.grads[spec_.output] = dy;
-  detail::KernelThreadsAwake awake(pass_owns_the_cores());
+  detail::KernelThreadsAwake awake(detail::pass_owns_the_cores());
 
   for (const Step& step : s.backward) {
     switch (step.kind) {

@@ -12,6 +12,10 @@ namespace remat {
 
 std::string_view to_string(Framework f) { return f == Framework::Megatron ? "megatron" : "torchtitan"; }
 
+bool allgather_dispatch(const PlanOptions& o, const Device& d) {
+  return o.framework == Framework::Megatron && o.allgather_dispatch && !d.engine;
+}
+
 Framework parse_framework(std::string_view text) {
   if (text == "megatron") return Framework::Megatron;
   if (text == "torchtitan") return Framework::Torchtitan;
@@ -69,7 +73,7 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
     // layer's dispatch on and reused by every layer (token_dispatcher.py, use_global_buffer=True;
     // parallel_state.py GlobalMemoryBuffer).
     const int64_t group = l.ep * l.etp;
-    if (routes_experts(c.arch) && group > 1 && o.allgather_dispatch)
+    if (routes_experts(c.arch) && group > 1 && allgather_dispatch(o, d))
       out.push_back({"gathered tokens (allgather dispatcher)",
                      rank.batch * rank.rank_seq() * group * c.dim * dtype_size(c.dtype),
                      "the expert-parallel group's tokens in the global memory buffer the dispatcher gathers "
@@ -126,7 +130,7 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
   // experts' gradients are reduced over a ring of their own when they are sharded unlike the
   // dense parameters (ep > 1, or etp other than tp).
   nccl("expert- and expert-tensor-parallel group", l.ep * l.etp, ring);
-  if (!(o.framework == Framework::Megatron && o.allgather_dispatch)) {
+  if (!allgather_dispatch(o, d)) {
     nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * 8 * 4 * MiB);
     nccl("expert-tensor-parallel group", l.etp, ring);
   }

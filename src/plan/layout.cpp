@@ -241,7 +241,7 @@ ModelConfig framework_config(ModelConfig cfg, const Device& device, const PlanOp
         cfg.arch);
   cfg.eager_ops = options.framework == Framework::Torchtitan && !device.engine;
   cfg.deterministic = options.framework == Framework::Megatron && options.deterministic && !device.engine;
-  cfg.allgather_dispatch = options.framework == Framework::Megatron && options.allgather_dispatch && !device.engine;
+  cfg.allgather_dispatch = allgather_dispatch(options, device);
   return cfg;
 }
 

@@ -237,6 +237,8 @@ bool gemm_on_kernel_threads() {
   return true;
 }
 
+bool pass_owns_the_cores() { return gemm_on_kernel_threads() && current_threads().aten == 1; }
+
 void mm_out(at::Tensor& c, const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, double beta) {
   const GemmImpl impl = impl_of(linear_class(ta, tb));
   const bool tiled = impl != GemmImpl::BlasThreads && can_run<float>(impl) && c.device().is_cpu() &&

@@ -73,6 +73,11 @@ bool gemm_available();
 // them polling (NOTE [Kernel threads awake]).
 bool gemm_on_kernel_threads();
 
+// Whether the kernel threads may poll through a pass: only when every GEMM and loop of the pass runs
+// on them (gemm_on_kernel_threads, one ATen thread), so that no BLAS or OpenMP thread needs the
+// cores they hold (NOTE [Kernel threads awake]).
+bool pass_owns_the_cores();
+
 // c = op(a) op(b) + beta c for 2-D tensors, c written in place, on the implementation of its linear
 // class. OneDnn and Blas, for CPU float32 whose last dimensions are contiguous: tiles of at most
 // 256 rows (tile_rows) x 512 columns of c over the kernel threads, one GEMM call each. Otherwise

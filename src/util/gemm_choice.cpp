@@ -166,13 +166,13 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& tabl
   return r;
 }
 
-// A pass of every class's products in turn under `t`, ms: the kernel threads poll only when every
-// product runs on them, as BlockExecutor's passes do (NOTE [Kernel threads awake]).
-double run_pass(const std::vector<Workload>& classes, const GemmTable& t, const ThreadConfig& threads) {
+// A pass of every class's products in turn under `t` (on the threads choose_gemm applied), ms: the
+// kernel threads poll as BlockExecutor's passes let them (detail::pass_owns_the_cores).
+double run_pass(const std::vector<Workload>& classes, const GemmTable& t) {
   detail::set_gemm_table(t);
   double ms = 0;
   {
-    detail::KernelThreadsAwake awake(detail::gemm_on_kernel_threads() && threads.aten == 1);
+    detail::KernelThreadsAwake awake(detail::pass_owns_the_cores());
     const auto t0 = detail::Clock::now();
     for (const Workload& w : classes) w.run();
     ms = detail::ms_since(t0);
@@ -188,7 +188,7 @@ double run_pass(const std::vector<Workload>& classes, const GemmTable& t, const 
 // five); the linears leave the kernel threads, which the engine's passes own, only when the
 // BLAS's threads won every pair: their cost comes in spells (steps 10-25% slower on a busy host)
 // that a median of five passes can miss.
-void choose_linear_threads(const ThreadConfig& threads, GemmTable& table, GemmMeasurement& m) {
+void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   if (!detail::available(GemmImpl::BlasThreads)) return;
   std::vector<Workload> classes;
   for (int c = 0; c < kGemmClasses; ++c) classes.push_back(workload(c));
@@ -198,9 +198,9 @@ void choose_linear_threads(const ThreadConfig& threads, GemmTable& table, GemmMe
   for (int rep = 0; rep <= 5; ++rep) {  // each pair in the other order from the last
     double a = 0, b = 0;
     if (rep % 2 == 0)
-      a = run_pass(classes, table, threads), b = run_pass(classes, threaded, threads);
+      a = run_pass(classes, table), b = run_pass(classes, threaded);
     else
-      b = run_pass(classes, threaded, threads), a = run_pass(classes, table, threads);
+      b = run_pass(classes, threaded), a = run_pass(classes, table);
     if (rep == 0) continue;
     pooled_ms.push_back(a), threaded_ms.push_back(b);
   }
@@ -243,7 +243,7 @@ GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cach
   apply_threads(threads);
   GemmTable table = detail::gemm_table();
   for (int c = 0; c < kGemmClasses; ++c) m.classes.push_back(measure_class(c, threads, table));
-  choose_linear_threads(threads, table, m);
+  choose_linear_threads(table, m);
   detail::set_gemm_table(table);
   apply_threads(before);
   m.source = fmt::format("measured now, on {}, threads {}", detail::cpu_model(), to_string(threads));

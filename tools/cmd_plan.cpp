@@ -629,25 +629,8 @@ int run_layouts(PlanFlags& f) {
 
 int run(PlanFlags& f) { return f.layouts() ? run_layouts(f) : run_single(f); }
 
-}  // namespace
-
-Command add_plan(CLI::App& parent) {
-  auto f = std::make_shared<PlanFlags>();
-  CLI::App* a = parent.add_subcommand(
-      "plan", "find the fastest policy that fits a budget, or the layouts of a multi-GPU run that fit each GPU");
-  f->app = a;
-  f->shape.cfg.arch = "gpt2";
-  f->shape.add(a);
-  f->shape.add_planning(a);
-  a->add_option("--budget", f->budget,
-                "one process: total peak memory, e.g. 300MiB, 2GB, 1.5GiB, or 60% (of none's activations and "
-                "gradients, above weights, optimizer and data); with --device: bytes per GPU");
-  a->add_option("--pins", f->pins, "choices the plan must keep, e.g. keep:qkv+drop:fc");
-  a->add_option("--costs", f->costs, "auto (measure when a layer runs here quickly), measured, estimated")
-      ->capture_default_str();
-  a->add_option("--threads", f->threads, "ATen/BLAS threads for measuring, e.g. 1/2");
-  a->add_option("--json", f->json, "write the plan as JSON (also when it cannot be met)");
-  // Multi-GPU layouts.
+// The multi-GPU layout's flags: the device, the GPUs and how they are split, the batch, the policies.
+void add_layout_flags(CLI::App* a, PlanFlags* f) {
   std::string devices;
   for (const std::string& n : device_names()) devices += (devices.empty() ? "" : ", ") + n;
   a->add_option(
@@ -685,6 +668,10 @@ Command add_plan(CLI::App& parent) {
                 "the plan; on the CPU 2GiB for the system)");
   a->add_option("--top", f->top, "layouts to list")->capture_default_str();
   a->add_option("--tokens", f->tokens, "tokens to train on (300B, 1.4T): prints the run's time");
+}
+
+// What runs on each GPU: the framework and the settings of it that move memory.
+void add_framework_flags(CLI::App* a, PlanFlags* f) {
   a->add_option("--framework", f->framework,
                 "what runs on each GPU: megatron (Megatron-LM with Transformer Engine) or torchtitan (at 9dec370, "
                 "December 2024: FSDP2, foreach AdamW, eager ops)")
@@ -716,6 +703,28 @@ Command add_plan(CLI::App& parent) {
   a->add_option("--cublas-workspace", f->cublas_workspace,
                 "PyTorch's cuBLAS workspace per stream, as CUBLAS_WORKSPACE_CONFIG sets it (default: PyTorch's for the "
                 "device)");
+}
+
+}  // namespace
+
+Command add_plan(CLI::App& parent) {
+  auto f = std::make_shared<PlanFlags>();
+  CLI::App* a = parent.add_subcommand(
+      "plan", "find the fastest policy that fits a budget, or the layouts of a multi-GPU run that fit each GPU");
+  f->app = a;
+  f->shape.cfg.arch = "gpt2";
+  f->shape.add(a);
+  f->shape.add_planning(a);
+  a->add_option("--budget", f->budget,
+                "one process: total peak memory, e.g. 300MiB, 2GB, 1.5GiB, or 60% (of none's activations and "
+                "gradients, above weights, optimizer and data); with --device: bytes per GPU");
+  a->add_option("--pins", f->pins, "choices the plan must keep, e.g. keep:qkv+drop:fc");
+  a->add_option("--costs", f->costs, "auto (measure when a layer runs here quickly), measured, estimated")
+      ->capture_default_str();
+  a->add_option("--threads", f->threads, "ATen/BLAS threads for measuring, e.g. 1/2");
+  a->add_option("--json", f->json, "write the plan as JSON (also when it cannot be met)");
+  add_layout_flags(a, f.get());
+  add_framework_flags(a, f.get());
   return {a, nullptr, [f] { return run(*f); }};  // plan re-executes itself only under --gemm blas
 }
 

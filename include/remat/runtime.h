@@ -114,8 +114,9 @@ bool gemm_uses_blas();
 // warm-up. Throws remat::Error for a GEMM this build lacks.
 double matmul_gflops(int n = 1024, int reps = 9, std::string_view gemm = {});
 
-// The same rate on every GEMM this build has, each in turn: what a step's matmul floor is measured
-// at (the fastest of them), since no step's products can run faster than the fastest GEMM here.
+// The same rate on every GEMM this build has, medians of `reps` rounds that run each once: what a
+// step's matmul floor is measured at (the fastest of them), since no step's products can run
+// faster than the fastest GEMM here.
 struct FastestMatmul {
   double gflops = 0;                                  // the fastest's rate
   std::string gemm;                                   // and its name: "blas-threads"

@@ -49,24 +49,30 @@ int shared_expert(Builder& b, const DecoderStyle& s, int n2) {
                 Split::Row);
 }
 
-// Router, dispatch, the experts and the combine; plus the shared expert. The experts are SwiGLU
-// MLPs, or GELU ones (fc, gelu, down) under ModelConfig.mlp gelu (Megatron-LM's default).
-int experts(Builder& b, const DecoderStyle& s, int n2) {
-  const ModelConfig& c = b.cfg();
-  const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
-  const int64_t rows = c.dispatch_rows(), f = c.rank_expert_hidden();
-  // Sinkhorn's weights: a sigmoid for one expert per token, a softmax for more, as they are
-  // (Megatron-LM's router.py).
+// How the block's tokens are routed: Sinkhorn's weights are a sigmoid for one expert per token, a
+// softmax for more, as they are (Megatron-LM's router.py).
+Routing routing_of(const ModelConfig& c) {
   const bool sinkhorn = c.router == Router::Sinkhorn;
   const bool sigmoid = c.router == Router::Sigmoid || (sinkhorn && c.top_k == 1);
-  Routing routing{c.experts, c.top_k,  c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
-                  c.ep,      sinkhorn, c.deterministic};
-  routing.etp = c.etp;
-  routing.fp32_return = c.router_fp32 && c.dtype != DType::F32;
-  routing.allgather = c.allgather_dispatch;
+  Routing r{c.experts, c.top_k,  c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
+            c.ep,      sinkhorn, c.deterministic};
+  r.etp = c.etp;
+  r.fp32_return = c.router_fp32 && c.dtype != DType::F32;
+  r.allgather = c.allgather_dispatch;
+  return r;
+}
+
+// The router's outputs and the dispatched rows, by tensor id.
+struct Dispatched {
+  int weights, xs, slots, row_expert;
+};
+
+// The router's logits (with ModelConfig::router_fp32, one GEMM with an fp32 output: Megatron-LM's
+// router_gating_linear), each token's experts and weights, and the tokens dispatched to them.
+Dispatched route(Builder& b, const Routing& routing, int n2) {
+  const ModelConfig& c = b.cfg();
+  const std::vector<int64_t> per_token = {c.batch, c.rank_seq(), c.top_k};
   const DType weights = c.router_fp32 ? DType::F32 : c.dtype;
-  // The router's logits; with ModelConfig::router_fp32 one GEMM with an fp32 output (Megatron-LM's
-  // router_gating_linear).
   const int logits =
       b.op(OpKind::Linear, "router", {n2}, {{"router", b.res(c.experts), weights, tag::kRouter, "router logits"}},
            {{"router.weight", {c.experts, c.dim}, Init::Normal}})[0];
@@ -75,44 +81,52 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
            {{"weights", per_token, weights, tag::kRouter, "routing weight of each token's experts"},
             {"experts", per_token, DType::I64, tag::kRouter, "each token's experts, highest score first"},
             {"probs", b.res(c.experts), DType::F32, tag::kRouter,
-             sigmoid ? "router scores (sigmoid)" : "router probabilities (softmax)"}});
+             routing.sigmoid ? "router scores (sigmoid)" : "router probabilities (softmax)"}});
   b.last().routing = routing;
   const std::vector<int> placed =
       b.op(OpKind::Dispatch, "xs", {n2, routed[1]},
-           {{"xs", {rows, c.dim}, c.dtype, tag::kExperts, "tokens dispatched to their experts, by expert"},
+           {{"xs", {c.dispatch_rows(), c.dim}, c.dtype, tag::kExperts, "tokens dispatched to their experts, by expert"},
             {"slots", per_token, DType::I64, tag::kExperts, "dispatch row of each token's copies"},
-            {"rows", {rows}, DType::I64, tag::kExperts, "expert of each dispatch row"}});
+            {"rows", {c.dispatch_rows()}, DType::I64, tag::kExperts, "expert of each dispatch row"}});
   b.last().routing = routing;
-  const int xs = placed[0], slots = placed[1], row_expert = placed[2];
+  return {routed[0], placed[0], placed[1], placed[2]};
+}
+
+// The experts' MLPs on the dispatched rows: SwiGLU, or GELU (fc, gelu, down) under ModelConfig.mlp
+// gelu (Megatron-LM's default); under ExpertWeights::Activation the routing weights multiply the
+// activation, before the down projection (Megatron-LM). Returns the down projections' output.
+int expert_mlps(Builder& b, const DecoderStyle& s, const Dispatched& d) {
+  const ModelConfig& c = b.cfg();
+  const int64_t rows = c.dispatch_rows(), f = c.rank_expert_hidden();
   constexpr uint32_t kInner = tag::kExperts | tag::kMlpInner;
+  constexpr uint32_t kAct = kInner | tag::kExpertAct | tag::kMlpAct;
   int act = -1;
   if (s.swiglu) {
-    const int gate = expert_linear(b, "gate", xs, row_expert, f, kInner, "experts' gate projections");
-    const int up = expert_linear(b, "up", xs, row_expert, f, kInner, "experts' up projections");
+    const int gate = expert_linear(b, "gate", d.xs, d.row_expert, f, kInner, "experts' gate projections");
+    const int up = expert_linear(b, "up", d.xs, d.row_expert, f, kInner, "experts' up projections");
     act = b.op(OpKind::Swiglu, "act", {gate, up},
-               {{"act",
-                 {rows, f},
-                 c.dtype,
-                 kInner | tag::kExpertAct | tag::kMlpAct,
-                 "experts' SwiGLU output silu(gate) * up"}})[0];
+               {{"act", {rows, f}, c.dtype, kAct, "experts' SwiGLU output silu(gate) * up"}})[0];
   } else {
-    const int fc = expert_linear(b, "fc", xs, row_expert, f, kInner, "experts' first linears (GELU input)");
-    act = unary(b, OpKind::Gelu, "act", fc, kInner | tag::kExpertAct | tag::kMlpAct, "experts' GELU output");
+    const int fc = expert_linear(b, "fc", d.xs, d.row_expert, f, kInner, "experts' first linears (GELU input)");
+    act = unary(b, OpKind::Gelu, "act", fc, kAct, "experts' GELU output");
   }
-  const bool weigh_act = c.expert_weights == ExpertWeights::Activation;
-  if (weigh_act)
-    act = b.op(OpKind::Weigh, "weighed", {act, routed[0], slots},
-               {{"weighed",
-                 {rows, f},
-                 c.dtype,
-                 kInner | tag::kExpertAct | tag::kMlpAct,
-                 "experts' activation times each row's routing weight"}})[0];
-  const int down =
-      expert_linear(b, "down", act, row_expert, c.dim, kInner, "experts' down projections", Init::ResidualNormal);
-  int out = weigh_act
-                ? b.op(OpKind::Unpermute, "combine", {down, slots},
+  if (c.expert_weights == ExpertWeights::Activation)
+    act = b.op(OpKind::Weigh, "weighed", {act, d.weights, d.slots},
+               {{"weighed", {rows, f}, c.dtype, kAct, "experts' activation times each row's routing weight"}})[0];
+  return expert_linear(b, "down", act, d.row_expert, c.dim, kInner, "experts' down projections", Init::ResidualNormal);
+}
+
+// Router, dispatch, the experts and the combine into token order; plus the shared expert.
+int experts(Builder& b, const DecoderStyle& s, int n2) {
+  const ModelConfig& c = b.cfg();
+  const Routing routing = routing_of(c);
+  const Dispatched d = route(b, routing, n2);
+  const int down = expert_mlps(b, s, d);
+  constexpr uint32_t kInner = tag::kExperts | tag::kMlpInner;
+  int out = c.expert_weights == ExpertWeights::Activation
+                ? b.op(OpKind::Unpermute, "combine", {down, d.slots},
                        {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs summed into token order"}})[0]
-                : b.op(OpKind::Combine, "combine", {down, routed[0], slots},
+                : b.op(OpKind::Combine, "combine", {down, d.weights, d.slots},
                        {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
   b.last().routing = routing;
   if (c.shared_ffn > 0) out = add(b, "moe", out, shared_expert(b, s, n2), "routed plus shared experts");

@@ -413,12 +413,10 @@ class Evaluator {
            device_.link_efficiency;
   }
 
-  // The fastest per-layer choice of the block's frontier that fits the budget on stage `stage`:
-  // every layer of the stage one option, or the cheapest mix of two neighbouring options.
-  void auto_policy(Shapes& sh, const Layout& l, int stage, ResolvedPolicy& layers, std::vector<std::string>& text) {
-    // The frontier's choice sets are those of the first micro-batch size planned at this split
-    // (sizes scale with the micro-batch; computing it is the search's dearest step), priced and
-    // ordered on this one's ops.
+  // The block's frontier for `sh`, cheapest recompute first. Its choice sets are those of the first
+  // micro-batch size planned at this split (sizes scale with the micro-batch; computing it is the
+  // search's dearest step), priced and ordered on this one's ops.
+  std::vector<const BlockOption*> priced_frontier(Shapes& sh, const Layout& l) {
     auto& frontier = frontiers_[{l.tp, l.ep, l.etp, l.sp}];
     if (frontier.empty()) frontier = block_frontier(sh.spec->block, sh.costs, keep_everything(sh.spec->block));
     if (sh.frontier.empty()) {
@@ -432,9 +430,15 @@ class Evaluator {
     for (const BlockOption& o : sh.frontier) options.push_back(&o);
     std::stable_sort(options.begin(), options.end(),
                      [](const BlockOption* a, const BlockOption* b) { return a->recompute_ms < b->recompute_ms; });
-    const std::vector<LayerRange> chunks = stage_layers(cfg_.layers, l, stage);
+    return options;
+  }
+
+  // The fastest per-layer choice of the block's frontier that fits the budget on stage `stage`:
+  // every layer of the stage one option, or the cheapest mix of two neighbouring options.
+  void auto_policy(Shapes& sh, const Layout& l, int stage, ResolvedPolicy& layers, std::vector<std::string>& text) {
+    const std::vector<const BlockOption*> options = priced_frontier(sh, l);
     std::vector<int64_t> mine;
-    for (const LayerRange& c : chunks)
+    for (const LayerRange& c : stage_layers(cfg_.layers, l, stage))
       for (int64_t x = c.first; x < c.end; ++x) mine.push_back(x);
     auto assign = [&](const BlockOption* cheap, const BlockOption* dear, size_t n_cheap) {
       for (size_t i = 0; i < mine.size(); ++i) {

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <optional>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -36,6 +35,14 @@ std::vector<GemmImpl> candidates(int c) {
     if (detail::available(i) && !(c >= 3 && i == GemmImpl::BlasThreads)) out.push_back(i);
   return out;
 }
+
+// Timed rounds of every choice (after one untimed): a challenger that wins all of them against a
+// tie does so in 1 of 32 re-measurements.
+constexpr int kRounds = 5;
+
+// Which of n candidates runs j-th in `round`: one order, then the other, so that neither order's
+// place in a drift is always one candidate's.
+size_t nth_in_round(int round, size_t j, size_t n) { return round % 2 == 0 ? j : n - 1 - j; }
 
 // One class's products, on operands made once: a GPT layer's linears at 1024 tokens (widths 512
 // and 2048, both ways), or its attention products (64 heads of 128 x 64, 8 of 1024 x 64).
@@ -129,10 +136,17 @@ void save_choice(const std::string& folder, const std::string& path, const std::
   }
 }
 
-// Every candidate of class c, each sample interleaved with the others' (a warm-up, then five), as
-// a pass runs them: the kernel threads poll for their jobs unless the BLAS's own threads need the
-// cores. table[c] is set to the fastest by median on the kernel threads; the BLAS's threads, a
-// choice for the whole pass, are choose_linear_threads' to make.
+// The incumbent of every class: the loaded BLAS's cblas_sgemm, the GEMM LibTorch's own at::mm
+// runs on (oneDNN's where the BLAS has none).
+size_t incumbent(const std::vector<GemmImpl>& impls) {
+  const auto blas = std::find(impls.begin(), impls.end(), GemmImpl::Blas);
+  return blas == impls.end() ? 0 : static_cast<size_t>(blas - impls.begin());
+}
+
+// Every candidate of class c, in rounds (a warm-up, then five) that run each once, in one order
+// and then the other, as a pass runs them: the kernel threads poll for their jobs unless the BLAS's
+// own threads need the cores. table[c] is set by faster_in_every_round among those on the kernel
+// threads; the BLAS's threads, a choice for the whole pass, are choose_linear_threads' to make.
 GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& table) {
   const Workload w = workload(c);
   const std::vector<GemmImpl> impls = candidates(c);
@@ -152,17 +166,21 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& tabl
     return std::max(sample_ms, 1e-3);
   };
   for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
-  for (int rep = 0; rep < 5; ++rep)
-    for (size_t i = 0; i < impls.size(); ++i) ms[i].push_back(run(i));
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t j = 0; j < impls.size(); ++j) {
+      const size_t i = nth_in_round(round, j, impls.size());
+      ms[i].push_back(run(i));
+    }
   GemmClassRates r;
   r.product = std::string(detail::to_string(static_cast<GemmClass>(c)));
-  std::optional<size_t> best;
+  std::vector<std::vector<double>> pooled;  // the kernel threads' candidates
+  std::vector<GemmImpl> pooled_impls;
   for (size_t i = 0; i < impls.size(); ++i) {
     r.gflops.emplace_back(detail::to_string(impls[i]), w.flops / (detail::median(ms[i]) * 1e6));
-    if (impls[i] != GemmImpl::BlasThreads && (!best || detail::median(ms[i]) < detail::median(ms[*best]))) best = i;
+    if (impls[i] != GemmImpl::BlasThreads) pooled.push_back(ms[i]), pooled_impls.push_back(impls[i]);
   }
-  r.chosen = std::string(detail::to_string(impls[best.value_or(0)]));
-  table[c] = impls[best.value_or(0)];
+  table[c] = pooled_impls.at(detail::faster_in_every_round(pooled, incumbent(pooled_impls)));
+  r.chosen = std::string(detail::to_string(table[c]));
   return r;
 }
 
@@ -184,10 +202,10 @@ double run_pass(const std::vector<Workload>& classes, const GemmTable& t) {
 // The linears on the BLAS's own threads, or on remat's kernel threads with `table`'s choice: the
 // BLAS's threads spin on the cores after each call, and while any product runs on them the kernel
 // threads sleep between jobs (waking one costs the host's scheduler), so what they cost shows in a
-// whole pass, not in a product timed alone. Passes are interleaved in pairs (a warm-up, then
-// five); the linears leave the kernel threads, which the engine's passes own, only when the
-// BLAS's threads won every pair: their cost comes in spells (steps 10-25% slower on a busy host)
-// that a median of five passes can miss.
+// whole pass, not in a product timed alone. Passes run in pairs, each in the other order from the
+// last; the kernel threads, which the engine's passes own, are the incumbent of
+// faster_in_every_round: the BLAS's threads cost most in spells (steps 10-25% slower on a busy
+// host) that a median of five passes can miss.
 void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   if (!detail::available(GemmImpl::BlasThreads)) return;
   std::vector<Workload> classes;
@@ -195,17 +213,17 @@ void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   GemmTable threaded = table;
   for (int c = 0; c < 3; ++c) threaded[c] = GemmImpl::BlasThreads;
   std::vector<double> pooled_ms, threaded_ms;
-  for (int rep = 0; rep <= 5; ++rep) {  // each pair in the other order from the last
+  for (int round = 0; round <= kRounds; ++round) {  // each pair in the other order from the last
     double a = 0, b = 0;
-    if (rep % 2 == 0)
+    if (round % 2 == 0)
       a = run_pass(classes, table), b = run_pass(classes, threaded);
     else
       b = run_pass(classes, threaded), a = run_pass(classes, table);
-    if (rep == 0) continue;
+    if (round == 0) continue;  // the warm-up
     pooled_ms.push_back(a), threaded_ms.push_back(b);
   }
   m.pass_ms = {{"kernel-threads", detail::median(pooled_ms)}, {"blas-threads", detail::median(threaded_ms)}};
-  if (detail::linears_on_blas_threads(pooled_ms, threaded_ms)) {
+  if (detail::faster_in_every_round({pooled_ms, threaded_ms}, 0) == 1) {
     table = threaded;
     for (int c = 0; c < 3; ++c) m.classes[static_cast<size_t>(c)].chosen = "blas-threads";
   }
@@ -213,11 +231,18 @@ void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
 
 }  // namespace
 
-bool detail::linears_on_blas_threads(const std::vector<double>& pooled, const std::vector<double>& threaded) {
-  if (pooled.empty() || pooled.size() != threaded.size()) return false;
-  for (size_t i = 0; i < pooled.size(); ++i)
-    if (!(threaded[i] < pooled[i])) return false;
-  return true;
+size_t detail::faster_in_every_round(const std::vector<std::vector<double>>& times, size_t incumbent) {
+  if (incumbent >= times.size()) REMAT_INTERNAL("incumbent {} of {} candidates", incumbent, times.size());
+  const std::vector<double>& held = times[incumbent];
+  size_t chosen = incumbent;
+  for (size_t i = 0; i < times.size(); ++i) {
+    const std::vector<double>& t = times[i];
+    if (i == incumbent || t.empty() || t.size() != held.size()) continue;
+    bool every = true;
+    for (size_t r = 0; r < t.size() && every; ++r) every = t[r] < held[r];
+    if (every && (chosen == incumbent || detail::median(t) < detail::median(times[chosen]))) chosen = i;
+  }
+  return chosen;
 }
 
 nlohmann::json detail::gemm_classes_json(const std::vector<GemmClassRates>& classes) {
@@ -256,15 +281,24 @@ std::string gemm_record() { return detail::to_string(detail::gemm_table()); }
 void restore_gemm(std::string_view record) { detail::set_gemm_table(detail::parse_gemm_table(record)); }
 
 FastestMatmul fastest_matmul_gflops(int n, int reps) {
+  // Every GEMM once per round, in one order and then the other: a busy spell slows the GEMMs of
+  // its rounds alike, not whichever ran through it.
+  const std::vector<GemmImpl> impls = candidates(0);
+  std::vector<std::vector<double>> rates(impls.size());
+  for (int round = 0; round < reps; ++round)
+    for (size_t j = 0; j < impls.size(); ++j) {
+      const size_t i = nth_in_round(round, j, impls.size());
+      rates[i].push_back(matmul_gflops(n, 1, detail::to_string(impls[i])));
+      if (impls[i] == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // the next to run has the cores
+    }
   FastestMatmul best;
-  for (GemmImpl i : candidates(0)) {
-    const double g = matmul_gflops(n, reps, detail::to_string(i));
-    best.rates.emplace_back(detail::to_string(i), g);
+  for (size_t i = 0; i < impls.size(); ++i) {
+    const double g = detail::median(rates[i]);
+    best.rates.emplace_back(detail::to_string(impls[i]), g);
     if (g > best.gflops) {
       best.gflops = g;
-      best.gemm = std::string(detail::to_string(i));
+      best.gemm = std::string(detail::to_string(impls[i]));
     }
-    if (i == GemmImpl::BlasThreads) detail::let_blas_threads_sleep();  // the next to run has the cores
   }
   return best;
 }

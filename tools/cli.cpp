@@ -50,7 +50,8 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--shared-ffn", cfg.shared_ffn, "moe: width of a shared expert every token passes; 0 = none")
       ->capture_default_str();
   a->add_option("--capacity-factor", cfg.capacity_factor,
-                "moe: 0 = dropless; c > 0: each expert takes ceil(c * tokens * top-k / experts) rows, the rest dropped")
+                "moe: 0 = dropless; c > 0: each expert takes ceil(c * tokens * top-k / experts) rows of each rank's "
+                "tokens, the rest dropped")
       ->capture_default_str();
   a->add_option(
        "--router", router,

@@ -111,10 +111,12 @@ ExpertWeights parse_expert_weights(std::string_view s) {
 
 int64_t ModelConfig::expert_capacity() const {
   if (capacity_factor <= 0) return 0;
-  // Over the tokens of the whole expert-parallel group, as GShard counts them.
-  const double rows =
-      std::ceil(capacity_factor * static_cast<double>(batch * rank_seq() * top_k * ep) / static_cast<double>(experts));
-  return std::max<int64_t>(1, static_cast<int64_t>(rows));
+  // Each rank keeps ceil(c * its tokens * top_k / E) copies per expert and, padded to that, sends
+  // them to the expert's rank, which takes as many from each of the ep ranks (Megatron-LM's
+  // get_capacity and drop-and-pad all-to-all).
+  const double per_rank =
+      std::ceil(capacity_factor * static_cast<double>(batch * rank_seq() * top_k) / static_cast<double>(experts));
+  return ep * std::max<int64_t>(1, static_cast<int64_t>(per_rank));
 }
 
 int64_t ModelConfig::dispatch_rows() const {

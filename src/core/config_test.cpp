@@ -33,6 +33,18 @@ TEST(Config, DefaultIsTheSeedExperiment) {
   EXPECT_NO_THROW(validate(c));
 }
 
+// Under expert parallelism each rank rounds its own capacity up and an expert takes that from every
+// rank (Megatron-LM): 4 ranks of 10 tokens, top-2 of 8 experts at c = 1 give 4 x ceil(2.5) = 12
+// rows, not ceil(10) over the group's tokens.
+TEST(Config, ExpertCapacityIsRoundedPerSendingRank) {
+  ModelConfig c = tiny("moe");
+  c.batch = 1, c.seq = 10, c.experts = 8, c.top_k = 2, c.capacity_factor = 1.0;
+  EXPECT_EQ(c.expert_capacity(), 3);
+  c.ep = 4;
+  EXPECT_EQ(c.expert_capacity(), 12);
+  EXPECT_EQ(c.dispatch_rows(), c.rank_experts() * 12 * c.etp);
+}
+
 TEST(Config, RejectsDimNotDivisibleByHeadsNamingTheFields) {
   ModelConfig c = tiny("seed");
   c.heads = 3;

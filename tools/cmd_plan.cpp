@@ -90,60 +90,33 @@ nlohmann::json memory_json(const StepMemory& s) {
 
 // ---- one process -------------------------------------------------------------------------------
 
-int run_single(PlanFlags& f) {
-  const ModelConfig cfg = f.shape.resolve();
-  if (f.budget.empty())
-    fail(
-        "--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%; or plan a multi-GPU run with "
-        "--gpus N --device D");
-  const Budget budget = parse_budget(f.budget);
-  const CostSource source = parse_cost_source(f.costs);
-  if (!f.json.empty()) check_writable(f.json);
-  const ModelSpec spec = make_model(cfg);
-  const LayerPolicy pins = f.pins.empty() ? keep_everything(spec.block) : Policy::parse_pins(f.pins, spec.block);
-  const ThreadConfig threads = f.threads.empty() ? default_threads() : parse_threads(f.threads);
-  const CostModel costs = choose_costs(cfg, source, threads);
+// The one-process plan as JSON (also when it cannot be met).
+nlohmann::json single_plan_json(const ModelConfig& cfg, const Budget& budget, const Plan& p, const CostModel& costs) {
+  nlohmann::json j;
+  j["config"] = model_json(cfg);
+  j["budget"] = p.budget;
+  j["budget_text"] = to_string(budget);
+  j["fits"] = p.fits;
+  if (!p.fits) j["min_budget"] = p.min_budget;
+  j["policy"] = p.policy_text;
+  j["memory"] = memory_json(p.memory);
+  j["none_memory"] = memory_json(p.none_memory);
+  j["step_s"] = p.step_ms / 1e3;
+  j["none_step_s"] = p.none_step_ms / 1e3;
+  j["costs"] = costs.source;
+  j["frontier"] = nlohmann::json::array();
+  for (const BlockOption& o : p.frontier)
+    j["frontier"].push_back({{"option", o.text},
+                             {"saved_bytes", o.saved},
+                             {"recompute_ms", o.recompute_ms},
+                             {"forward_extra", o.forward_extra},
+                             {"backward_extra", o.backward_extra}});
+  return j;
+}
 
-  const auto t0 = std::chrono::steady_clock::now();
-  const Plan p = make_plan(cfg, budget, costs, pins);
-  const double planned_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+// A plan that fits: its memory and step time beside none's, its policy, and the block's frontier.
+void print_single_plan(const Plan& p) {
   const StepMemory &n = p.none_memory, &m = p.memory;
-  auto write_json = [&] {
-    if (f.json.empty()) return;
-    nlohmann::json j;
-    j["config"] = model_json(cfg);
-    j["budget"] = p.budget;
-    j["budget_text"] = to_string(budget);
-    j["fits"] = p.fits;
-    if (!p.fits) j["min_budget"] = p.min_budget;
-    j["policy"] = p.policy_text;
-    j["memory"] = memory_json(m);
-    j["none_memory"] = memory_json(n);
-    j["step_s"] = p.step_ms / 1e3;
-    j["none_step_s"] = p.none_step_ms / 1e3;
-    j["costs"] = costs.source;
-    j["frontier"] = nlohmann::json::array();
-    for (const BlockOption& o : p.frontier)
-      j["frontier"].push_back({{"option", o.text},
-                               {"saved_bytes", o.saved},
-                               {"recompute_ms", o.recompute_ms},
-                               {"forward_extra", o.forward_extra},
-                               {"backward_extra", o.backward_extra}});
-    write_file_atomic(f.json, j.dump(2) + "\n");
-    fmt::print("wrote {}\n", f.json);
-  };
-  fmt::print("remat plan: {} | budget {}\n", describe(cfg), to_string(budget));
-  fmt::print("  costs: {}\n  planned in {:.0f} ms\n\n", costs.source, planned_ms);
-  if (!p.fits) {
-    write_json();
-    const auto [asked, least] = bytes_pair_str(p.budget, p.min_budget);
-    fail(
-        "budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients and "
-        "activations {}, optimizer {}, data {})",
-        f.budget, asked, least, bytes_str(p.memory.params), bytes_str(p.memory.peak), bytes_str(p.memory.optimizer),
-        bytes_str(p.memory.data));
-  }
-
   Table mem;
   mem.header = {"predicted", "none", "plan"};
   mem.numeric = {false, true, true};
@@ -166,6 +139,42 @@ int run_single(PlanFlags& f) {
                           bytes_str(o.backward_extra)});
   fmt::print("block frontier (no option beats another on saved bytes, time and working sets):\n\n{}\n",
              front.markdown());
+}
+
+int run_single(PlanFlags& f) {
+  const ModelConfig cfg = f.shape.resolve();
+  if (f.budget.empty())
+    fail(
+        "--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%; or plan a multi-GPU run with "
+        "--gpus N --device D");
+  const Budget budget = parse_budget(f.budget);
+  const CostSource source = parse_cost_source(f.costs);
+  if (!f.json.empty()) check_writable(f.json);
+  const ModelSpec spec = make_model(cfg);
+  const LayerPolicy pins = f.pins.empty() ? keep_everything(spec.block) : Policy::parse_pins(f.pins, spec.block);
+  const ThreadConfig threads = f.threads.empty() ? default_threads() : parse_threads(f.threads);
+  const CostModel costs = choose_costs(cfg, source, threads);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const Plan p = make_plan(cfg, budget, costs, pins);
+  const double planned_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto write_json = [&] {
+    if (f.json.empty()) return;
+    write_file_atomic(f.json, single_plan_json(cfg, budget, p, costs).dump(2) + "\n");
+    fmt::print("wrote {}\n", f.json);
+  };
+  fmt::print("remat plan: {} | budget {}\n", describe(cfg), to_string(budget));
+  fmt::print("  costs: {}\n  planned in {:.0f} ms\n\n", costs.source, planned_ms);
+  if (!p.fits) {
+    write_json();
+    const auto [asked, least] = bytes_pair_str(p.budget, p.min_budget);
+    fail(
+        "budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients and "
+        "activations {}, optimizer {}, data {})",
+        f.budget, asked, least, bytes_str(p.memory.params), bytes_str(p.memory.peak), bytes_str(p.memory.optimizer),
+        bytes_str(p.memory.data));
+  }
+  print_single_plan(p);
   write_json();
   return 0;
 }

@@ -212,18 +212,16 @@ void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   for (int c = 0; c < kGemmClasses; ++c) classes.push_back(workload(c));
   GemmTable threaded = table;
   for (int c = 0; c < 3; ++c) threaded[c] = GemmImpl::BlasThreads;
-  std::vector<double> pooled_ms, threaded_ms;
-  for (int round = 0; round <= kRounds; ++round) {  // each pair in the other order from the last
-    double a = 0, b = 0;
-    if (round % 2 == 0)
-      a = run_pass(classes, table), b = run_pass(classes, threaded);
-    else
-      b = run_pass(classes, threaded), a = run_pass(classes, table);
-    if (round == 0) continue;  // the warm-up
-    pooled_ms.push_back(a), threaded_ms.push_back(b);
-  }
-  m.pass_ms = {{"kernel-threads", detail::median(pooled_ms)}, {"blas-threads", detail::median(threaded_ms)}};
-  if (detail::faster_in_every_round({pooled_ms, threaded_ms}, 0) == 1) {
+  const GemmTable tables[2] = {table, threaded};  // 0: the kernel threads, the incumbent
+  std::vector<std::vector<double>> ms(2);
+  for (int round = 0; round <= kRounds; ++round)  // round 0 the warm-up
+    for (size_t j = 0; j < 2; ++j) {
+      const size_t i = nth_in_round(round, j, 2);
+      const double pass_ms = run_pass(classes, tables[i]);
+      if (round > 0) ms[i].push_back(pass_ms);
+    }
+  m.pass_ms = {{"kernel-threads", detail::median(ms[0])}, {"blas-threads", detail::median(ms[1])}};
+  if (detail::faster_in_every_round(ms, 0) == 1) {
     table = threaded;
     for (int c = 0; c < 3; ++c) m.classes[static_cast<size_t>(c)].chosen = "blas-threads";
   }

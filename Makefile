@@ -72,12 +72,14 @@ flash: build
 	-$(BUILD)/remat bench --arch gpt2 --seq 8192 --batch 2 --dropout 0.1 --attention math --policies none \
 	  --steps 1 --warmup 0 2>&1 | tail -1 | tee results/flash-8192-math.txt
 
-# The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
-# policies, every recompute verified bitwise (--verify).
+# The mixture of experts (8 experts of width 1024, 2 per token) under its presets, every recompute
+# verified bitwise (--verify).
 moe: build
 	$(BUILD)/remat bench --arch moe --ffn 1024 --verify --engine ops \
 	  --policies none,moe-act,moe,attn,full,every:2 --markdown results/moe.md --json results/moe.json
 
+# The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
+# policies, every recompute verified bitwise (--verify).
 llama: build
 	$(BUILD)/remat bench --arch llama --heads 8 --kv-heads 2 --verify --engine ops \
 	  --policies none,attn,mlp-act,norm,attn+mlp-act,full,every:2 --steps 3 --warmup 1 \

@@ -1,5 +1,6 @@
 // remat plan: the fastest policy whose true peak memory fits a budget, in one process (--budget),
 // or the layouts of a multi-GPU run that fit each GPU (--gpus, --device, --tp/--pp/--dp ...).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -445,11 +446,19 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
 
 // The GPU count and the global batch: given, or what the flags and the device make.
 void size_space(SearchSpace& space, const PlanFlags& f, const ModelConfig& cfg, const Device& device) {
-  // The GPU count: given, or what explicit --tp --pp --dp make.
-  space.gpus = f.gpus > 0 ? f.gpus : (f.tp > 0 ? f.tp : 1) * f.cp * (f.pp > 0 ? f.pp : 1) * (f.dp > 0 ? f.dp : 1);
-  if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && f.tp * f.cp * f.pp * f.dp != f.gpus)
-    fail("--tp {}{} x --pp {} x --dp {} is {} GPUs, not --gpus {}", f.tp,
-         f.cp > 1 ? fmt::format(" x --cp {}", f.cp) : "", f.pp, f.dp, f.tp * f.cp * f.pp * f.dp, f.gpus);
+  // The GPU count: given, or what explicit --tp --pp --dp make. Each flag is at most 2^20 (checked),
+  // so the product is capped just past 2^20 as it goes, before it could overflow.
+  constexpr int64_t kMostGpus = int64_t{1} << 20;
+  int64_t product = 1;
+  for (int64_t v : {f.tp > 0 ? f.tp : 1, f.cp, f.pp > 0 ? f.pp : 1, f.dp > 0 ? f.dp : 1})
+    product = std::min(product * v, kMostGpus + 1);
+  const std::string grid =
+      fmt::format("--tp {}{} x --pp {} x --dp {}", f.tp, f.cp > 1 ? fmt::format(" x --cp {}", f.cp) : "", f.pp, f.dp);
+  if (f.gpus == 0 && product > kMostGpus) fail("{} is more than {} GPUs", grid, kMostGpus);
+  space.gpus = f.gpus > 0 ? f.gpus : product;
+  if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && product != f.gpus)
+    fail("{} is {} GPUs, not --gpus {}", grid,
+         product > kMostGpus ? fmt::format("more than {}", kMostGpus) : std::to_string(product), f.gpus);
   space.global_batch = f.global_batch > 0 ? f.global_batch : f.shape.global_batch();
   if (device.engine && space.global_batch <= 0) space.global_batch = cfg.batch * (f.dp > 0 ? f.dp : space.gpus);
   if (space.global_batch <= 0)

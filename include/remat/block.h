@@ -82,7 +82,7 @@ struct AttentionLayout {
 struct Routing {
   int64_t experts = 0;         // E
   int64_t top_k = 0;           // experts per token
-  int64_t capacity = 0;        // rows per expert in the dispatch buffer; 0: dropless (tokens x top_k rows)
+  int64_t capacity = 0;        // rows each expert takes (ModelConfig::expert_capacity()); 0: dropless
   bool sigmoid = false;        // scores: a sigmoid per expert, else a softmax over them
   bool normalize = true;       // the top_k weights divided by their sum
   double aux_loss = 0;         // coefficient of the load-balancing loss, whose gradient route's backward adds

@@ -85,11 +85,12 @@ struct GemmMeasurement {
 
 // --gemm auto: times each class of the engine's products on every GEMM this build has (shapes of a
 // GPT layer: 1024 tokens at widths 512 and 2048; 64 heads of 128 x 64 and 8 of 1024 x 64), on
-// `threads`, interleaved, and sets each class to the fastest on remat's kernel threads (the median
-// of 5 calls). Whether the linears run on the BLAS's own threads instead is a property of the whole
-// pass (the kernel threads poll for their jobs only when every product runs on them), so it is
-// chosen by timing a pass of every class both ways. The result is cached per CPU model, BLAS and
-// its kernel, oneDNN version, threads and remat release (cache_dir, or remat's cache folder,
+// `threads`, in 5 rounds that run each GEMM once (in one order, then the other), and keeps each
+// class on the BLAS unless another GEMM on remat's kernel threads was faster in every round
+// (detail::faster_in_every_round). Whether the linears run on the BLAS's own threads instead is a
+// property of the whole pass (the kernel threads poll for their jobs only when every product runs
+// on them), so it is chosen by timing a pass of every class both ways, by the same rule. The result is cached per CPU
+// model, BLAS and its kernel, oneDNN version, threads and remat release (cache_dir, or remat's cache folder,
 // $REMAT_CACHE): a machine chooses once, and the same choice gives the same bits. A few seconds
 // when it measures.
 GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir = "");
@@ -111,7 +112,7 @@ bool gemm_uses_blas();
 
 // The float32 matmul rate in GFLOP/s of the engine's GEMM for the linear dy W class, or of `gemm`
 // when given ("onednn", "blas", "blas-threads"): the median of `reps` n x n x n products after one
-// warm-up. Throws remat::Error for a GEMM this build lacks.
+// warm-up. Throws remat::Error for a GEMM this build lacks, or n or reps outside 1..16384.
 double matmul_gflops(int n = 1024, int reps = 9, std::string_view gemm = {});
 
 // The same rate on every GEMM this build has, medians of `reps` rounds that run each once: what a

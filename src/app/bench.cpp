@@ -28,6 +28,8 @@
 #include "remat/runtime.h"
 #include "remat/schedule.h"
 #include "remat/units.h"
+#include "remat/version.h"
+#include "util/cache.h"
 #include "util/gemm.h"
 #include "util/timing.h"
 
@@ -749,6 +751,8 @@ std::string BenchResult::json() const {
     attentions += (attentions.empty() ? "" : ",") + std::string(to_string(a));
   config["attention"] = attentions;
   config.update({
+      {"remat", std::string(version())},
+      {"cpu", detail::cpu_model()},
       {"steps", options.steps},
       {"warmup", options.warmup},
       {"seed", options.seed},

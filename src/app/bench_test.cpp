@@ -9,10 +9,13 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "remat/version.h"
 #include "test_util.h"
+#include "util/cache.h"
 #include "util/gemm.h"
 #include "util/timing.h"
 
@@ -97,6 +100,13 @@ TEST(Bench, TheFloorIsAtTheFastestGemm) {
   EXPECT_GT(r.peak.gflops, 0);
   EXPECT_NE(r.json().find("\"floor_gemm\""), std::string::npos);
   EXPECT_NE(r.json().find("\"gemm_record\""), std::string::npos);
+}
+
+// A results file names what produced it: the remat release and the CPU it ran on.
+TEST(Bench, JsonNamesTheReleaseAndTheCpu) {
+  const nlohmann::json config = nlohmann::json::parse(run_rounds(1).json())["config"];
+  EXPECT_EQ(config.at("remat").get<std::string>(), std::string(version()));
+  EXPECT_EQ(config.at("cpu").get<std::string>(), detail::cpu_model());
 }
 
 // Beside the median step over the median floor, a row gives the least and greatest ratio of one

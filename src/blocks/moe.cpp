@@ -2,8 +2,9 @@
 // blocks/decoder.h), then instead of one MLP a router sends each token to top_k of E SwiGLU experts
 // (ModelConfig.experts, .top_k, .ffn each) and weights their outputs back together; an optional shared expert
 // (.shared_ffn) every token passes too (DeepSeek, Qwen2-MoE). Routing is dropless, or capped at a capacity per expert
-// (.capacity_factor, GShard/Switch). Every size is known before the step: the dispatch buffer has
-// tokens x top_k rows (dropless) or E x capacity, whatever the routing.
+// (.capacity_factor, GShard/Switch). Every size is known before the step, whatever the routing: the
+// dispatch buffer has ModelConfig::dispatch_rows() rows (dropless: the rank's tokens x top_k, times
+// the expert imbalance under expert parallelism; capped: the rank's experts x expert_capacity() x etp).
 //   stem   x = drop(wte[tokens])
 //   block  x2 = x + drop(proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))), n1 = rms1(x), n2 = rms2(x2)
 //          (weights, experts, probs) = route(router(n2))
@@ -123,11 +124,13 @@ int experts(Builder& b, const DecoderStyle& s, int n2) {
   const Dispatched d = route(b, routing, n2);
   const int down = expert_mlps(b, s, d);
   constexpr uint32_t kInner = tag::kExperts | tag::kMlpInner;
-  int out = c.expert_weights == ExpertWeights::Activation
-                ? b.op(OpKind::Unpermute, "combine", {down, d.slots},
-                       {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs summed into token order"}})[0]
-                : b.op(OpKind::Combine, "combine", {down, d.weights, d.slots},
-                       {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
+  int out = -1;
+  if (c.expert_weights == ExpertWeights::Activation)
+    out = b.op(OpKind::Unpermute, "combine", {down, d.slots},
+               {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs summed into token order"}})[0];
+  else
+    out = b.op(OpKind::Combine, "combine", {down, d.weights, d.slots},
+               {{"combine", b.res(c.dim), c.dtype, kInner, "experts' outputs weighted into token order"}})[0];
   b.last().routing = routing;
   if (c.shared_ffn > 0) out = add(b, "moe", out, shared_expert(b, s, n2), "routed plus shared experts");
   return out;

@@ -87,9 +87,9 @@ void validate_stages(const Layout& l, const ModelConfig& cfg) {
 void validate_on_engine(const Layout& l, const ModelConfig& cfg) {
   if (l.tp > 1 || l.pp > 1 || l.cp > 1 || l.ep > 1 || l.etp > 1)
     fail(
-        "device cpu is remat's own engine, which trains tp 1, cp 1, pp 1 (data parallel on c10d); plan tp {} cp {} "
-        "pp {} for a GPU --device",
-        l.tp, l.cp, l.pp);
+        "device cpu is remat's own engine, which trains tp 1, cp 1, pp 1, ep 1, etp 1 (data parallel on c10d); plan "
+        "tp {} cp {} pp {} ep {} etp {} for a GPU --device",
+        l.tp, l.cp, l.pp, l.ep, l.etp);
   if (l.zero > 1) fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
   if (cfg.dtype != DType::F32) fail("device cpu: the engine trains fp32, got {}", to_string(cfg.dtype));
 }
@@ -300,14 +300,19 @@ class Evaluator {
     return compile_step(sh.spec, eager, stage_layers(cfg_.layers, l, stage), &sh.cache);
   }
 
-  // Memoized by everything the replay reads: the layout, the stage and its layers' choices (the
-  // search and each stage's policy search ask for the same replay many times).
+  // Memoized by everything the replay reads: the layout, the stage, the segments and its layers'
+  // choices, a held tensor apart from a kept one (the search and each stage's policy search ask for
+  // the same replay many times).
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp,
-                                  l.vpp, l.dp, l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage, l.ep, l.etp);
+    std::string key =
+        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp, l.dp,
+                    l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage, l.ep, l.etp, layers.segment);
     for (const LayerRange& c : stage_layers(cfg_.layers, l, stage))
       for (int64_t x = c.first; x < c.end; ++x)
-        for (const TensorPolicy& t : layers.layers[x].tensors) key += t.choice == Choice::Save ? '1' : '0';
+        for (size_t t = 0; t < layers.layers[x].tensors.size(); ++t) {
+          const LayerPolicy& lp = layers.layers[x];
+          key += lp.holds(static_cast<int>(t)) ? 'h' : lp.saves(static_cast<int>(t)) ? '1' : '0';
+        }
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     StepMemory m = memory(l, stage, compile(sh, l, stage, layers));
@@ -640,6 +645,12 @@ void check_search_space(const SearchSpace& space, int top) {
                          {"etp", space.etp},
                          {"micro_batch", space.micro_batch}})
     if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 1..{} (0: searched), got {}", name, kMostGpus, v);
+  if (space.cp < 1 || space.cp > kMostGpus) fail("SearchSpace.cp must be in 1..{}, got {}", kMostGpus, space.cp);
+  if (space.max_vpp < 1 || space.max_vpp > kMostGpus)
+    fail("SearchSpace.max_vpp must be in 1..{}, got {}", kMostGpus, space.max_vpp);
+  for (auto [name, v] :
+       {std::pair<const char*, int64_t>{"first_layers", space.first_layers}, {"last_layers", space.last_layers}})
+    if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 0..{} (0: even stages), got {}", name, kMostGpus, v);
   if (space.zero_fixed < -1 || space.zero_fixed > 3)
     fail("SearchSpace.zero must be a ZeRO stage 0..3, got {}", space.zero_fixed);
   if (space.global_batch < 1 || space.global_batch > kMaxGlobalBatch)

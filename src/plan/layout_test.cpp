@@ -459,6 +459,28 @@ TEST(Layouts, UniformSegmentsArePlannedOnOneStageWithWholeWeights) {
   }
 }
 
+// uniform:N keeps every tensor of a layer, as none does, and only its segments differ: a search
+// over both must not take none's replayed peak for uniform:2's. Under a budget between the two,
+// it finds uniform:2 at its own peak.
+TEST(Layouts, SearchTellsUniformSegmentsFromNone) {
+  ModelConfig c = mixed_model();
+  c.layers = 8;
+  SearchSpace space;
+  space.gpus = 1, space.global_batch = 4, space.tp = 1, space.pp = 1, space.micro_batch = 1, space.zero = {0};
+  space.policies = {"none", "uniform:2"};
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.micro_batch = 1, l.global_batch = 4;
+  const int64_t none = plan_layout(c, l, d, "none").peak(), uniform = plan_layout(c, l, d, "uniform:2").peak();
+  ASSERT_LT(uniform, none);
+  PlanOptions o;
+  o.budget = static_cast<int64_t>(static_cast<double>(none + uniform) / 2 * (1 + kAllocatedUncertainty));
+  const SearchResult found = search_layouts(c, space, d, 5, o);
+  ASSERT_EQ(found.best.size(), 1u);
+  EXPECT_EQ(found.best[0].policy, "uniform:2");
+  EXPECT_EQ(found.best[0].peak(), uniform);
+}
+
 // A deep model's uniform:2 keeps less than full (half the layers' inputs, against all of them):
 // where only it fits, the search finds it rather than giving up because full does not fit.
 TEST(Layouts, UniformFitsWhereFullDoesNot) {

@@ -141,7 +141,7 @@ void sgemm_tiled(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t 
   const int64_t rows = (m + tr - 1) / tr, cols = (n + kTileCols - 1) / kTileCols;
   const bool pack = impl == GemmImpl::OneDnn && ta && lda >= kPackLda;
   // Every tile on one kernel thread, even a product of one tile: the BLAS's own threads would spin
-  // on the cores the pass's kernel threads hold.
+  // on the cores the pass's kernel threads hold (with one kernel thread there are none to spin on).
   std::optional<SingleThreadedBlas> one_thread;
   if (impl != GemmImpl::OneDnn && kernel_threads() > 1) one_thread.emplace();
   // Packed, a chunk is one row of tiles: its panel is copied once, for all of the row's tiles.
@@ -197,8 +197,8 @@ void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Ten
   T* pc = c.data_ptr<T>();
   const int64_t lda = a.stride(rank - 2), ldb = b.stride(rank - 2), ldc = c.stride(rank - 2);
   const GemmImpl impl = impl_of(head_class(ta, tb));
-  std::optional<SingleThreadedBlas> one_thread;
-  if (impl != GemmImpl::OneDnn && kernel_threads() > 1) one_thread.emplace();  // as sgemm_tiled
+  std::optional<SingleThreadedBlas> one_thread;  // as sgemm_tiled; a double product is the BLAS's whatever the class
+  if ((sizeof(T) == 8 || impl != GemmImpl::OneDnn) && kernel_threads() > 1) one_thread.emplace();
   parallel_chunks(n_outer, 1, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       int64_t oa0 = 0, ob0 = 0, oc0 = 0;

@@ -34,7 +34,8 @@ std::string_view to_string(GemmClass c);
 // What runs a class's products.
 enum class GemmImpl : uint8_t {
   OneDnn,       // oneDNN's sgemm, one call per tile (linears) or product (heads) on remat's kernel threads
-  Blas,         // the loaded BLAS's cblas_sgemm the same way, its own pool at one thread
+  Blas,         // the loaded BLAS's cblas_sgemm the same way, its own pool at one thread when the
+                // kernel pool has more than one
   BlasThreads,  // at::mm on the BLAS's own threads (linears only)
 };
 // "onednn", "blas", "blas-threads", and back (remat::Error naming the allowed ones).

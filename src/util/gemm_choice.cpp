@@ -279,6 +279,7 @@ std::string gemm_record() { return detail::to_string(detail::gemm_table()); }
 void restore_gemm(std::string_view record) { detail::set_gemm_table(detail::parse_gemm_table(record)); }
 
 FastestMatmul fastest_matmul_gflops(int n, int reps) {
+  if (reps < 1 || reps > 16384) fail("fastest_matmul_gflops: reps must be in 1..16384, got {}", reps);
   // Every GEMM once per round, in one order and then the other: a busy spell slows the GEMMs of
   // its rounds alike, not whichever ran through it.
   const std::vector<GemmImpl> impls = candidates(0);

@@ -79,6 +79,8 @@ std::string blas_name() {
 }
 
 double matmul_gflops(int n, int reps, std::string_view gemm) {
+  if (n < 1 || n > 16384) fail("matmul_gflops: n must be in 1..16384, got {}", n);
+  if (reps < 1 || reps > 16384) fail("matmul_gflops: reps must be in 1..16384, got {}", reps);
   // Another GEMM for the linear dy W class while this runs, the process's table put back after.
   struct Swap {
     detail::GemmTable before = detail::gemm_table();

@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama moe dp eager validate format format-check
+.PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama moe dp eager profile validate format format-check
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine.
@@ -77,6 +77,10 @@ flash: build
 moe: build
 	$(BUILD)/remat bench --arch moe --ffn 1024 --verify --engine ops \
 	  --policies none,moe-act,moe,attn,full,every:2 --markdown results/moe.md --json results/moe.json
+
+# Where the seed's `none` step spends its time, op by op (docs/performance.md).
+profile: build
+	$(BUILD)/remat bench --engine ops --policies none --steps 3 --warmup 1 --profile | tee results/profile.txt
 
 # The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
 # policies, every recompute verified bitwise (--verify).

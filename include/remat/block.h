@@ -228,7 +228,9 @@ struct ModelSpec {
   BlockSpec logits;  // the head without its loss (sampling); empty kind when the arch has none
   int64_t layers = 0;
 
-  // Matmul FLOPs of one forward + backward of the whole model (recompute not counted).
+  // Matmul FLOPs of one forward + backward of the whole model, as a step computes them: recompute
+  // not counted, nor the input gradients of the first block when there is no stem (the data needs
+  // none).
   int64_t step_flops() const;
   // Elements of all distinct parameters (a tied parameter counts once).
   int64_t param_numel() const;

@@ -43,6 +43,10 @@ enum class GradKind : uint8_t {
 struct OpFlops {
   int64_t forward = 0;
   int64_t backward = 0;
+  // Of backward, the gradient of the op's first input (a linear's dx), which a step skips when that
+  // input needs none: the first block of a model without a stem reads the data. 0 for ops whose
+  // first input is never a block's input.
+  int64_t input_grad = 0;
 };
 
 // Bytes one tensor-parallel rank sends per op call, forward and backward, as ring collectives do: an

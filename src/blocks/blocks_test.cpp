@@ -76,6 +76,17 @@ TEST(Block, MatmulFlopsOfTheSeedBlock) {
   EXPECT_EQ(b.flops().backward, 2 * (linear + attention));
 }
 
+// Without a stem the first block reads the data, which needs no gradient: a step computes every
+// block's FLOPs but the first one's qkv dx.
+TEST(Block, SeedStepSkipsTheFirstBlocksInputGradient) {
+  ModelConfig c = tiny("seed");
+  const ModelSpec m = make_model(c);
+  ASSERT_FALSE(m.has_stem);
+  const OpFlops b = m.block.flops(), h = m.head.flops();
+  const int64_t qkv_dx = 2 * c.batch * c.seq * c.dim * 3 * c.dim;
+  EXPECT_EQ(m.step_flops(), m.layers * (b.forward + b.backward) + h.forward + h.backward - qkv_dx);
+}
+
 TEST(Block, ParamsInModuleOrder) {
   const BlockSpec b = make_block(tiny("seed"));
   std::vector<std::string> p;

@@ -114,7 +114,14 @@ int64_t BlockSpec::param_numel() const {
 int64_t ModelSpec::step_flops() const {
   const OpFlops b = block.flops(), h = head.flops();
   int64_t f = layers * (b.forward + b.backward) + h.forward + h.backward;
-  if (has_stem) f += stem.flops().forward + stem.flops().backward;
+  if (has_stem) {
+    f += stem.flops().forward + stem.flops().backward;
+  } else if (layers > 0) {
+    // The first block reads the data, which needs no gradient: its ops on the block input skip it.
+    for (size_t op = 0; op < block.ops.size(); ++op)
+      if (!block.ops[op].in.empty() && block.is_input(block.ops[op].in[0]))
+        f -= block.flops(static_cast<int>(op)).input_grad;
+  }
   return f;
 }
 

@@ -70,7 +70,7 @@ OpFlops flops(const BlockSpec& b, const OpNode& n) {
   const int64_t k = x.shape.back(), out = y.shape.back();
   // Rows of the whole sequence: under sequence parallelism one side holds seq / tp of them.
   const int64_t m = std::max(x.numel() / k, y.numel() / out);
-  return {2 * m * out * k, 4 * m * out * k};  // backward: dx and dW
+  return {2 * m * out * k, 4 * m * out * k, 2 * m * out * k};  // backward: dx and dW
 }
 
 bool seq_parallel(const OpNode& n) { return n.tp.active() && n.tp.seq; }

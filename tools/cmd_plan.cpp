@@ -361,8 +361,8 @@ void check_layout_flags(const PlanFlags& f) {
                            "--first-stage-layers", "--last-stage-layers"})
     if (f.app->count(flag) > 0) {
       const int64_t v = f.app->get_option(flag)->as<int64_t>();
-      if (v < 1 || v > (1 << 20))
-        fail("{} must be in 1..1048576, got {}; leave it out to {}", flag, v,
+      if (v < 1 || v > kMostGpus)
+        fail("{} must be in 1..{}, got {}; leave it out to {}", flag, kMostGpus, v,
              std::string_view(flag) == "--etp" ? "follow tp" : "search");
     }
   if ((f.app->count("--first-stage-layers") > 0) != (f.app->count("--last-stage-layers") > 0))
@@ -446,9 +446,8 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
 
 // The GPU count and the global batch: given, or what the flags and the device make.
 void size_space(SearchSpace& space, const PlanFlags& f, const ModelConfig& cfg, const Device& device) {
-  // The GPU count: given, or what explicit --tp --pp --dp make. Each flag is at most 2^20 (checked),
-  // so the product is capped just past 2^20 as it goes, before it could overflow.
-  constexpr int64_t kMostGpus = int64_t{1} << 20;
+  // The GPU count: given, or what explicit --tp --pp --dp make. Each flag is at most kMostGpus
+  // (checked), so the product is capped just past it as it goes, before it could overflow.
   int64_t product = 1;
   for (int64_t v : {f.tp > 0 ? f.tp : 1, f.cp, f.pp > 0 ? f.pp : 1, f.dp > 0 ? f.dp : 1})
     product = std::min(product * v, kMostGpus + 1);

@@ -82,6 +82,8 @@ struct Allocation {
 // of 8192 tokens; a million is far past any run) and policies tried in one search.
 inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
 inline constexpr size_t kMaxPolicies = 64;
+// The most GPUs a plan takes, and the most any one parallel degree may be.
+inline constexpr int64_t kMostGpus = int64_t{1} << 20;
 
 // How one training step is laid out over tp x cp x pp x dp devices. Ranks are ordered
 // tensor-parallel first (inside a node), then context-parallel, then data-parallel, then pipeline

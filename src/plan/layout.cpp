@@ -634,7 +634,6 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 void check_search_space(const SearchSpace& space, int top) {
-  constexpr int64_t kMostGpus = int64_t{1} << 20;
   if (space.gpus < 1 || space.gpus > kMostGpus)
     fail("SearchSpace.gpus must be in 1..{}, got {}", kMostGpus, space.gpus);
   for (auto [name, v] : {std::pair<const char*, int64_t>{"tp", space.tp},

@@ -90,9 +90,9 @@ int run(BenchFlags& f) {
   fmt::print("  BLAS: {}\n  GEMM: {}\n", r.blas, r.gemm);
   fmt::print(
       "  floor {:.1f} ms: the model's {:.2f} GFLOP per step at {:.1f} GFLOP/s, the fastest GEMM here on 1024^3 "
-      "({}; medians of 5 interleaved rounds before the steps: {}), sampled before each of the {} timed steps "
+      "({}; medians of {} interleaved rounds before the steps: {}), sampled before each of the {} timed steps "
       "(rounds' medians {:.1f}-{:.1f})\n",
-      r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.floor_gemm, tried,
+      r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.floor_gemm, r.floor_rounds, tried,
       r.sampled_gflops.size(), *slowest, *fastest);
   fmt::print("  peak {:.1f} GFLOP/s ({}): the 1024^3 GEMM runs at {:.0f}% of it\n\n", r.peak.gflops, r.peak.how,
              100 * r.matmul_gflops / r.peak.gflops);

@@ -346,11 +346,8 @@ void print_breakdown(const LayoutPlan& p, const ModelConfig& cfg, const PlanOpti
 // The flags a multi-GPU plan checks before it reads the device.
 void check_layout_flags(const PlanFlags& f) {
   if (f.device.empty())
-    fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file", [] {
-      std::string s;
-      for (const std::string& n : device_names()) s += (s.empty() ? "" : ", ") + n;
-      return s;
-    }());
+    fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file",
+         fmt::join(device_names(), ", "));
   if (f.app->count("--budget") > 0 && f.app->count("--reserve") > 0)
     fail("--budget and --reserve both set the memory a GPU may use; give one");
   if (f.grad_dtype != "fp32" && f.grad_dtype != "bf16" && f.grad_dtype != "fp16")
@@ -488,7 +485,7 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
     fmt::print("  per {}: {} usable (given --budget)\n", device.engine ? "rank" : "GPU", bytes_str(opt.budget));
   else if (opt.reserve >= 0 || device.engine)
     fmt::print("  per {}: {} - {} {}\n", device.engine ? "rank" : "GPU", bytes_str(device.memory),
-               bytes_str(opt.reserve >= 0 ? opt.reserve : int64_t{2} << 30),
+               bytes_str(opt.reserve >= 0 ? opt.reserve : kCpuReserve),
                device.engine ? "kept free for the system (--reserve)" : "given with --reserve");
   else {
     Layout every;  // a dense model's layout with every communicator, for the terms' sizes
@@ -648,11 +645,10 @@ int run(PlanFlags& f) { return f.layouts() ? run_layouts(f) : run_single(f); }
 
 // The multi-GPU layout's flags: the device, the GPUs and how they are split, the batch, the policies.
 void add_layout_flags(CLI::App* a, PlanFlags* f) {
-  std::string devices;
-  for (const std::string& n : device_names()) devices += (devices.empty() ? "" : ", ") + n;
   a->add_option(
       "--device", f->device,
-      "plan a multi-GPU run on: " + devices + ", custom:MEM,TFLOPS,GBPS[,INTRA,INTER,PER_NODE], or a JSON file");
+      fmt::format("plan a multi-GPU run on: {}, custom:MEM,TFLOPS,GBPS[,INTRA,INTER,PER_NODE], or a JSON file",
+                  fmt::join(device_names(), ", ")));
   a->add_option("--gpus", f->gpus, "devices in all; searches the layouts (or say --tp --pp --dp)");
   a->add_option("--tp", f->tp, "tensor-parallel size (default: searched)");
   a->add_option("--ep", f->ep,

@@ -18,6 +18,7 @@
 #include "remat/runtime.h"
 #include "remat/units.h"
 #include "util/paths.h"
+#include "util/timing.h"
 
 namespace remat::cli {
 
@@ -176,9 +177,7 @@ template <typename Field>
 double median_of(const std::vector<TrainRecord>& log, Field field) {
   std::vector<double> v;
   for (const TrainRecord& rec : log) v.push_back(rec.*field);
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return detail::median(std::move(v));
 }
 
 // What a finished run prints: the policy, loss, speed and peak against the prediction, per rank.

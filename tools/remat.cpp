@@ -163,6 +163,33 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   return again(target.c_str(), note);
 }
 
+// Every command's integer options checked to fit int64, and the flags all commands share.
+void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, std::string& gemm) {
+  for (CLI::Option* o : c.app->get_options())
+    if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->check(fits_in_int64());
+  c.app->add_option("--blas-kernel", blas_kernel,
+                    "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
+                    "or a name such as SkylakeX");
+  c.app->add_option("--gemm", gemm,
+                    "the engine's GEMM: auto (each class of products on the one measured fastest here on remat's "
+                    "threads, the linears on the BLAS's own threads when a pass runs faster so; cached; "
+                    "default), onednn, blas, or a record such as linear=blas-threads,blas-threads,blas;"
+                    "head=onednn,onednn,onednn");
+}
+
+// The first option of the parsed command given an empty value ("--json ''", "--data ''"): a
+// mistake, never a default. nullptr when none was.
+const CLI::Option* given_empty(const std::vector<remat::cli::Command>& commands) {
+  for (const remat::cli::Command& c : commands) {
+    if (!c.app->parsed()) continue;
+    for (const CLI::Option* o : c.app->get_options())
+      if (o->count() > 0 && o->get_expected_min() > 0)
+        for (const std::string& v : o->results())
+          if (v.empty()) return o;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,35 +209,16 @@ int main(int argc, char** argv) {
                                                      remat::cli::add_sample(app)};
   std::string blas_kernel = "auto";
   std::string gemm = "auto";
-  for (const remat::cli::Command& c : commands) {
-    for (CLI::Option* o : c.app->get_options())
-      if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->check(fits_in_int64());
-    c.app->add_option("--blas-kernel", blas_kernel,
-                      "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
-                      "or a name such as SkylakeX");
-    c.app->add_option("--gemm", gemm,
-                      "the engine's GEMM: auto (each class of products on the one measured fastest here on remat's "
-                      "threads, the linears on the BLAS's own threads when a pass runs faster so; cached; "
-                      "default), onednn, blas, or a record such as linear=blas-threads,blas-threads,blas;"
-                      "head=onednn,onednn,onednn");
-  }
+  for (const remat::cli::Command& c : commands) add_shared_flags(c, blas_kernel, gemm);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return stdout_written(app.exit(e) == 0 ? 0 : 2);
   }
-
-  // An option given an empty value ("--json ''", "--data ''") is a mistake, never a default.
-  for (const remat::cli::Command& c : commands) {
-    if (!c.app->parsed()) continue;
-    for (const CLI::Option* o : c.app->get_options())
-      if (o->count() > 0 && o->get_expected_min() > 0)
-        for (const std::string& v : o->results())
-          if (v.empty()) {
-            fmt::print(stderr, "remat: error: {} was given an empty value; give one, or leave the option out\n",
-                       o->get_name());
-            return 2;
-          }
+  if (const CLI::Option* empty = given_empty(commands)) {
+    fmt::print(stderr, "remat: error: {} was given an empty value; give one, or leave the option out\n",
+               empty->get_name());
+    return 2;
   }
   try {
     remat::cli::set_gemm_flag(gemm);

@@ -84,6 +84,8 @@ inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
 inline constexpr size_t kMaxPolicies = 64;
 // The most GPUs a plan takes, and the most any one parallel degree may be.
 inline constexpr int64_t kMostGpus = int64_t{1} << 20;
+// Bytes a plan on this machine's engine leaves to the system and other processes (LayoutOptions.reserve -1).
+inline constexpr int64_t kCpuReserve = int64_t{2} << 30;
 
 // How one training step is laid out over tp x cp x pp x dp devices. Ranks are ordered
 // tensor-parallel first (inside a node), then context-parallel, then data-parallel, then pipeline
@@ -226,7 +228,7 @@ struct PlanOptions {
   bool pure_dtype = false;  // no fp32 copies: weights, gradients and Adam state in the model's dtype
                             // (torchtune's and others' pure bf16 training)
   int64_t reserve = -1;     // bytes per device outside PyTorch's allocator; -1: outside_allocator()'s named terms
-                            // on a GPU (the CUDA context, NCCL's buffers), 2 GiB kept for the system on the CPU
+                            // on a GPU (the CUDA context, NCCL's buffers), kCpuReserve on the CPU
   int64_t budget = 0;       // bytes per device a stage's peak may reach; 0 = device memory - reserve
   double margin = -1;       // share of a stage's peak kept free for what the model misses; -1:
                             // kAllocatedUncertainty on a GPU, 0 on this machine's engine (exact)

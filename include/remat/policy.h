@@ -70,6 +70,10 @@ struct LayerPolicy {
   // True when both make the same choice for every tensor and recompute alike (the schedule they
   // compile to is equal).
   bool same_choices(const LayerPolicy& other) const;
+  // Appends what the compiled schedule depends on: the recompute order ('e' eager, 'l' lazy), then
+  // per tensor 'h' (held), '1' (saved) or '0' (recomputed). Equal keys, equal schedules: the key of
+  // ScheduleCache and of the planner's memos.
+  void append_key(std::string& key) const;
   // True when no choosable tensor is recomputed.
   bool keeps_all(const BlockSpec& spec) const;
   // True when every choosable tensor is recomputed.

@@ -75,6 +75,9 @@ struct GemmClassRates {
   std::vector<std::pair<std::string, double>> gflops;  // ("onednn", 61.2), ("blas", 74.0), ("blas-threads", 97.5)
   std::string chosen;                                  // what the class runs on: "blas"
 };
+// Timed rounds of every choice choose_gemm makes (after one untimed): a challenger that wins all of
+// them against a tie does so in 1 of 32 re-measurements.
+inline constexpr int kGemmRounds = 5;
 struct GemmMeasurement {
   std::vector<GemmClassRates> classes;
   // A pass of every class in turn, ms, with the linears on remat's kernel threads and on the BLAS's
@@ -85,7 +88,7 @@ struct GemmMeasurement {
 
 // --gemm auto: times each class of the engine's products on every GEMM this build has (shapes of a
 // GPT layer: 1024 tokens at widths 512 and 2048; 64 heads of 128 x 64 and 8 of 1024 x 64), on
-// `threads`, in 5 rounds that run each GEMM once (in one order, then the other), and keeps each
+// `threads`, in kGemmRounds rounds that run each GEMM once (in one order, then the other), and keeps each
 // class on the BLAS unless another GEMM on remat's kernel threads was faster in every round
 // (detail::faster_in_every_round). Whether the linears run on the BLAS's own threads instead is a
 // property of the whole pass (the kernel threads poll for their jobs only when every product runs

@@ -532,7 +532,8 @@ void measure(const BenchOptions& o, const std::vector<Variant>& variants, std::v
     }
   // The floor is the model's FLOPs at the fastest GEMM here, not at the engine's: a step measured
   // against its own GEMM's rate can read "faster than its floor" when that GEMM is slow.
-  const FastestMatmul fastest = fastest_matmul_gflops(1024, 5);
+  result.floor_rounds = 5;
+  const FastestMatmul fastest = fastest_matmul_gflops(1024, result.floor_rounds);
   result.floor_gemm = fastest.gemm;
   result.floor_gemm_rates = fastest.rates;
   detail::let_blas_threads_sleep();

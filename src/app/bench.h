@@ -91,6 +91,7 @@ struct BenchResult {
   // (floor_gemm_rates), then sampled beside every step. No step's products run faster than it.
   std::string floor_gemm;
   std::vector<std::pair<std::string, double>> floor_gemm_rates;
+  int floor_rounds = 0;                // interleaved rounds each of floor_gemm_rates is the median of
   PeakRate peak;                       // the CPU's FMA peak on the run's threads: what no GEMM can beat
   double matmul_gflops = 0;            // 1024^3 float32 rate of floor_gemm: median of sampled_gflops
   std::vector<double> sampled_gflops;  // the rate sampled before every timed step, round by round

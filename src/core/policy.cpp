@@ -161,6 +161,12 @@ bool LayerPolicy::same_choices(const LayerPolicy& other) const {
   return true;
 }
 
+void LayerPolicy::append_key(std::string& key) const {
+  key += eager ? 'e' : 'l';
+  for (size_t t = 0; t < tensors.size(); ++t)
+    key += holds(static_cast<int>(t)) ? 'h' : saves(static_cast<int>(t)) ? '1' : '0';
+}
+
 bool LayerPolicy::keeps_all(const BlockSpec& spec) const {
   for (int t : spec.choosable())
     if (!saves(t)) return false;

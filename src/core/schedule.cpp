@@ -300,9 +300,7 @@ std::shared_ptr<const Schedule> ScheduleCache::get(const BlockSpec& spec, const 
                                                    const std::vector<bool>& need) {
   const BlockSpec* address = &spec;  // the block's identity
   key_.assign(reinterpret_cast<const char*>(&address), sizeof(address));
-  key_ += policy.eager ? 'e' : 'l';
-  for (size_t t = 0; t < spec.tensors.size(); ++t)
-    key_ += policy.holds(static_cast<int>(t)) ? 'h' : policy.saves(static_cast<int>(t)) ? '1' : '0';
+  policy.append_key(key_);
   key_ += '|';
   for (bool b : need) key_ += b ? '1' : '0';
   auto it = entries_.find(key_);
@@ -317,6 +315,92 @@ CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const Resolved
   return compile_step(std::move(model), policy, {{0, layers}}, cache);
 }
 
+namespace {
+
+// Builds a CompiledStep stage by stage: each stage's schedule from the cache (consecutive layers
+// with equal choices share the last one's), its parameters named and tied across the stages.
+class StepCompiler {
+ public:
+  StepCompiler(const ModelSpec& m, const ResolvedPolicy& policy, ScheduleCache& cache, CompiledStep& plan)
+      : m_(m), policy_(policy), cache_(cache), plan_(plan) {}
+
+  void add(CompiledStage::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp, int chunk) {
+    CompiledStage st;
+    st.role = role;
+    st.layer = layer;
+    st.spec = &spec;
+    st.chunk = chunk;
+    const std::vector<bool> need = mark_external(st);
+    schedule(st, lp, need);
+    bind_params(st);
+    plan_.stages.push_back(std::move(st));
+  }
+
+ private:
+  // Data the caller owns: the model's first input (tokens, or the seed block's x), and the head's
+  // targets. A pipeline rank's received activations are its own, and need their gradient. Returns
+  // which inputs need one.
+  std::vector<bool> mark_external(CompiledStage& st) const {
+    const BlockSpec& spec = *st.spec;
+    const bool model_first = st.role == CompiledStage::Role::Stem ||
+                             (!m_.has_stem && st.role == CompiledStage::Role::Block && st.layer == 0);
+    for (size_t k = 0; k < spec.inputs.size(); ++k)
+      st.external.push_back((model_first && k == 0) || (st.role == CompiledStage::Role::Head && k > 0));
+    std::vector<bool> need;
+    for (size_t k = 0; k < spec.inputs.size(); ++k)
+      need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
+    return need;
+  }
+
+  // Consecutive layers mostly choose alike: the last block's schedule is reused without a lookup.
+  void schedule(CompiledStage& st, const LayerPolicy& lp, const std::vector<bool>& need) {
+    const bool block = st.role == CompiledStage::Role::Block;
+    const bool same = block && last_block_ && need == last_need_ && last_policy_->same_choices(lp);
+    st.schedule = same ? last_block_ : cache_.get(*st.spec, lp, need);
+    if (!block) return;
+    last_block_ = st.schedule, last_policy_ = &lp, last_need_ = need;
+    if (policy_.segment > 0) {
+      st.segment = st.layer / policy_.segment;
+      st.first_pass = cache_.get(*st.spec, keep_nothing(*st.spec), need);
+    }
+  }
+
+  // Parameters by model name: the stem's and the head's as they are, block l's as "h<l>.<name>".
+  void bind_params(CompiledStage& st) {
+    const bool block = st.role == CompiledStage::Role::Block;
+    const bool stem = m_.has_stem && !plan_.chunks.empty() && plan_.chunks.front().first == 0;
+    const std::string prefix = block ? "h" + std::to_string(st.layer) + "." : std::string();
+    for (const ParamSpec& p : st.spec->params) {
+      std::string name = p.tied_to.empty() ? prefix + p.name : p.tied_to;
+      // Only the stem's and the head's names can meet again (ties, duplicates); a block's are
+      // unique by their layer prefix and skip the index.
+      const auto found = block && p.tied_to.empty() ? ids_.end() : ids_.find(name);
+      int id = found == ids_.end() ? -1 : found->second;
+      if (!p.tied_to.empty() && id < 0 && stem)
+        REMAT_INTERNAL("'{}' in '{}' is tied to '{}', which no earlier stage has", p.name, st.spec->kind, p.tied_to);
+      if (p.tied_to.empty() && id >= 0) REMAT_INTERNAL("two parameters of the model are named '{}'", name);
+      if (id < 0) {  // (a tied parameter without the stem: this rank's copy)
+        id = static_cast<int>(plan_.params.size());
+        if (!block) ids_.emplace(name, id);
+        plan_.params.push_back({std::move(name), &p, 0});
+      }
+      ++plan_.params[id].uses;
+      st.params.push_back(id);
+    }
+  }
+
+  const ModelSpec& m_;
+  const ResolvedPolicy& policy_;
+  ScheduleCache& cache_;
+  CompiledStep& plan_;
+  std::unordered_map<std::string, int> ids_;  // model parameter id by name (stem and head only)
+  std::shared_ptr<const Schedule> last_block_;
+  const LayerPolicy* last_policy_ = nullptr;
+  std::vector<bool> last_need_;
+};
+
+}  // namespace
+
 CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const ResolvedPolicy& policy,
                           const std::vector<LayerRange>& chunks, ScheduleCache* cache) {
   const ModelSpec& m = *model;
@@ -326,70 +410,18 @@ CompiledStep compile_step(std::shared_ptr<const ModelSpec> model, const Resolved
     if (chunks[c].first < (c ? chunks[c - 1].end : 0) || chunks[c].end <= chunks[c].first || chunks[c].end > m.layers)
       REMAT_INTERNAL("chunk {} holds layers [{}, {}) of {}", c, chunks[c].first, chunks[c].end, m.layers);
   ScheduleCache local;
-  ScheduleCache& sc = cache ? *cache : local;
   CompiledStep plan;
   plan.segment = policy.segment;
   plan.chunks = chunks;
-  const bool stem = m.has_stem && !chunks.empty() && chunks.front().first == 0;
-  std::unordered_map<std::string, int> ids;  // model parameter id by name (stem and head only)
-  std::shared_ptr<const Schedule> last_block;
-  const LayerPolicy* last_policy = nullptr;
-  std::vector<bool> last_need;
-  // Parameters by model name: the stem's and the head's as they are, block l's as "h<l>.<name>".
-  auto add_stage = [&](CompiledStage::Role role, const BlockSpec& spec, int64_t layer, const LayerPolicy& lp,
-                       int chunk) {
-    CompiledStage st;
-    st.role = role;
-    st.layer = layer;
-    st.spec = &spec;
-    st.chunk = chunk;
-    // Data the caller owns: the model's first input (tokens, or the seed block's x), and the head's
-    // targets. A pipeline rank's received activations are its own, and need their gradient.
-    const bool model_first =
-        role == CompiledStage::Role::Stem || (!m.has_stem && role == CompiledStage::Role::Block && layer == 0);
-    for (size_t k = 0; k < spec.inputs.size(); ++k)
-      st.external.push_back((model_first && k == 0) || (role == CompiledStage::Role::Head && k > 0));
-    std::vector<bool> need;
-    for (size_t k = 0; k < spec.inputs.size(); ++k)
-      need.push_back(!st.external[k] && is_float(spec.tensors[spec.inputs[k]].dtype));
-    // Consecutive layers mostly choose alike: reuse the last block's schedule without a lookup.
-    const bool same =
-        role == CompiledStage::Role::Block && last_block && need == last_need && last_policy->same_choices(lp);
-    st.schedule = same ? last_block : sc.get(spec, lp, need);
-    if (role == CompiledStage::Role::Block) last_block = st.schedule, last_policy = &lp, last_need = need;
-    if (role == CompiledStage::Role::Block && policy.segment > 0) {
-      st.segment = layer / policy.segment;
-      st.first_pass = sc.get(spec, keep_nothing(spec), need);
-    }
-    const bool block = role == CompiledStage::Role::Block;
-    const std::string prefix = block ? "h" + std::to_string(layer) + "." : std::string();
-    for (const ParamSpec& p : spec.params) {
-      std::string name = p.tied_to.empty() ? prefix + p.name : p.tied_to;
-      // Only the stem's and the head's names can meet again (ties, duplicates); a block's are
-      // unique by their layer prefix and skip the index.
-      const auto found = block && p.tied_to.empty() ? ids.end() : ids.find(name);
-      int id = found == ids.end() ? -1 : found->second;
-      if (!p.tied_to.empty() && id < 0 && stem)
-        REMAT_INTERNAL("'{}' in '{}' is tied to '{}', which no earlier stage has", p.name, spec.kind, p.tied_to);
-      if (p.tied_to.empty() && id >= 0) REMAT_INTERNAL("two parameters of the model are named '{}'", name);
-      if (id < 0) {  // (a tied parameter without the stem: this rank's copy)
-        id = static_cast<int>(plan.params.size());
-        if (!block) ids.emplace(name, id);
-        plan.params.push_back({std::move(name), &p, 0});
-      }
-      ++plan.params[id].uses;
-      st.params.push_back(id);
-    }
-    plan.stages.push_back(std::move(st));
-  };
+  StepCompiler compiler(m, policy, cache ? *cache : local, plan);
   for (size_t c = 0; c < chunks.size(); ++c) {
     const int chunk = static_cast<int>(c);
     if (chunks[c].first == 0 && m.has_stem)
-      add_stage(CompiledStage::Role::Stem, m.stem, -1, keep_everything(m.stem), chunk);
+      compiler.add(CompiledStage::Role::Stem, m.stem, -1, keep_everything(m.stem), chunk);
     for (int64_t l = chunks[c].first; l < chunks[c].end; ++l)
-      add_stage(CompiledStage::Role::Block, m.block, l, policy.layers[l], chunk);
+      compiler.add(CompiledStage::Role::Block, m.block, l, policy.layers[l], chunk);
     if (chunks[c].end == m.layers)
-      add_stage(CompiledStage::Role::Head, m.head, m.layers, keep_everything(m.head), chunk);
+      compiler.add(CompiledStage::Role::Head, m.head, m.layers, keep_everything(m.head), chunk);
   }
   plan.model = std::move(model);
   return plan;

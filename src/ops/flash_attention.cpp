@@ -93,6 +93,24 @@ void check_supported(const OpNode& op, const at::Tensor& q, const at::Tensor& k,
          c10::toString(q.scalar_type()), q.device().str());
 }
 
+// rowsum(dO * O) of `rows` query rows, both with row stride ld: rowsum(P * dP), dropout or not.
+void row_dots(const float* dout, const float* o, int64_t ld, int64_t rows, int64_t d, float* dot) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *a = dout + r * ld, *c = o + r * ld;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < d; ++i) sum += a[i] * c[i];
+    dot[r] = sum;
+  }
+}
+
+// The dropped row of P into `out` (n visible of nc columns, the rest 0), and its keep bytes into `keep`.
+void drop_row(const float* row, uint8_t* keep, int64_t index, int64_t n, int64_t nc, double p, uint64_t seed,
+              float* out) {
+  kernels::dropout_keep(keep, index, n, p, seed);
+  kernels::mask_scale(row, keep, static_cast<float>(1.0 / (1.0 - p)), out, n);
+  std::fill(out + n, out + nc, 0.0f);
+}
+
 void forward(detail::OpEnv& e, const OpNode& op) {
   const AttentionLayout& l = op.attn;
   const at::Tensor &q = e.in(op, 0), &k = e.in(op, 1), &v = e.in(op, 2);
@@ -100,7 +118,7 @@ void forward(detail::OpEnv& e, const OpNode& op) {
   const Geometry geo = geometry(l, q, k, v);
   const bool dropout = op.p > 0;
   const uint64_t seed = dropout ? e.seed(op) : 0;
-  const float keep_scale = static_cast<float>(1.0 / (1.0 - op.p)), scale = static_cast<float>(attention::scale(l));
+  const float scale = static_cast<float>(attention::scale(l));
   at::Tensor atty = at::empty({l.batch, l.seq, l.heads * l.head_dim}, q.options());
   at::Tensor lse = at::empty({l.batch, l.heads, l.seq}, q.options());
   const int slots = detail::kernel_threads();
@@ -137,10 +155,7 @@ void forward(detail::OpEnv& e, const OpNode& op) {
         }
         const float alpha = kernels::online_softmax_row(row, row, n, m[r], l_row[r]);
         std::fill(row + n, row + nc, 0.0f);
-        if (dropout) {
-          kernels::dropout_keep(kp, mask_index(l, b, h, i0 + r, j0), n, op.p, seed);
-          kernels::mask_scale(row, kp, keep_scale, row, n);
-        }
+        if (dropout) drop_row(row, kp, mask_index(l, b, h, i0 + r, j0), n, nc, op.p, seed, row);
         if (alpha != 1.0f)
           for (int64_t d = 0; d < D; ++d) o_row[d] *= alpha;
       }
@@ -188,13 +203,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
         const float* lse_row = plse + (b * l.heads + h) * l.seq + i0;
         const float* do_rows = dout + geo.rows(b, i0) * geo.ld_o + h * D;
         float* dq = pdq + geo.rows(b, i0) * geo.ld_q + l.q_col + h * D;
-        for (int64_t r = 0; r < rows; ++r) {  // rowsum(dO * O) = rowsum(P * dP), dropout or not
-          const float* a = do_rows + r * geo.ld_o;
-          const float* c = o + geo.rows(b, i0 + r) * geo.ld_o + h * D;
-          float sum = 0.0f;
-          for (int64_t d = 0; d < D; ++d) sum += a[d] * c[d];
-          dot[r] = sum;
-        }
+        row_dots(do_rows, o + geo.rows(b, i0) * geo.ld_o + h * D, geo.ld_o, rows, D, dot);
         for (int64_t kt = 0; kt < key_tiles(l, qt); ++kt) {
           const int64_t j0 = kt * kTile, nc = std::min(kTile, l.seq - j0);
           float* dk = pdk + geo.rows(b, j0) * geo.ld_k + l.k_col + g * D;
@@ -206,11 +215,8 @@ void backward(detail::OpEnv& e, const OpNode& op) {
             float* row = p + r * kTile;
             kernels::exp_shifted(row, row, n, lse_row[r]);
             std::fill(row + n, row + nc, 0.0f);
-            if (dropout) {
-              kernels::dropout_keep(kp + r * kTile, mask_index(l, b, h, i0 + r, j0), n, op.p, seed);
-              kernels::mask_scale(row, kp + r * kTile, keep_scale, ds + r * kTile, n);
-              std::fill(ds + r * kTile + n, ds + r * kTile + nc, 0.0f);
-            }
+            if (dropout)
+              drop_row(row, kp + r * kTile, mask_index(l, b, h, i0 + r, j0), n, nc, op.p, seed, ds + r * kTile);
           }
           // dV += P_dropped^T dO
           detail::sgemm(true, false, nc, D, rows, 1.0f, dropout ? ds : p, kTile, do_rows, geo.ld_o, 1.0f, dvv,

@@ -276,7 +276,7 @@ class Evaluator {
     if (options_.budget > 0) return options_.budget;
     int64_t reserve = options_.reserve;
     if (reserve < 0) {
-      reserve = device_.engine ? int64_t{2} << 30 : 0;  // the CPU: kept for the system and other processes
+      reserve = device_.engine ? kCpuReserve : 0;
       for (const Allocation& a : outside_allocator(options_, device_, cfg_, l)) reserve += a.bytes;
     }
     return std::max<int64_t>(0, device_.memory - reserve);
@@ -308,11 +308,7 @@ class Evaluator {
         fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp, l.dp,
                     l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage, l.ep, l.etp, layers.segment);
     for (const LayerRange& c : stage_layers(cfg_.layers, l, stage))
-      for (int64_t x = c.first; x < c.end; ++x)
-        for (size_t t = 0; t < layers.layers[x].tensors.size(); ++t) {
-          const LayerPolicy& lp = layers.layers[x];
-          key += lp.holds(static_cast<int>(t)) ? 'h' : lp.saves(static_cast<int>(t)) ? '1' : '0';
-        }
+      for (int64_t x = c.first; x < c.end; ++x) layers.layers[x].append_key(key);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     StepMemory m = memory(l, stage, compile(sh, l, stage, layers));
@@ -461,6 +457,7 @@ class Evaluator {
     // bisect for the cheapest option that fits (the planner's exact search is for one process;
     // a layout search replays thousands of stages).
     const size_t n = options.size();
+    if (n == 0) REMAT_INTERNAL("the frontier of block {} has no option", sh.spec->block.kind);
     if (!fits(n - 1)) {  // nothing fits: recompute everything the frontier can
       assign(options[n - 1], options[n - 1], mine.size());
       return;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -99,6 +101,14 @@ class OneOmpThread {
   int previous_ = 1;
 };
 
+// cblas takes its sizes and leading dimensions as int: a product with one past INT_MAX runs on
+// ATen's at::mm instead (mm_out, batched_gemm), and sgemm refuses it.
+bool fits_cblas(std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes)
+    if (s > std::numeric_limits<int>::max()) return false;
+  return true;
+}
+
 // One product on this thread.
 template <typename T>
 void gemm_here(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
@@ -110,6 +120,9 @@ void gemm_here(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
       return;
     }
   }
+  if (!fits_cblas({m, n, k, lda, ldb, ldc}))
+    fail_runtime("a {} x {} x {} product with leading dimensions {}, {}, {} is past the BLAS's int sizes", m, n, k, lda,
+                 ldb, ldc);
   cblas<T>()(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
              static_cast<int>(ldc));
@@ -243,7 +256,9 @@ void mm_out(at::Tensor& c, const at::Tensor& a, bool ta, const at::Tensor& b, bo
   const GemmImpl impl = impl_of(linear_class(ta, tb));
   const bool tiled = impl != GemmImpl::BlasThreads && can_run<float>(impl) && c.device().is_cpu() &&
                      c.scalar_type() == at::kFloat && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
-                     a.stride(1) == 1 && b.stride(1) == 1 && c.stride(1) == 1;
+                     a.stride(1) == 1 && b.stride(1) == 1 && c.stride(1) == 1 &&
+                     (impl == GemmImpl::OneDnn ||  // a tile's m and n are small; k and the strides are the product's
+                      fits_cblas({ta ? a.size(0) : a.size(1), a.stride(0), b.stride(0), c.stride(0)}));
   if (tiled) {
     sgemm_tiled(impl, ta, tb, c.size(0), c.size(1), ta ? a.size(0) : a.size(1), 1.0f, a.data_ptr<float>(), a.stride(0),
                 b.data_ptr<float>(), b.stride(0), static_cast<float>(beta), c.data_ptr<float>(), c.stride(0));
@@ -266,7 +281,9 @@ void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bo
       REMAT_INTERNAL("batched_gemm into an expanded output needs beta 1, got {}", beta);
   const bool unit = a.stride(rank - 1) == 1 && b.stride(rank - 1) == 1 && c.stride(rank - 1) == 1;
   const GemmImpl impl = impl_of(head_class(transpose_a, transpose_b));
-  if (unit && c.device().is_cpu() && a.scalar_type() == c.scalar_type() && b.scalar_type() == c.scalar_type()) {
+  const bool fits = fits_cblas({c.size(rank - 2), c.size(rank - 1), transpose_a ? a.size(rank - 2) : a.size(rank - 1),
+                                a.stride(rank - 2), b.stride(rank - 2), c.stride(rank - 2)});
+  if (unit && fits && c.device().is_cpu() && a.scalar_type() == c.scalar_type() && b.scalar_type() == c.scalar_type()) {
     if (c.scalar_type() == at::kFloat && can_run<float>(impl))
       return batched<float>(a, transpose_a, b, transpose_b, c, alpha, beta);
     if (c.scalar_type() == at::kDouble && can_run<double>(GemmImpl::Blas))

@@ -36,10 +36,6 @@ std::vector<GemmImpl> candidates(int c) {
   return out;
 }
 
-// Timed rounds of every choice (after one untimed): a challenger that wins all of them against a
-// tie does so in 1 of 32 re-measurements.
-constexpr int kRounds = 5;
-
 // Which of n candidates runs j-th in `round`: one order, then the other, so that neither order's
 // place in a drift is always one candidate's.
 size_t nth_in_round(int round, size_t j, size_t n) { return round % 2 == 0 ? j : n - 1 - j; }
@@ -166,7 +162,7 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& tabl
     return std::max(sample_ms, 1e-3);
   };
   for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
-  for (int round = 0; round < kRounds; ++round)
+  for (int round = 0; round < kGemmRounds; ++round)
     for (size_t j = 0; j < impls.size(); ++j) {
       const size_t i = nth_in_round(round, j, impls.size());
       ms[i].push_back(run(i));
@@ -214,7 +210,7 @@ void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   for (int c = 0; c < 3; ++c) threaded[c] = GemmImpl::BlasThreads;
   const GemmTable tables[2] = {table, threaded};  // 0: the kernel threads, the incumbent
   std::vector<std::vector<double>> ms(2);
-  for (int round = 0; round <= kRounds; ++round)  // round 0 the warm-up
+  for (int round = 0; round <= kGemmRounds; ++round)  // round 0 the warm-up
     for (size_t j = 0; j < 2; ++j) {
       const size_t i = nth_in_round(round, j, 2);
       const double pass_ms = run_pass(classes, tables[i]);
@@ -262,13 +258,27 @@ GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cach
   const std::string path = fmt::format("{}/gemm-{:016x}.json", folder, std::hash<std::string>{}(key));
   GemmMeasurement m;
   if (load_choice(path, key, m)) return m;
-  const ThreadConfig before = current_threads();
+  if (!detail::gemm_available())
+    fail_runtime(
+        "--gemm auto: this LibTorch exports no oneDNN sgemm and no BLAS with cblas_sgemm is loaded; "
+        "remat needs OpenBLAS (make setup)");
+  // The trials set the threads and the table: the threads are put back however the measurement
+  // ends, the table unless a choice was made.
+  struct Trial {
+    ThreadConfig threads = current_threads();
+    GemmTable table = detail::gemm_table();
+    bool chosen = false;
+    ~Trial() {
+      if (!chosen) detail::set_gemm_table(table);
+      apply_threads(threads);
+    }
+  } trial;
   apply_threads(threads);
-  GemmTable table = detail::gemm_table();
+  GemmTable table = trial.table;
   for (int c = 0; c < kGemmClasses; ++c) m.classes.push_back(measure_class(c, threads, table));
   choose_linear_threads(table, m);
   detail::set_gemm_table(table);
-  apply_threads(before);
+  trial.chosen = true;
   m.source = fmt::format("measured now, on {}, threads {}", detail::cpu_model(), to_string(threads));
   save_choice(folder, path, key, table, m);
   return m;

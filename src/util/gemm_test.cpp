@@ -162,6 +162,25 @@ TEST(Gemm, LeavesTheCallersOpenMpThreadsAsTheyWere) {
   at::set_num_threads(before);
 }
 
+// cblas takes int sizes: an operand whose row stride is past INT_MAX (one row of a view with a
+// huge stride) runs on ATen instead of reaching cblas_sgemm with a wrapped leading dimension.
+TEST(Gemm, AStridePastIntRunsOnATen) {
+  if (!available(GemmImpl::Blas)) GTEST_SKIP() << "no cblas_sgemm";
+  const GemmTable before = gemm_table();
+  set_gemm_table(parse_gemm_table("linear=blas,blas,blas;head=blas,blas,blas"));
+  at::manual_seed(6);
+  const at::Tensor row = at::randn({8}), b = at::randn({8, 3});
+  const at::Tensor a = row.as_strided({1, 8}, {int64_t{1} << 31, 1});
+  at::Tensor c = at::zeros({1, 3});
+  mm_out(c, a, false, b, false, 0.0);
+  at::Tensor heads = at::zeros({1, 1, 3});
+  batched_gemm(row.as_strided({1, 1, 8}, {8, int64_t{1} << 31, 1}), false, b.view({1, 8, 3}), false, heads, 1.0, 0.0);
+  set_gemm_table(before);
+  const at::Tensor want = at::mm(row.view({1, 8}), b);
+  EXPECT_TRUE(testing::close(c, want, 1e-6));
+  EXPECT_TRUE(testing::close(heads.view({1, 3}), want, 1e-6));
+}
+
 // --gemm blas runs the linears on at::mm: its bits exactly.
 TEST(Gemm, BlasChoiceRunsTheLinearsOnTheBlas) {
   const GemmChoiceScope blas(GemmChoice::Blas);

@@ -16,6 +16,7 @@
 #include "remat/error.h"
 #include "util/gemm.h"
 #include "util/parallel.h"
+#include "util/timing.h"
 
 namespace remat {
 
@@ -96,14 +97,13 @@ double matmul_gflops(int n, int reps, std::string_view gemm) {
   const at::Tensor b = at::randn({n, n});
   at::Tensor c = at::empty({n, n});
   detail::mm_out(c, a, false, b, false, 0.0);  // warm-up: threads, caches, pages
-  std::vector<double> seconds;
+  std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = detail::Clock::now();
     detail::mm_out(c, a, false, b, false, 0.0);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(detail::ms_since(t0));
   }
-  std::sort(seconds.begin(), seconds.end());
-  return 2.0 * n * n * static_cast<double>(n) / seconds[seconds.size() / 2] / 1e9;
+  return 2.0 * n * n * static_cast<double>(n) / (detail::median(ms) * 1e6);
 }
 
 namespace {

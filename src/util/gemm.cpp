@@ -101,8 +101,8 @@ class OneOmpThread {
   int previous_ = 1;
 };
 
-// cblas takes its sizes and leading dimensions as int: a product with one past INT_MAX runs on
-// ATen's at::mm instead (mm_out, batched_gemm), and sgemm refuses it.
+// cblas takes its sizes and leading dimensions as int: a product on the BLAS with one past INT_MAX
+// runs on ATen instead (mm_out's at::mm, batched_gemm's at::matmul); sgemm refuses it.
 bool fits_cblas(std::initializer_list<int64_t> sizes) {
   for (int64_t s : sizes)
     if (s > std::numeric_limits<int>::max()) return false;
@@ -254,11 +254,12 @@ bool pass_owns_the_cores() { return gemm_on_kernel_threads() && current_threads(
 
 void mm_out(at::Tensor& c, const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, double beta) {
   const GemmImpl impl = impl_of(linear_class(ta, tb));
-  const bool tiled = impl != GemmImpl::BlasThreads && can_run<float>(impl) && c.device().is_cpu() &&
-                     c.scalar_type() == at::kFloat && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
-                     a.stride(1) == 1 && b.stride(1) == 1 && c.stride(1) == 1 &&
-                     (impl == GemmImpl::OneDnn ||  // a tile's m and n are small; k and the strides are the product's
-                      fits_cblas({ta ? a.size(0) : a.size(1), a.stride(0), b.stride(0), c.stride(0)}));
+  const bool tiled =
+      impl != GemmImpl::BlasThreads && can_run<float>(impl) && c.device().is_cpu() && c.scalar_type() == at::kFloat &&
+      a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.stride(1) == 1 && b.stride(1) == 1 &&
+      c.stride(1) == 1 &&
+      // oneDNN takes int64 sizes; on the BLAS, a tile's m and n are small, k and the strides the product's
+      (impl == GemmImpl::OneDnn || fits_cblas({ta ? a.size(0) : a.size(1), a.stride(0), b.stride(0), c.stride(0)}));
   if (tiled) {
     sgemm_tiled(impl, ta, tb, c.size(0), c.size(1), ta ? a.size(0) : a.size(1), 1.0f, a.data_ptr<float>(), a.stride(0),
                 b.data_ptr<float>(), b.stride(0), static_cast<float>(beta), c.data_ptr<float>(), c.stride(0));
@@ -281,7 +282,8 @@ void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bo
       REMAT_INTERNAL("batched_gemm into an expanded output needs beta 1, got {}", beta);
   const bool unit = a.stride(rank - 1) == 1 && b.stride(rank - 1) == 1 && c.stride(rank - 1) == 1;
   const GemmImpl impl = impl_of(head_class(transpose_a, transpose_b));
-  const bool fits = fits_cblas({c.size(rank - 2), c.size(rank - 1), transpose_a ? a.size(rank - 2) : a.size(rank - 1),
+  const bool fits = (c.scalar_type() == at::kFloat && impl == GemmImpl::OneDnn) ||  // int64 sizes
+                    fits_cblas({c.size(rank - 2), c.size(rank - 1), transpose_a ? a.size(rank - 2) : a.size(rank - 1),
                                 a.stride(rank - 2), b.stride(rank - 2), c.stride(rank - 2)});
   if (unit && fits && c.device().is_cpu() && a.scalar_type() == c.scalar_type() && b.scalar_type() == c.scalar_type()) {
     if (c.scalar_type() == at::kFloat && can_run<float>(impl))

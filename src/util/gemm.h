@@ -63,7 +63,9 @@ GemmTable parse_gemm_table(std::string_view text);
 
 // C = alpha op(A) op(B) + beta C for row-major float32 matrices with leading dimensions, on the
 // calling thread only, on the implementation of its head class. REQUIRES: a SingleThreadedBlas
-// alive while the kernel threads call it.
+// alive while the kernel threads call it; on the BLAS, sizes and leading dimensions at most
+// INT_MAX (cblas takes int): past that it throws remat::Error, which ends the process when the
+// caller is a kernel thread (they must not throw).
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
@@ -81,8 +83,8 @@ bool pass_owns_the_cores();
 
 // c = op(a) op(b) + beta c for 2-D tensors, c written in place, on the implementation of its linear
 // class. OneDnn and Blas, for CPU float32 whose last dimensions are contiguous: tiles of at most
-// 256 rows (tile_rows) x 512 columns of c over the kernel threads, one GEMM call each. Otherwise
-// at::mm.
+// 256 rows (tile_rows) x 512 columns of c over the kernel threads, one GEMM call each. Otherwise,
+// and on the BLAS for a reduction or leading dimension past INT_MAX (cblas takes int), at::mm.
 void mm_out(at::Tensor& c, const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, double beta);
 
 // The rows of mm_out's tiles for an m x n output: 256, halved (down to 64) while the output has
@@ -94,7 +96,8 @@ int64_t tile_rows(int64_t m, int64_t n);
 // op(x) = x^T (of the last two dimensions) when the matching flag is set. c may be expanded over a
 // batch dimension (stride 0) when beta is 1: the products over that dimension are added up, in
 // index order. One GEMM call per product (its head class's) over the kernel threads; the products that add into one
-// shared output run in one task, in index order. CUDA, half types or no GEMM symbol: at::matmul.
+// shared output run in one task, in index order. CUDA, half types, no GEMM symbol, or on the BLAS
+// a size or leading dimension past INT_MAX (cblas takes int): at::matmul.
 void batched_gemm(const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, at::Tensor& c,
                   double alpha, double beta);
 

@@ -139,7 +139,7 @@ size_t incumbent(const std::vector<GemmImpl>& impls) {
   return blas == impls.end() ? 0 : static_cast<size_t>(blas - impls.begin());
 }
 
-// Every candidate of class c, in rounds (a warm-up, then five) that run each once, in one order
+// Every candidate of class c, in rounds (a warm-up, then kGemmRounds) that run each once, in one order
 // and then the other, as a pass runs them: the kernel threads poll for their jobs unless the BLAS's
 // own threads need the cores. table[c] is set by faster_in_every_round among those on the kernel
 // threads; the BLAS's threads, a choice for the whole pass, are choose_linear_threads' to make.
@@ -201,7 +201,7 @@ double run_pass(const std::vector<Workload>& classes, const GemmTable& t) {
 // whole pass, not in a product timed alone. Passes run in pairs, each in the other order from the
 // last; the kernel threads, which the engine's passes own, are the incumbent of
 // faster_in_every_round: the BLAS's threads cost most in spells (steps 10-25% slower on a busy
-// host) that a median of five passes can miss.
+// host) that a median of kGemmRounds passes can miss.
 void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   if (!detail::available(GemmImpl::BlasThreads)) return;
   std::vector<Workload> classes;

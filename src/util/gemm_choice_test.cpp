@@ -10,19 +10,10 @@
 #include "remat/error.h"
 #include "remat/runtime.h"
 #include "util/gemm.h"
+#include "util/gemm_testing.h"
 
 namespace remat {
 namespace {
-
-// Puts the process's table back after a test changes it.
-class TableScope {
- public:
-  TableScope() : before_(detail::gemm_table()) {}
-  ~TableScope() { detail::set_gemm_table(before_); }
-
- private:
-  detail::GemmTable before_;
-};
 
 // A fresh cache folder per test, removed after.
 class CacheFolder {
@@ -41,7 +32,7 @@ bool has_blas() { return detail::available(detail::GemmImpl::Blas); }
 
 TEST(GemmRecord, RoundTripsAMixedTable) {
   if (!has_blas() || !detail::available(detail::GemmImpl::OneDnn)) GTEST_SKIP() << "needs oneDNN and a cblas_sgemm";
-  const TableScope scope;
+  const detail::GemmTableScope scope;
   const std::string mixed = "linear=blas-threads,onednn,blas;head=onednn,blas,onednn";
   restore_gemm(mixed);
   EXPECT_EQ(gemm_record(), mixed);
@@ -75,7 +66,7 @@ TEST(GemmRecord, RefusesWhatItDidNotWrite) {
 // every class ran faster on them.
 TEST(GemmChoice, SetsEachClassByItsRounds) {
   if (!has_blas()) GTEST_SKIP() << "one GEMM only: nothing to choose";
-  const TableScope scope;
+  const detail::GemmTableScope scope;
   const CacheFolder cache;
   const ThreadConfig one{1, 1};
   const GemmMeasurement m = choose_gemm(one, cache.str());
@@ -111,7 +102,7 @@ TEST(GemmChoice, SetsEachClassByItsRounds) {
 // is in place.
 TEST(GemmChoice, ASecondCallSetsTheCachedChoice) {
   if (!has_blas()) GTEST_SKIP() << "one GEMM only: nothing to choose";
-  const TableScope scope;
+  const detail::GemmTableScope scope;
   const CacheFolder cache;
   const GemmMeasurement m = choose_gemm({1, 1}, cache.str());
   const detail::GemmTable chosen = detail::gemm_table();
@@ -125,7 +116,7 @@ TEST(GemmChoice, ASecondCallSetsTheCachedChoice) {
 // An entry edited by hand, or of an older format (no pass times), is measured again, never trusted.
 TEST(GemmChoice, AnUnreadableCacheEntryIsMeasuredAgain) {
   if (!has_blas()) GTEST_SKIP() << "one GEMM only: nothing to choose";
-  const TableScope scope;
+  const detail::GemmTableScope scope;
   const CacheFolder cache;
   choose_gemm({1, 1}, cache.str());
   for (const auto& entry : std::filesystem::directory_iterator(cache.str())) {
@@ -155,7 +146,7 @@ TEST(GemmChoice, AChallengerMustBeFasterInEveryRound) {
 
 // The floor's rate is the best of every GEMM the build has, whatever the engine runs now.
 TEST(FastestMatmul, IsTheBestOfEveryGemm) {
-  const TableScope scope;
+  const detail::GemmTableScope scope;
   detail::set_gemm_table(detail::parse_gemm_table(detail::available(detail::GemmImpl::OneDnn) ? "onednn" : "blas"));
   const detail::GemmTable before = detail::gemm_table();
   const FastestMatmul f = fastest_matmul_gflops(128, 3);

@@ -13,6 +13,7 @@
 #include "remat/error.h"
 #include "remat/runtime.h"
 #include "test_util.h"
+#include "util/gemm_testing.h"
 #include "util/parallel.h"
 #include "util/parallel_testing.h"
 
@@ -166,8 +167,7 @@ TEST(Gemm, LeavesTheCallersOpenMpThreadsAsTheyWere) {
 // huge stride) runs on ATen instead of reaching cblas_sgemm with a wrapped leading dimension.
 TEST(Gemm, AStridePastIntRunsOnATen) {
   if (!available(GemmImpl::Blas)) GTEST_SKIP() << "no cblas_sgemm";
-  const GemmTable before = gemm_table();
-  set_gemm_table(parse_gemm_table("linear=blas,blas,blas;head=blas,blas,blas"));
+  const GemmTableScope blas("linear=blas,blas,blas;head=blas,blas,blas");
   at::manual_seed(6);
   const at::Tensor row = at::randn({8}), b = at::randn({8, 3});
   const at::Tensor a = row.as_strided({1, 8}, {int64_t{1} << 31, 1});
@@ -175,7 +175,6 @@ TEST(Gemm, AStridePastIntRunsOnATen) {
   mm_out(c, a, false, b, false, 0.0);
   at::Tensor heads = at::zeros({1, 1, 3});
   batched_gemm(row.as_strided({1, 1, 8}, {8, int64_t{1} << 31, 1}), false, b.view({1, 8, 3}), false, heads, 1.0, 0.0);
-  set_gemm_table(before);
   const at::Tensor want = at::mm(row.view({1, 8}), b);
   EXPECT_TRUE(testing::close(c, want, 1e-6));
   EXPECT_TRUE(testing::close(heads.view({1, 3}), want, 1e-6));

@@ -109,7 +109,7 @@ bool fits_cblas(std::initializer_list<int64_t> sizes) {
   return true;
 }
 
-// One product on this thread.
+// One product on this thread. REQUIRES: on the BLAS, fits_cblas of its sizes (checked by the callers).
 template <typename T>
 void gemm_here(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
                const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
@@ -120,9 +120,6 @@ void gemm_here(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
       return;
     }
   }
-  if (!fits_cblas({m, n, k, lda, ldb, ldc}))
-    fail_runtime("a {} x {} x {} product with leading dimensions {}, {}, {} is past the BLAS's int sizes", m, n, k, lda,
-                 ldb, ldc);
   cblas<T>()(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
              static_cast<int>(ldc));
@@ -239,6 +236,9 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
            int64_t ldb, float beta, float* c, int64_t ldc) {
   const GemmImpl impl = impl_of(head_class(ta, tb));
   if (!can_run<float>(impl)) fail_runtime("the loaded BLAS has no cblas_sgemm; remat needs OpenBLAS (make setup)");
+  if (impl != GemmImpl::OneDnn && !fits_cblas({m, n, k, lda, ldb, ldc}))
+    fail_runtime("a {} x {} x {} product with leading dimensions {}, {}, {} is past the BLAS's int sizes", m, n, k, lda,
+                 ldb, ldc);
   gemm_here<float>(impl, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

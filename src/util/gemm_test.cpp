@@ -87,13 +87,6 @@ at::Tensor product(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, c
   return c;
 }
 
-// Restores the process's GEMM choice after a test that changes it.
-class GemmChoiceScope {
- public:
-  explicit GemmChoiceScope(GemmChoice c) { set_gemm(c); }
-  ~GemmChoiceScope() { set_gemm(GemmChoice::Auto); }
-};
-
 // 600 and 1100 x 1100 outputs: three or five row tiles and three column tiles, the last of each ragged; every
 // transpose pair; written fresh (beta 0) and added into (beta 1). Float32 sums in another order
 // than at::mm's: equal within rounding.
@@ -182,7 +175,8 @@ TEST(Gemm, AStridePastIntRunsOnATen) {
 
 // --gemm blas runs the linears on at::mm: its bits exactly.
 TEST(Gemm, BlasChoiceRunsTheLinearsOnTheBlas) {
-  const GemmChoiceScope blas(GemmChoice::Blas);
+  const GemmTableScope scope;
+  set_gemm(GemmChoice::Blas);
   at::manual_seed(5);
   const at::Tensor a = at::randn({300, 64}), b = at::randn({700, 64}), c0 = at::zeros({300, 700});
   EXPECT_TRUE(testing::bitwise_equal(product(a, false, b, true, c0, 0.0, 2), at::mm(a, b.t())));

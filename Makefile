@@ -8,11 +8,17 @@ CMAKE_FLAGS ?=
 
 .PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama moe dp eager profile validate format format-check
 
+# A copy of results for this kind of CPU, in results/by-cpu/NAME/ (NAME from tools/cpu_tag.sh, such
+# as amd-25-17-avx2): a run on another kind of CPU replaces results/FILE but not this copy.
+keep_by_cpu = d=results/by-cpu/$$(tools/cpu_tag.sh) && mkdir -p $$d && for f in $(1); do \
+  cp $$f $$d/.$$(basename $$f).tmp && mv $$d/.$$(basename $$f).tmp $$d/$$(basename $$f) || exit 1; done
+
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine.
 run: build
 	$(BUILD)/remat bench --json results/seed.json --csv results/seed.csv --markdown results/seed.md \
 	  --chart results/seed.png --chart results/seed.svg
+	$(call keep_by_cpu,results/seed.md results/seed.json)
 
 # GPT-2 blocks at seq 1024 with dropout 0.1 (GPT-2's own setting), per-tensor policies on the engine.
 gpt2: build
@@ -81,6 +87,7 @@ moe: build
 # Where the seed's `none` step spends its time, op by op (docs/performance.md).
 profile: build
 	$(BUILD)/remat bench --engine ops --policies none --steps 3 --warmup 1 --profile | tee results/profile.txt
+	$(call keep_by_cpu,results/profile.txt)
 
 # The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
 # policies, every recompute verified bitwise (--verify).
@@ -103,6 +110,7 @@ dp: build
 eager: build
 	scripts/setup.sh eager
 	tools/eager_compare.py --remat $(BUILD)/remat --rounds 3 --steps 3 --json results/eager.json --markdown results/eager.md
+	$(call keep_by_cpu,results/eager.md results/eager.json)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

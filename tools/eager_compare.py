@@ -294,6 +294,9 @@ def main():
 def write_atomic(path, text):
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".eager-")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # as a plain open() would make it, not mkstemp's 0600
     with os.fdopen(fd, "w") as f:
         f.write(text)
         f.flush()

@@ -64,8 +64,8 @@ GemmTable parse_gemm_table(std::string_view text);
 // C = alpha op(A) op(B) + beta C for row-major float32 matrices with leading dimensions, on the
 // calling thread only, on the implementation of its head class. REQUIRES: a SingleThreadedBlas
 // alive while the kernel threads call it; on the BLAS, sizes and leading dimensions at most
-// INT_MAX (cblas takes int): past that it throws remat::Error, which ends the process when the
-// caller is a kernel thread (they must not throw).
+// INT_MAX (cblas takes int): past that it throws remat::Error (from a kernel thread, parallel_chunks
+// rethrows it to its caller).
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

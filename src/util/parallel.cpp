@@ -4,8 +4,10 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace remat::detail {
@@ -64,6 +66,7 @@ class Pool {
       chunks_ = chunks;
       next_.store(0);
       done_ = 0;
+      failed_.store(false);
       posted_.store(++generation_, std::memory_order_release);
     }
     wake_.notify_all();
@@ -75,15 +78,25 @@ class Pool {
     // Every chunk done and every worker that joined gone: none can touch this job after we return.
     finished_.wait(lock, [&] { return done_ == chunks_ && active_ == 0; });
     fn_ = nullptr;
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
-  // Takes chunks until none is left; returns how many this thread ran.
+  // Takes chunks until none is left; returns how many this thread took. Once a chunk has thrown,
+  // the chunks taken after it are counted but not run, and the first exception is kept for run().
   int64_t chunks_run() {
     t_inside = true;
     int64_t ran = 0;
-    for (int64_t c = next_.fetch_add(1); c < chunks_; c = next_.fetch_add(1), ++ran)
-      (*fn_)(c * grain_, std::min(n_, (c + 1) * grain_));
+    for (int64_t c = next_.fetch_add(1); c < chunks_; c = next_.fetch_add(1), ++ran) {
+      if (failed_.load(std::memory_order_relaxed)) continue;
+      try {
+        (*fn_)(c * grain_, std::min(n_, (c + 1) * grain_));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        if (!error_) error_ = std::current_exception();
+        failed_.store(true, std::memory_order_relaxed);
+      }
+    }
     t_inside = false;
     return ran;
   }
@@ -121,6 +134,9 @@ class Pool {
   std::atomic<int64_t> done_{0};  // written under mutex_; read without it while polling
   std::atomic<int> active_{0};    // workers inside the current job
   std::atomic<int64_t> next_{0};
+  std::atomic<bool> failed_{false};  // a chunk of the current job has thrown
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // its exception, rethrown by run()
 };
 
 Pool& pool() {

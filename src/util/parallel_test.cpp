@@ -7,10 +7,12 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "ops/kernels.h"
+#include "remat/error.h"
 #include "util/parallel_testing.h"
 
 namespace remat::detail {
@@ -40,6 +42,38 @@ TEST(Parallel, NestedCallsRunInline) {
   parallel_chunks(8, 1,
                   [&](int64_t, int64_t) { parallel_chunks(100, 10, [&](int64_t b, int64_t e) { total += e - b; }); });
   EXPECT_EQ(total.load(), 800);
+}
+
+// A chunk that throws, on a worker or on the caller: the caller gets the exception after every
+// started chunk has ended, and the pool runs the next job whole. Asleep and awake.
+TEST(Parallel, AThrowingChunkReachesTheCaller) {
+  const KernelThreads two(2);
+  for (const bool polling : {false, true}) {
+    const KernelThreadsAwake awake(polling);
+    for (const int64_t bad : {int64_t{0}, int64_t{37}}) {
+      std::atomic<int> running{0}, overlap{0};
+      try {
+        parallel_chunks(64, 1, [&](int64_t b, int64_t) {
+          ++running;
+          volatile int spin = 0;
+          for (int i = 0; i < 20000; ++i) spin = spin + 1;
+          if (b == bad) {
+            --running;
+            throw Error("chunk " + std::to_string(b));
+          }
+          --running;
+        });
+        ADD_FAILURE() << "no exception for chunk " << bad;
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()), "chunk " + std::to_string(bad));
+        overlap = running.load();  // a chunk still running after the call returned
+      }
+      EXPECT_EQ(overlap.load(), 0);
+      std::vector<std::atomic<int>> hits(64);
+      parallel_chunks(64, 1, [&](int64_t b, int64_t) { hits[b]++; });
+      for (const auto& h : hits) EXPECT_EQ(h.load(), 1);
+    }
+  }
 }
 
 // With the threads kept awake, the caller polls for the end of its job instead of waiting on the

@@ -67,6 +67,7 @@ class Pool {
       next_.store(0);
       done_ = 0;
       failed_.store(false);
+      error_ = nullptr;
       posted_.store(++generation_, std::memory_order_release);
     }
     wake_.notify_all();
@@ -83,7 +84,8 @@ class Pool {
 
  private:
   // Takes chunks until none is left; returns how many this thread took. Once a chunk has thrown,
-  // the chunks taken after it are counted but not run, and the first exception is kept for run().
+  // the chunks taken after that is seen are counted but not run; of the chunks that threw, the
+  // lowest one's exception is kept for run(), so which one the caller gets does not depend on timing.
   int64_t chunks_run() {
     t_inside = true;
     int64_t ran = 0;
@@ -93,7 +95,7 @@ class Pool {
         (*fn_)(c * grain_, std::min(n_, (c + 1) * grain_));
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!error_) error_ = std::current_exception();
+        if (!error_ || c < error_chunk_) error_ = std::current_exception(), error_chunk_ = c;
         failed_.store(true, std::memory_order_relaxed);
       }
     }
@@ -136,7 +138,8 @@ class Pool {
   std::atomic<int64_t> next_{0};
   std::atomic<bool> failed_{false};  // a chunk of the current job has thrown
   std::mutex error_mutex_;
-  std::exception_ptr error_;  // its exception, rethrown by run()
+  std::exception_ptr error_;  // the lowest throwing chunk's exception, rethrown by run()
+  int64_t error_chunk_ = 0;
 };
 
 Pool& pool() {

@@ -41,9 +41,10 @@ class KernelThreadsAwake {
 };
 
 // Calls fn(begin, end) for the chunks [0, grain), [grain, 2 grain), ... of [0, n), spread over the
-// pool, and returns when all are done. Runs inline when n <= grain, with one thread, or when
-// called from inside another parallel_chunks. When fn throws, the chunks not yet started are
-// skipped, and the first exception is rethrown here once every started chunk has ended.
+// pool, and returns when all are done. Runs inline when n <= grain, with one thread, when called
+// from inside another parallel_chunks, or while another thread's call runs. When fn throws, the
+// chunks taken after that is seen are skipped, and once every started chunk has ended the lowest
+// throwing chunk's exception is rethrown here (inline: the first, at once).
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
 
 // The same, telling fn which thread runs the chunk: 0 <= worker < kernel_threads(), and no two

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -44,34 +45,75 @@ TEST(Parallel, NestedCallsRunInline) {
   EXPECT_EQ(total.load(), 800);
 }
 
-// A chunk that throws, on a worker or on the caller: the caller gets the exception after every
-// started chunk has ended, and the pool runs the next job whole. Asleep and awake.
+// Until `flag` is set or two seconds have passed: a chunk that waits for the other thread to take
+// one, so that both run chunks of the job however the two are scheduled.
+void wait_for(const std::atomic<bool>& flag) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!flag.load() && std::chrono::steady_clock::now() < until) {}
+}
+
+// A chunk that throws on the caller (worker 0) or on the pool's worker (1), asleep and polling:
+// the caller gets the exception, after every started chunk has ended, and the next job runs every
+// chunk with the worker taking part (the pool is not left in its inline mode).
 TEST(Parallel, AThrowingChunkReachesTheCaller) {
   const KernelThreads two(2);
   for (const bool polling : {false, true}) {
     const KernelThreadsAwake awake(polling);
-    for (const int64_t bad : {int64_t{0}, int64_t{37}}) {
-      std::atomic<int> running{0}, overlap{0};
+    for (const int thrower : {0, 1}) {
+      std::atomic<int> running{0};
+      std::atomic<bool> caller_in{false}, worker_in{false}, thrown{false};
+      int after = -1;  // chunks still running when the call returned
       try {
-        parallel_chunks(64, 1, [&](int64_t b, int64_t) {
+        parallel_chunks_indexed(64, 1, [&](int64_t, int64_t, int worker) {
           ++running;
-          volatile int spin = 0;
-          for (int i = 0; i < 20000; ++i) spin = spin + 1;
-          if (b == bad) {
+          (worker == 0 ? caller_in : worker_in) = true;
+          wait_for(worker == 0 ? worker_in : caller_in);
+          if (worker == thrower && !thrown.exchange(true)) {
             --running;
-            throw Error("chunk " + std::to_string(b));
+            throw Error("worker " + std::to_string(worker));
           }
           --running;
         });
-        ADD_FAILURE() << "no exception for chunk " << bad;
+        ADD_FAILURE() << "no exception from worker " << thrower;
       } catch (const Error& e) {
-        EXPECT_EQ(std::string(e.what()), "chunk " + std::to_string(bad));
-        overlap = running.load();  // a chunk still running after the call returned
+        EXPECT_EQ(std::string(e.what()), "worker " + std::to_string(thrower));
+        after = running.load();
       }
-      EXPECT_EQ(overlap.load(), 0);
+      EXPECT_EQ(after, 0);
       std::vector<std::atomic<int>> hits(64);
-      parallel_chunks(64, 1, [&](int64_t b, int64_t) { hits[b]++; });
+      std::atomic<bool> worker_ran{false};
+      parallel_chunks_indexed(64, 1, [&](int64_t b, int64_t, int worker) {
+        if (worker == 1) worker_ran = true;
+        if (worker == 0) wait_for(worker_ran);
+        hits[b]++;
+      });
       for (const auto& h : hits) EXPECT_EQ(h.load(), 1);
+      EXPECT_TRUE(worker_ran.load());
+    }
+  }
+}
+
+// Of several chunks that throw, the caller gets the lowest one's exception, even when it throws
+// last (on two threads chunk 5 waits for chunk 40 to have thrown); with one thread the chunks after
+// it do not run.
+TEST(Parallel, TheLowestThrowingChunksExceptionWins) {
+  for (const int threads : {1, 2}) {
+    const KernelThreads pool(threads);
+    std::atomic<int> ran_after{0};
+    std::atomic<bool> forty{false};
+    try {
+      parallel_chunks(64, 1, [&](int64_t b, int64_t) {
+        if (b > 5) ++ran_after;
+        if (b == 5 && threads == 2) wait_for(forty);
+        if (b == 40) forty = true;
+        if (b == 5 || b == 40 || b == 63) throw Error("chunk " + std::to_string(b));
+      });
+      ADD_FAILURE() << "no exception on " << threads << " threads";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "chunk 5") << threads << " threads";
+    }
+    if (threads == 1) {
+      EXPECT_EQ(ran_after.load(), 0);
     }
   }
 }

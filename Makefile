@@ -11,7 +11,7 @@ CMAKE_FLAGS ?=
 # A copy of results for this kind of CPU, in results/by-cpu/NAME/ (NAME from tools/cpu_tag.sh, such
 # as amd-25-17-avx2): a run on another kind of CPU replaces results/FILE but not this copy.
 keep_by_cpu = d=results/by-cpu/$$(tools/cpu_tag.sh) && mkdir -p $$d && for f in $(1); do \
-  cp $$f $$d/.$$(basename $$f).tmp && mv $$d/.$$(basename $$f).tmp $$d/$$(basename $$f) || exit 1; done
+  b=$$(basename $$f) && cp $$f $$d/.$$b.tmp && mv $$d/.$$b.tmp $$d/$$b || exit 1; done
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine.

@@ -8,9 +8,9 @@ CMAKE_FLAGS ?=
 
 .PHONY: run test check sanitize fuzz setup build clean gpt2 planner train layouts flash llama moe dp eager profile validate format format-check
 
-# A copy of results for this kind of CPU, in results/by-cpu/NAME/ (NAME from tools/cpu_tag.sh, such
-# as amd-25-17-avx2): a run on another kind of CPU replaces results/FILE but not this copy.
-keep_by_cpu = d=results/by-cpu/$$(tools/cpu_tag.sh) && mkdir -p $$d && for f in $(1); do \
+# A copy of results for this kind of CPU, in results/by-cpu/KIND/ (KIND from `remat cpu --kind`,
+# such as amd-25-17-avx2): a run on another kind of CPU replaces results/FILE but not this copy.
+keep_by_cpu = k=$$($(BUILD)/remat cpu --kind) && d=results/by-cpu/$$k && mkdir -p $$d && for f in $(1); do \
   b=$$(basename $$f) && cp $$f $$d/.$$b.tmp && mv $$d/.$$b.tmp $$d/$$b || exit 1; done
 
 # The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on

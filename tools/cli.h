@@ -22,12 +22,15 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<void()> check;
   std::function<int()> run;
+  // False for a command that runs no matrix product: it takes no --gemm or --blas-kernel.
+  bool runs_products = true;
 };
 
 Command add_bench(CLI::App& parent);
 Command add_plan(CLI::App& parent);
 Command add_train(CLI::App& parent, int argc, char** argv);
 Command add_sample(CLI::App& parent);
+Command add_cpu(CLI::App& parent);
 
 // Flags that build a ModelConfig, shared by bench, plan and train.
 struct ShapeFlags {

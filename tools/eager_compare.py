@@ -183,32 +183,11 @@ def loaded_openblas_kernel():
         return "unknown"
 
 
-def cpu_name():
-    """The CPU as remat's calibration cache names it: the first processor's model name, family,
-    model, stepping and its vector units (AVX-512: F, BW, VL and DQ)."""
-    fields = {}
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if not line.strip():
-                break
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
-    name = fields.get("model name", "unknown CPU")
-    if "cpu family" not in fields:
-        return name
-    flags = set(fields.get("flags", "").split())
-    units = {"avx2": {"avx2"}, "fma": {"fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
-             "avx512_bf16": {"avx512_bf16"}}
-    vectors = " ".join(name for name, need in units.items() if need <= flags) or "no avx2"
-    return (f"{name} (family {fields['cpu family']}, model {fields.get('model', '?')}, "
-            f"stepping {fields.get('stepping', '?')}; {vectors})")
-
-
 def markdown(a, rows, config, floor, floors, torch, torch_kernel):
     """The table and its header lines: the CPU, both sides' GEMMs and the floor."""
     mib = 1 << 20
     lines = [
-        f"CPU: {cpu_name()}, {os.cpu_count()} cores",
+        f"CPU: {config['cpu']}, {os.cpu_count()} cores",
         f"remat bench (ops engine) against PyTorch {torch.__version__} eager, seed model "
         f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
         f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "

@@ -206,10 +206,11 @@ int main(int argc, char** argv) {
   });
   const std::vector<remat::cli::Command> commands = {remat::cli::add_bench(app), remat::cli::add_plan(app),
                                                      remat::cli::add_train(app, argc, argv),
-                                                     remat::cli::add_sample(app)};
+                                                     remat::cli::add_sample(app), remat::cli::add_cpu(app)};
   std::string blas_kernel = "auto";
   std::string gemm = "auto";
-  for (const remat::cli::Command& c : commands) add_shared_flags(c, blas_kernel, gemm);
+  for (const remat::cli::Command& c : commands)
+    if (c.runs_products) add_shared_flags(c, blas_kernel, gemm);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -227,9 +228,12 @@ int main(int argc, char** argv) {
     const bool plan = std::any_of(commands.begin(), commands.end(), [](const remat::cli::Command& c) {
       return c.app->parsed() && c.app->get_name() == "plan";
     });
+    const bool products = std::any_of(commands.begin(), commands.end(),
+                                      [](const remat::cli::Command& c) { return c.app->parsed() && c.runs_products; });
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed() && c.check) c.check();  // bad flags are refused before a second start
-    if (const int code = choose_blas_kernel(argv, blas_kernel, !plan || remat::gemm_uses_blas()); code >= 0)
+    if (const int code = choose_blas_kernel(argv, blas_kernel, products && (!plan || remat::gemm_uses_blas()));
+        code >= 0)
       return code;
     for (const remat::cli::Command& c : commands)
       if (c.app->parsed()) return stdout_written(c.run());

@@ -44,6 +44,15 @@ int64_t available_memory();
 // What this process runs with now: at::get_num_threads() and remat's kernel threads.
 ThreadConfig current_threads();
 
+// This machine's CPU as every cached calibration is keyed on: the first processor's model name,
+// family, model and stepping in /proc/cpuinfo and the vector units it runs, e.g. "AMD EPYC (family
+// 25, model 17, stepping 1; avx2 fma)"; "unknown cpu" without /proc/cpuinfo.
+std::string cpu_name();
+// The kind of CPU as a folder name, under which make run keeps each kind's tables
+// (results/by-cpu/KIND): vendor, family, model and widest vector unit on x86 ("intel-6-167-avx512"),
+// the architecture, implementer and part elsewhere ("aarch64-0x41-0xd0c").
+std::string cpu_kind();
+
 // The loaded BLAS, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Cooperlake", or "unknown (not OpenBLAS)";
 // notes when the remat CLI chose the kernel (remat/blas_kernel.h), or else when OPENBLAS_CORETYPE
 // in the environment forced it.

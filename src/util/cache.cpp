@@ -1,8 +1,12 @@
 #include "util/cache.h"
 
+#include <sys/utsname.h>
+
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -25,31 +29,75 @@ std::string build_identity() {
   return fmt::format("{}:{}:{}", exe.string(), size, time);
 }
 
-std::string cpu_model(const std::string& cpuinfo, const blas::CpuFeatures& cpu) {
-  std::ifstream info(cpuinfo);
-  if (!info) return "unknown cpu";
-  // The first processor's lines: a VM's model name is often only the vendor's line ("AMD EPYC"),
-  // shared by CPUs that run a GEMM at different rates, and may hide vector units it has.
-  std::string name = "unknown cpu", family, model, stepping;
-  auto value = [](const std::string& line) {
-    const size_t colon = line.find(':');
-    const size_t start = colon == std::string::npos ? std::string::npos : line.find_first_not_of(' ', colon + 1);
-    return start == std::string::npos ? std::string("?") : line.substr(start);
-  };
-  for (std::string line; std::getline(info, line) && !line.empty();) {
-    const std::string key = line.substr(0, line.find_first_of("\t:"));
-    if (key == "model name") name = value(line);
-    if (key == "cpu family") family = value(line);
-    if (key == "model") model = value(line);
-    if (key == "stepping") stepping = value(line);
+namespace {
+
+// The first processor's lines of a /proc/cpuinfo, by key ("model name", "cpu family", ...); the
+// first processor speaks for the machine. `readable` is false when the file cannot be opened.
+struct FirstProcessor {
+  bool readable = false;
+  std::map<std::string, std::string> fields;
+  std::string get(const std::string& key, const std::string& otherwise) const {
+    const auto it = fields.find(key);
+    return it == fields.end() ? otherwise : it->second;
   }
-  if (family.empty()) return name;
+};
+
+FirstProcessor first_processor(const std::string& cpuinfo) {
+  FirstProcessor p;
+  std::ifstream info(cpuinfo);
+  if (!info) return p;
+  p.readable = true;
+  for (std::string line; std::getline(info, line) && !line.empty();) {
+    const size_t colon = line.find(':');
+    const std::string key = line.substr(0, line.find_first_of("\t:"));
+    const size_t start = colon == std::string::npos ? std::string::npos : line.find_first_not_of(' ', colon + 1);
+    p.fields.emplace(key, start == std::string::npos ? std::string("?") : line.substr(start));
+  }
+  return p;
+}
+
+// Letters and digits kept, anything else '_'; "x" for nothing.
+std::string folder_safe(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s.empty() ? "x" : s;
+}
+
+}  // namespace
+
+std::string cpu_model(const std::string& cpuinfo, const blas::CpuFeatures& cpu) {
+  const FirstProcessor p = first_processor(cpuinfo);
+  if (!p.readable) return "unknown cpu";
+  // A VM's model name is often only the vendor's line ("AMD EPYC"), shared by CPUs that run a GEMM
+  // at different rates, and may hide vector units it has: family, model, stepping and the units.
+  const std::string name = p.get("model name", "unknown cpu");
+  if (p.fields.count("cpu family") == 0) return name;
   std::string vectors;
   for (const auto& [has, unit] : {std::pair{cpu.avx2, "avx2"}, std::pair{cpu.fma, "fma"},
                                   std::pair{cpu.avx512, "avx512"}, std::pair{cpu.avx512_bf16, "avx512_bf16"}})
     if (has) vectors += (vectors.empty() ? "" : " ") + std::string(unit);
-  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, family, model.empty() ? "?" : model,
-                     stepping.empty() ? "?" : stepping, vectors.empty() ? "no avx2" : vectors);
+  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, p.get("cpu family", "?"), p.get("model", "?"),
+                     p.get("stepping", "?"), vectors.empty() ? "no avx2" : vectors);
+}
+
+std::string cpu_kind(const std::string& cpuinfo, const blas::CpuFeatures& cpu, const std::string& arch) {
+  const FirstProcessor p = first_processor(cpuinfo);
+  if (p.fields.count("cpu family") == 0)
+    return fmt::format("{}-{}-{}", folder_safe(arch), folder_safe(p.get("CPU implementer", "")),
+                       folder_safe(p.get("CPU part", "")));
+  const std::string vendor = p.get("vendor_id", "");
+  const std::string maker = vendor == "GenuineIntel"   ? "intel"
+                            : vendor == "AuthenticAMD" ? "amd"
+                                                       : "x86_" + folder_safe(vendor);
+  return fmt::format("{}-{}-{}-{}", maker, folder_safe(p.get("cpu family", "")), folder_safe(p.get("model", "")),
+                     cpu.avx512 ? "avx512"
+                     : cpu.avx2 ? "avx2"
+                                : "sse");
+}
+
+std::string machine_architecture() {
+  struct utsname u {};
+  return uname(&u) == 0 ? std::string(u.machine) : std::string("unknown");
 }
 
 }  // namespace remat::detail

@@ -21,4 +21,14 @@ std::string build_identity();
 std::string cpu_model(const std::string& cpuinfo = "/proc/cpuinfo",
                       const blas::CpuFeatures& cpu = blas::cpu_features());
 
+// The machine's architecture as uname gives it ("x86_64", "aarch64").
+std::string machine_architecture();
+
+// The kind of CPU, from the same first processor, as a folder name (letters, digits, '-', '_'):
+// on x86 the vendor, family, model and the widest vector unit `cpu` has ("intel-6-167-avx512",
+// "amd-25-17-avx2"); elsewhere the architecture, the CPU's implementer and part
+// ("aarch64-0x41-0xd0c"), "x" for a field the file lacks.
+std::string cpu_kind(const std::string& cpuinfo = "/proc/cpuinfo", const blas::CpuFeatures& cpu = blas::cpu_features(),
+                     const std::string& arch = machine_architecture());
+
 }  // namespace remat::detail

@@ -10,12 +10,22 @@
 namespace remat::detail {
 namespace {
 
+// A /proc/cpuinfo holding `text`, removed when it goes.
+struct CpuInfoFile {
+  std::string path = (std::filesystem::temp_directory_path() / "remat-cpuinfo-test").string();
+  explicit CpuInfoFile(const std::string& text) { std::ofstream(path) << text; }
+  ~CpuInfoFile() { std::filesystem::remove(path); }
+};
+
 std::string with_cpuinfo(const std::string& text, const blas::CpuFeatures& cpu = {}) {
-  const std::string path = (std::filesystem::temp_directory_path() / "remat-cpuinfo-test").string();
-  std::ofstream(path) << text;
-  const std::string model = cpu_model(path, cpu);
-  std::filesystem::remove(path);
-  return model;
+  return cpu_model(CpuInfoFile(text).path, cpu);
+}
+
+// The kind a machine with this first processor (then a second one that must not be read), these
+// vector units and architecture is filed under.
+std::string kind_of(const std::string& first, const blas::CpuFeatures& cpu = {}, const std::string& arch = "x86_64") {
+  const CpuInfoFile file(first + "\n\nprocessor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 99\nmodel\t\t: 99\n");
+  return cpu_kind(file.path, cpu, arch);
 }
 
 // Two VMs whose model name is the vendor's line alone differ in family, model and the vector units
@@ -37,6 +47,37 @@ TEST(CpuModel, NamesFamilyModelSteppingAndVectorUnits) {
 TEST(CpuModel, WithoutAFamilyIsTheModelName) {
   EXPECT_EQ(with_cpuinfo("processor\t: 0\nmodel name\t: ARMv8 Processor rev 1\n"), "ARMv8 Processor rev 1");
   EXPECT_EQ(cpu_model("/nonexistent/cpuinfo"), "unknown cpu");
+}
+
+// On x86 the kind is the vendor, family, model and widest vector unit, whatever the model name says.
+TEST(CpuKind, X86IsVendorFamilyModelAndWidestVectorUnit) {
+  blas::CpuFeatures avx2;
+  avx2.avx2 = avx2.fma = true;
+  blas::CpuFeatures avx512 = avx2;
+  avx512.avx512 = true;
+  EXPECT_EQ(kind_of("vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+                    "model name\t: Intel(R) Xeon(R) Platinum 8480+",
+                    avx512),
+            "intel-6-143-avx512");
+  EXPECT_EQ(kind_of("vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC", avx2),
+            "amd-25-17-avx2");
+  EXPECT_EQ(kind_of("vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85"), "intel-6-85-sse");
+}
+
+// A name is a folder name: any other character becomes '_', another vendor keeps its own name.
+TEST(CpuKind, KeepsOnlyLettersDigitsDashesAndUnderscores) {
+  blas::CpuFeatures avx2;
+  avx2.avx2 = true;
+  EXPECT_EQ(kind_of("vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85 ../x"), "intel-6-85____x-sse");
+  EXPECT_EQ(kind_of("vendor_id\t: HygonGenuine\ncpu family\t: 24\nmodel\t\t: 0", avx2), "x86_HygonGenuine-24-0-avx2");
+}
+
+// Elsewhere: the architecture, the CPU's implementer and part; "x" for what the file lacks.
+TEST(CpuKind, ElsewhereIsArchitectureImplementerAndPart) {
+  EXPECT_EQ(kind_of("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c", {}, "aarch64"),
+            "aarch64-0x41-0xd0c");
+  EXPECT_EQ(kind_of("processor\t: 0", {}, "aarch64"), "aarch64-x-x");
+  EXPECT_EQ(cpu_kind("/nonexistent/cpuinfo", {}, "riscv64"), "riscv64-x-x");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 
 #include "remat/error.h"
+#include "util/cache.h"
 #include "util/gemm.h"
 #include "util/parallel.h"
 #include "util/timing.h"
@@ -67,6 +68,10 @@ void apply_threads(const ThreadConfig& t) {
 std::string to_string(const ThreadConfig& t) { return std::to_string(t.aten) + "/" + std::to_string(t.blas); }
 
 ThreadConfig current_threads() { return {at::get_num_threads(), detail::kernel_threads()}; }
+
+std::string cpu_name() { return detail::cpu_model(); }
+
+std::string cpu_kind() { return detail::cpu_kind(); }
 
 std::string blas_name() {
   auto config = openblas_symbol<char* (*)()>("openblas_get_config");

@@ -2,7 +2,7 @@
 // a scores product (128 query rows x T keys x head dim 64) when its operands stay in cache, when
 // every call moves to the next (batch, head) as the engine's loops do, and when each (batch, head)
 // runs through all its causal row blocks before the next. Also the 1024^3 rate of one core and
-// the rate at which one thread writes memory. README "Speed" quotes its output.
+// the rate at which one thread writes memory. docs/performance.md quotes its output.
 //
 // It links no LibTorch, only oneDNN; CMake builds it where Debian's libdnnl.so.2 is found:
 //   OMP_NUM_THREADS=1 build/attention_gemm_loops

@@ -163,10 +163,12 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   return again(target.c_str(), note);
 }
 
-// Every command's integer options checked to fit int64, and the flags all commands share.
+// Every command's integer options checked to fit int64, and the flags all commands that run
+// products share.
 void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, std::string& gemm) {
   for (CLI::Option* o : c.app->get_options())
     if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->check(fits_in_int64());
+  if (!c.runs_products) return;
   c.app->add_option("--blas-kernel", blas_kernel,
                     "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
                     "or a name such as SkylakeX");
@@ -209,8 +211,7 @@ int main(int argc, char** argv) {
                                                      remat::cli::add_sample(app), remat::cli::add_cpu(app)};
   std::string blas_kernel = "auto";
   std::string gemm = "auto";
-  for (const remat::cli::Command& c : commands)
-    if (c.runs_products) add_shared_flags(c, blas_kernel, gemm);
+  for (const remat::cli::Command& c : commands) add_shared_flags(c, blas_kernel, gemm);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

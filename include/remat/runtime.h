@@ -1,4 +1,4 @@
-// The machine: thread settings, which BLAS is loaded, and how fast it multiplies.
+// The machine: its CPU, thread settings, which BLAS is loaded, and how fast it multiplies.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ struct ThreadConfig {
   int blas = 1;  // openblas_set_num_threads (when the BLAS is OpenBLAS) and remat's kernel threads
 };
 
-// The default: ATen 1, BLAS = number of cores. Measured on the 2-core machine (README, "Threads").
+// The default: ATen 1, BLAS = number of cores. Measured on 2-core machines (docs/design.md, NOTE [Threads and BLAS]).
 ThreadConfig default_threads();
 
 // "A/B" (ATen A, BLAS B) or "N" (both N), each at most 4 per core. Throws remat::Error for anything
@@ -45,12 +45,13 @@ int64_t available_memory();
 ThreadConfig current_threads();
 
 // This machine's CPU as every cached calibration is keyed on: the first processor's model name,
-// family, model and stepping in /proc/cpuinfo and the vector units it runs, e.g. "AMD EPYC (family
-// 25, model 17, stepping 1; avx2 fma)"; "unknown cpu" without /proc/cpuinfo.
+// family, model and stepping in /proc/cpuinfo and the vector units CPUID shows, e.g. "AMD EPYC
+// (family 25, model 17, stepping 1; avx2 fma)"; "unknown cpu" without /proc/cpuinfo.
 std::string cpu_name();
-// The kind of CPU as a folder name, under which make run keeps each kind's tables
-// (results/by-cpu/KIND): vendor, family, model and widest vector unit on x86 ("intel-6-167-avx512"),
-// the architecture, implementer and part elsewhere ("aarch64-0x41-0xd0c").
+// The kind of CPU as a folder name, under which make run, make eager and make profile keep each
+// kind's tables (results/by-cpu/KIND): vendor, family, model and widest vector unit on x86
+// ("intel-6-167-avx512"), the architecture, implementer and part elsewhere ("aarch64-0x41-0xd0c").
+// Throws remat::Error when /proc/cpuinfo cannot be read.
 std::string cpu_kind();
 
 // The loaded BLAS, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Cooperlake", or "unknown (not OpenBLAS)";

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "remat/error.h"
+
 namespace remat::detail {
 
 std::string cache_folder(const std::string& given) {
@@ -31,14 +33,16 @@ std::string build_identity() {
 
 namespace {
 
-// The first processor's lines of a /proc/cpuinfo, by key ("model name", "cpu family", ...); the
-// first processor speaks for the machine. `readable` is false when the file cannot be opened.
+// The first processor's lines of a /proc/cpuinfo, by key ("model name", "cpu family", ...), values
+// without their leading blanks ("" for none); the first processor speaks for the machine. A key
+// given twice keeps its last value. `readable` is false when the file cannot be opened.
 struct FirstProcessor {
   bool readable = false;
   std::map<std::string, std::string> fields;
-  std::string get(const std::string& key, const std::string& otherwise) const {
+  bool has(const std::string& key) const { return fields.count(key) > 0; }
+  std::string get(const std::string& key) const {
     const auto it = fields.find(key);
-    return it == fields.end() ? otherwise : it->second;
+    return it == fields.end() ? std::string() : it->second;
   }
 };
 
@@ -49,9 +53,11 @@ FirstProcessor first_processor(const std::string& cpuinfo) {
   p.readable = true;
   for (std::string line; std::getline(info, line) && !line.empty();) {
     const size_t colon = line.find(':');
-    const std::string key = line.substr(0, line.find_first_of("\t:"));
-    const size_t start = colon == std::string::npos ? std::string::npos : line.find_first_not_of(' ', colon + 1);
-    p.fields.emplace(key, start == std::string::npos ? std::string("?") : line.substr(start));
+    const std::string key = line.substr(0, colon);
+    const size_t key_end = key.find_last_not_of(" \t");
+    const size_t start = colon == std::string::npos ? std::string::npos : line.find_first_not_of(" \t", colon + 1);
+    p.fields.insert_or_assign(key.substr(0, key_end == std::string::npos ? 0 : key_end + 1),
+                              start == std::string::npos ? std::string() : line.substr(start));
   }
   return p;
 }
@@ -68,28 +74,30 @@ std::string folder_safe(std::string s) {
 std::string cpu_model(const std::string& cpuinfo, const blas::CpuFeatures& cpu) {
   const FirstProcessor p = first_processor(cpuinfo);
   if (!p.readable) return "unknown cpu";
+  auto shown = [&](const std::string& key) { return p.get(key).empty() ? std::string("?") : p.get(key); };
   // A VM's model name is often only the vendor's line ("AMD EPYC"), shared by CPUs that run a GEMM
   // at different rates, and may hide vector units it has: family, model, stepping and the units.
-  const std::string name = p.get("model name", "unknown cpu");
-  if (p.fields.count("cpu family") == 0) return name;
+  const std::string name = p.has("model name") ? shown("model name") : "unknown cpu";
+  if (!p.has("cpu family")) return name;
   std::string vectors;
   for (const auto& [has, unit] : {std::pair{cpu.avx2, "avx2"}, std::pair{cpu.fma, "fma"},
                                   std::pair{cpu.avx512, "avx512"}, std::pair{cpu.avx512_bf16, "avx512_bf16"}})
     if (has) vectors += (vectors.empty() ? "" : " ") + std::string(unit);
-  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, p.get("cpu family", "?"), p.get("model", "?"),
-                     p.get("stepping", "?"), vectors.empty() ? "no avx2" : vectors);
+  return fmt::format("{} (family {}, model {}, stepping {}; {})", name, shown("cpu family"), shown("model"),
+                     shown("stepping"), vectors.empty() ? "no avx2" : vectors);
 }
 
 std::string cpu_kind(const std::string& cpuinfo, const blas::CpuFeatures& cpu, const std::string& arch) {
   const FirstProcessor p = first_processor(cpuinfo);
-  if (p.fields.count("cpu family") == 0)
-    return fmt::format("{}-{}-{}", folder_safe(arch), folder_safe(p.get("CPU implementer", "")),
-                       folder_safe(p.get("CPU part", "")));
-  const std::string vendor = p.get("vendor_id", "");
+  if (!p.readable) fail_runtime("cannot read {}: the kind of CPU is named from its first processor", cpuinfo);
+  if (!p.has("cpu family"))
+    return fmt::format("{}-{}-{}", folder_safe(arch), folder_safe(p.get("CPU implementer")),
+                       folder_safe(p.get("CPU part")));
+  const std::string vendor = p.get("vendor_id");
   const std::string maker = vendor == "GenuineIntel"   ? "intel"
                             : vendor == "AuthenticAMD" ? "amd"
                                                        : "x86_" + folder_safe(vendor);
-  return fmt::format("{}-{}-{}-{}", maker, folder_safe(p.get("cpu family", "")), folder_safe(p.get("model", "")),
+  return fmt::format("{}-{}-{}-{}", maker, folder_safe(p.get("cpu family")), folder_safe(p.get("model")),
                      cpu.avx512 ? "avx512"
                      : cpu.avx2 ? "avx2"
                                 : "sse");

@@ -15,9 +15,10 @@ std::string cache_folder(const std::string& given);
 // instead of trusting what an older build measured.
 std::string build_identity();
 
-// The CPU: the model name, family, model and stepping /proc/cpuinfo gives, and the vector units
-// `cpu` has ("AMD EPYC (family 25, model 17, stepping 1; avx2 fma)"); "unknown cpu" when there is
-// no such file. The key of every calibration cached for this machine.
+// The CPU: the model name, family, model and stepping of the first processor in /proc/cpuinfo,
+// and the vector units `cpu` has (CPUID's, with the OS's register state: blas::cpu_features)
+// ("AMD EPYC (family 25, model 17, stepping 1; avx2 fma)"); "unknown cpu" when there is no such
+// file. The key of every calibration cached for this machine.
 std::string cpu_model(const std::string& cpuinfo = "/proc/cpuinfo",
                       const blas::CpuFeatures& cpu = blas::cpu_features());
 
@@ -25,9 +26,10 @@ std::string cpu_model(const std::string& cpuinfo = "/proc/cpuinfo",
 std::string machine_architecture();
 
 // The kind of CPU, from the same first processor, as a folder name (letters, digits, '-', '_'):
-// on x86 the vendor, family, model and the widest vector unit `cpu` has ("intel-6-167-avx512",
-// "amd-25-17-avx2"); elsewhere the architecture, the CPU's implementer and part
-// ("aarch64-0x41-0xd0c"), "x" for a field the file lacks.
+// where it gives a cpu family (x86) the vendor, family, model and the widest vector unit `cpu` has
+// ("intel-6-167-avx512", "amd-25-17-avx2"); elsewhere the architecture, the CPU's implementer and
+// part ("aarch64-0x41-0xd0c"); "x" for a field the file lacks or leaves empty. Throws
+// remat::Error when the file cannot be read.
 std::string cpu_kind(const std::string& cpuinfo = "/proc/cpuinfo", const blas::CpuFeatures& cpu = blas::cpu_features(),
                      const std::string& arch = machine_architecture());
 

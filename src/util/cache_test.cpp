@@ -7,14 +7,17 @@
 
 #include <gtest/gtest.h>
 
+#include "remat/error.h"
+#include "test_util.h"
+
 namespace remat::detail {
 namespace {
 
 // A /proc/cpuinfo holding `text`, removed when it goes.
 struct CpuInfoFile {
-  std::string path = (std::filesystem::temp_directory_path() / "remat-cpuinfo-test").string();
+  std::string path = testing::temp_dir("cpuinfo") + "/cpuinfo";
   explicit CpuInfoFile(const std::string& text) { std::ofstream(path) << text; }
-  ~CpuInfoFile() { std::filesystem::remove(path); }
+  ~CpuInfoFile() { std::filesystem::remove_all(std::filesystem::path(path).parent_path()); }
 };
 
 std::string with_cpuinfo(const std::string& text, const blas::CpuFeatures& cpu = {}) {
@@ -76,8 +79,15 @@ TEST(CpuKind, KeepsOnlyLettersDigitsDashesAndUnderscores) {
 TEST(CpuKind, ElsewhereIsArchitectureImplementerAndPart) {
   EXPECT_EQ(kind_of("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c", {}, "aarch64"),
             "aarch64-0x41-0xd0c");
-  EXPECT_EQ(kind_of("processor\t: 0", {}, "aarch64"), "aarch64-x-x");
-  EXPECT_EQ(cpu_kind("/nonexistent/cpuinfo", {}, "riscv64"), "riscv64-x-x");
+  EXPECT_EQ(kind_of("processor\t: 0\nCPU part\t:", {}, "aarch64"), "aarch64-x-x");
+  EXPECT_THROW(cpu_kind("/nonexistent/cpuinfo", {}, "riscv64"), Error);
+}
+
+// Keys padded with spaces or tabs are read, a key given twice keeps its last value, and an empty
+// value is shown as "?".
+TEST(CpuModel, ReadsPaddedKeysTheLastValueAndEmptyOnes) {
+  EXPECT_EQ(with_cpuinfo("model name  : AMD EPYC\ncpu family  : 23\ncpu family\t: 25\nmodel\t:\nstepping : 1"),
+            "AMD EPYC (family 25, model ?, stepping 1; no avx2)");
 }
 
 }  // namespace

@@ -78,7 +78,11 @@ std::string cpu_model(const std::string& cpuinfo, const blas::CpuFeatures& cpu) 
   // A VM's model name is often only the vendor's line ("AMD EPYC"), shared by CPUs that run a GEMM
   // at different rates, and may hide vector units it has: family, model, stepping and the units.
   const std::string name = p.has("model name") ? shown("model name") : "unknown cpu";
-  if (!p.has("cpu family")) return name;
+  if (!p.has("cpu family")) {  // not x86: an Arm core names itself by implementer, part and revision
+    if (!p.has("CPU implementer") && !p.has("CPU part")) return name;
+    return fmt::format("{} (implementer {}, part {}, variant {}, revision {})", name, shown("CPU implementer"),
+                       shown("CPU part"), shown("CPU variant"), shown("CPU revision"));
+  }
   std::string vectors;
   for (const auto& [has, unit] : {std::pair{cpu.avx2, "avx2"}, std::pair{cpu.fma, "fma"},
                                   std::pair{cpu.avx512, "avx512"}, std::pair{cpu.avx512_bf16, "avx512_bf16"}})

@@ -17,8 +17,9 @@ std::string build_identity();
 
 // The CPU: the model name, family, model and stepping of the first processor in /proc/cpuinfo,
 // and the vector units `cpu` has (CPUID's, with the OS's register state: blas::cpu_features)
-// ("AMD EPYC (family 25, model 17, stepping 1; avx2 fma)"); "unknown cpu" when there is no such
-// file. The key of every calibration cached for this machine.
+// ("AMD EPYC (family 25, model 17, stepping 1; avx2 fma)"); without a cpu family (not x86), the
+// model name (or "unknown cpu") with the CPU's implementer, part, variant and revision when given;
+// "unknown cpu" when there is no such file. The key of every calibration cached for this machine.
 std::string cpu_model(const std::string& cpuinfo = "/proc/cpuinfo",
                       const blas::CpuFeatures& cpu = blas::cpu_features());
 

@@ -47,8 +47,12 @@ TEST(CpuModel, NamesFamilyModelSteppingAndVectorUnits) {
             "Intel(R) Xeon(R) (family 6, model ?, stepping ?; no avx2)");
 }
 
-TEST(CpuModel, WithoutAFamilyIsTheModelName) {
+TEST(CpuModel, WithoutAFamilyIsTheModelNameAndTheArmCoresFields) {
   EXPECT_EQ(with_cpuinfo("processor\t: 0\nmodel name\t: ARMv8 Processor rev 1\n"), "ARMv8 Processor rev 1");
+  // An Arm core without a model name: told apart by implementer, part, variant and revision.
+  EXPECT_EQ(with_cpuinfo("processor\t: 0\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\n"
+                         "CPU part\t: 0xd0c\nCPU revision\t: 1\n"),
+            "unknown cpu (implementer 0x41, part 0xd0c, variant 0x1, revision 1)");
   EXPECT_EQ(cpu_model("/nonexistent/cpuinfo"), "unknown cpu");
 }
 

@@ -13,6 +13,7 @@
 #include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
+#include "ops/reduce.h"
 #include "ops/tensor_parallel.h"
 #include "util/gemm.h"
 
@@ -49,7 +50,7 @@ LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& x, const at:
   }
   g.dw = at::empty(w.sizes(), dy.options());
   detail::mm_out(g.dw, dy2, true, x.reshape({-1, w.size(1)}), false, 0.0);
-  if (has_bias) g.db = dy2.sum(0);
+  if (has_bias) g.db = column_sums(dy2);
   return g;
 }
 

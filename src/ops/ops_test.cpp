@@ -14,12 +14,14 @@
 #include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
+#include "ops/reduce.h"
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/executor.h"
 #include "remat/policy.h"
 #include "test_util.h"
 #include "util/gemm.h"
+#include "util/parallel_testing.h"
 
 namespace remat {
 namespace {
@@ -299,6 +301,21 @@ TEST(SoftmaxKernel, FindsTheRowMaxInEveryLane) {
     EXPECT_EQ(m, 200.0f) << "row " << i;
     EXPECT_EQ(l, 1.0f) << "row " << i;
   }
+}
+
+// A linear's bias gradient, summed in column chunks on the kernel threads, has the bits of ATen's
+// one sum over every column: over ragged chunks, on one kernel thread or two, in float and double.
+TEST(ColumnSums, HaveTheBitsOfOneSum) {
+  at::manual_seed(8);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1000, 300}, {1024, 2048}, {7, 5}, {129, 513}})
+    for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+      const at::Tensor x = (at::randn({rows, cols}) * 3 + 1).to(dtype);
+      for (int threads : {1, 2}) {
+        const detail::KernelThreads pool(threads);
+        EXPECT_TRUE(testing::bitwise_equal(ops::column_sums(x), x.sum(0)))
+            << rows << " x " << cols << ", " << threads << " threads";
+      }
+    }
 }
 
 at::Tensor mask(int64_t n, double p, uint64_t seed) {

@@ -46,7 +46,8 @@ ThreadConfig current_threads();
 
 // This machine's CPU as every cached calibration is keyed on: the first processor's model name,
 // family, model and stepping in /proc/cpuinfo and the vector units CPUID shows, e.g. "AMD EPYC
-// (family 25, model 17, stepping 1; avx2 fma)"; "unknown cpu" without /proc/cpuinfo.
+// (family 25, model 17, stepping 1; avx2 fma)"; elsewhere (Arm) the model name, if any, with the
+// core's implementer, part, variant and revision; "unknown cpu" without /proc/cpuinfo.
 std::string cpu_name();
 // The kind of CPU as a folder name, under which make run, make eager and make profile keep each
 // kind's tables (results/by-cpu/KIND): vendor, family, model and widest vector unit on x86

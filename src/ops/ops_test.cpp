@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "ops/attention_common.h"
@@ -305,7 +306,11 @@ TEST(SoftmaxKernel, FindsTheRowMaxInEveryLane) {
 
 // A linear's bias gradient, summed in column chunks on the kernel threads, has the bits of ATen's
 // one sum over every column: over ragged chunks, on one kernel thread or two, in float and double.
+// With one ATen thread, as the engine runs, so that the chunks are what runs.
 TEST(ColumnSums, HaveTheBitsOfOneSum) {
+  const int aten_before = at::get_num_threads();
+  at::set_num_threads(1);
+  ASSERT_EQ(at::get_num_threads(), 1);
   at::manual_seed(8);
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1000, 300}, {1024, 2048}, {7, 5}, {129, 513}})
     for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
@@ -316,6 +321,7 @@ TEST(ColumnSums, HaveTheBitsOfOneSum) {
             << rows << " x " << cols << ", " << threads << " threads";
       }
     }
+  at::set_num_threads(aten_before);
 }
 
 at::Tensor mask(int64_t n, double p, uint64_t seed) {

@@ -4,13 +4,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 
 #include "util/parallel.h"
 
 namespace remat::ops {
 
 at::Tensor column_sums(const at::Tensor& x) {
-  if (!x.device().is_cpu() || x.dim() != 2 || !x.is_contiguous() || at::get_num_threads() != 1) return x.sum(0);
+  // The kernel threads hold none of the caller's autograd or inference-mode state: a tensor that
+  // takes part in either, like an integer one (summed as int64), is summed by ATen on this thread.
+  if (!x.device().is_cpu() || x.dim() != 2 || !x.is_contiguous() || at::get_num_threads() != 1 ||
+      !at::isFloatingType(x.scalar_type()) || x.requires_grad() || c10::InferenceMode::is_enabled())
+    return x.sum(0);
   constexpr int64_t kChunk = 256;
   const int64_t cols = x.size(1);
   at::Tensor out = at::empty({cols}, x.options());

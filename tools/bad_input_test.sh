@@ -72,6 +72,10 @@ bad() {
 # ---- flags and their values ---------------------------------------------------------------------
 bad "The following argument was not expected: --bogus" bench --bogus
 bad "A subcommand is required" --layers 2
+# remat cpu runs no product: it takes no GEMM or BLAS kernel, and no argument.
+bad "not expected: blas --gemm" cpu --gemm blas
+bad "not expected: keep --blas-kernel" cpu --blas-kernel keep
+bad "not expected: extra" cpu extra
 bad "--layers must be a positive integer, got 0" bench "${tiny[@]}" --layers 0
 bad "--batch must be a positive integer, got -1" bench "${tiny[@]}" --batch -1
 bad "--dim 16 is not divisible by --heads 3" bench "${tiny[@]}" --heads 3

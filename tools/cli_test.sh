@@ -36,16 +36,14 @@ diffs=$(grep -o '"grad_max_abs_diff": *[^,}]*' "$tmp/r.json" | sed 's/.*: *//')
   { echo "FAIL: gradients differ: $(tr '\n' ' ' <<<"$diffs")"; failures=$((failures + 1)); }
 grep -q "| full " "$tmp/out" || { echo "FAIL: no table on stdout"; failures=$((failures + 1)); }
 
-# remat cpu: the CPU as the calibrations know it, and its kind, a folder name; it runs no product,
-# so it takes no --gemm or --blas-kernel.
+# remat cpu: the CPU as the calibrations know it, and its kind, a folder name (its refusals:
+# bad_input_test.sh).
 "$remat" cpu >"$tmp/cpu" 2>"$tmp/err" && grep -q '^cpu: .' "$tmp/cpu" && grep -q '^kind: ' "$tmp/cpu" ||
   { echo "FAIL: remat cpu:"; cat "$tmp/cpu" "$tmp/err"; failures=$((failures + 1)); }
 kind=$("$remat" cpu --kind 2>"$tmp/err")
 grep -qxE '[A-Za-z0-9_]+-[A-Za-z0-9_]+-[A-Za-z0-9_]+(-(avx512|avx2|sse))?' <<<"$kind" &&
   grep -qxF "kind: $kind" "$tmp/cpu" ||
   { echo "FAIL: remat cpu --kind: '$kind'"; failures=$((failures + 1)); }
-expect_error 2 "--gemm" cpu --gemm blas
-expect_error 2 "--blas-kernel" cpu --blas-kernel keep
 
 # User text never reaches a shell (a chart named with $(...) is only a name), and a device given as
 # an output is written through, never replaced by a regular file.

@@ -8,6 +8,7 @@
 
 #include "core/builder.h"
 #include "ops/expert_parallel.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/error.h"
@@ -83,7 +84,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor &ys = e.saved_in(op, 0), &w = e.saved_in(op, 1), &slots = e.saved_in(op, 2);
   const at::Tensor dy = e.grad_out(op, 0).contiguous();
   check(dy);
-  at::Tensor dys = at::zeros(ys.sizes(), dy.options()), dw = at::empty(w.sizes(), dy.options());
+  at::Tensor dys = kernels::zeros(ys.sizes(), dy.options()), dw = at::empty(w.sizes(), dy.options());
   const int64_t k = slots.size(-1), tokens = slots.numel() / k, width = ys.size(1);
   if (is_double(dy))
     backward_rows(dy.data_ptr<double>(), ys.data_ptr<double>(), w.data_ptr<double>(), slots.data_ptr<int64_t>(),

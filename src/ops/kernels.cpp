@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#include <ATen/ATen.h>
 
 #include "util/parallel.h"
 
@@ -249,6 +252,15 @@ void fill_rows(const float* row, float* y, int64_t rows, int64_t cols) {
   detail::parallel_chunks(rows, row_grain(cols), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) std::copy_n(row, cols, y + i * cols);
   });
+}
+
+at::Tensor zeros(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor t = at::empty(sizes, options);
+  if (!t.device().is_cpu()) return t.zero_();
+  char* base = static_cast<char*>(t.data_ptr());
+  detail::parallel_chunks(static_cast<int64_t>(t.nbytes()), int64_t{1} << 18,
+                          [&](int64_t b, int64_t e) { std::memset(base + b, 0, static_cast<size_t>(e - b)); });
+  return t;
 }
 
 void dropout_apply(const float* x, const bool* mask, float scale, float* y, int64_t n) {

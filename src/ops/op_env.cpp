@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "ops/kernels.h"
 #include "remat/error.h"
 #include "remat/units.h"
 
@@ -150,9 +151,9 @@ at::Tensor& OpEnv::grad_slot(const OpNode& op, int i) {
   switch (g.prep) {
     case SlotPrep::Zeros:  // like the input (a Slot input is one its backward reads: held)
       slot = tensors_[t].defined()
-                 ? at::zeros_like(tensors_[t])
-                 : at::zeros(spec_.tensors[t].shape,
-                             at::TensorOptions().dtype(scalar_type(spec_.tensors[t].dtype)).device(device()));
+                 ? ops::kernels::zeros(tensors_[t].sizes(), tensors_[t].options())
+                 : ops::kernels::zeros(spec_.tensors[t].shape,
+                                       at::TensorOptions().dtype(scalar_type(spec_.tensors[t].dtype)).device(device()));
       break;
     case SlotPrep::Copy:
       slot = slot.clone();

@@ -324,6 +324,22 @@ TEST(ColumnSums, HaveTheBitsOfOneSum) {
   at::set_num_threads(aten_before);
 }
 
+// kernels::zeros writes every byte, over ragged chunks of its 256 KiB grain, on one kernel thread
+// or two. Each call follows a tensor of the same size, filled with ones and freed, so that the
+// allocator hands back memory that is not zero already.
+TEST(ZerosKernel, WritesEveryByte) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{3}, {1024, 1536}, {7, 65537}, {2, 3, 5}})
+    for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+      for (int threads : {1, 2}) {
+        const detail::KernelThreads pool(threads);
+        const at::TensorOptions options = at::TensorOptions().dtype(dtype);
+        at::ones(shape, options);  // freed at once
+        const at::Tensor z = ops::kernels::zeros(shape, options);
+        EXPECT_TRUE(testing::bitwise_equal(z, at::zeros(shape, options)))
+            << at::IntArrayRef(shape) << " " << dtype << ", " << threads << " threads";
+      }
+}
+
 at::Tensor mask(int64_t n, double p, uint64_t seed) {
   at::Tensor m = at::empty({n}, at::kBool);
   ops::kernels::dropout_mask(m.data_ptr<bool>(), n, p, seed);

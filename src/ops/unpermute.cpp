@@ -11,6 +11,7 @@
 
 #include "core/builder.h"
 #include "ops/expert_parallel.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/error.h"
@@ -76,7 +77,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor dy = e.grad_out(op, 0).contiguous();
   check(dy), check_slots(slots);
   const std::vector<int64_t>& rows = e.in_shape(op, 0);
-  at::Tensor dys = at::zeros(rows, dy.options());
+  at::Tensor dys = kernels::zeros(rows, dy.options());
   const int64_t k = slots.size(-1), tokens = slots.numel() / k, width = rows.back();
   if (is_double(dy))
     backward_rows(dy.data_ptr<double>(), slots.data_ptr<int64_t>(), dys.data_ptr<double>(), tokens, k, width);

@@ -258,7 +258,8 @@ at::Tensor zeros(at::IntArrayRef sizes, const at::TensorOptions& options) {
   at::Tensor t = at::empty(sizes, options);
   if (!t.device().is_cpu()) return t.zero_();
   char* base = static_cast<char*>(t.data_ptr());
-  detail::parallel_chunks(static_cast<int64_t>(t.nbytes()), int64_t{1} << 18,
+  // kGrain floats' bytes a chunk: the pointwise loops' chunk, whatever the dtype.
+  detail::parallel_chunks(static_cast<int64_t>(t.nbytes()), kGrain * static_cast<int64_t>(sizeof(float)),
                           [&](int64_t b, int64_t e) { std::memset(base + b, 0, static_cast<size_t>(e - b)); });
   return t;
 }

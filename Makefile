@@ -46,6 +46,9 @@ train: build
 	rm -rf runs/fortunes.old && { [ ! -e runs/fortunes ] || mv runs/fortunes runs/fortunes.old; }
 	mv runs/fortunes.new runs/fortunes && rm -rf runs/fortunes.old
 	$(BUILD)/remat sample --load runs/fortunes --prompt "The meaning of life is" --tokens 400 --seed 7 | tee results/sample.txt
+	rm -rf runs/moe.new
+	$(BUILD)/remat train --arch moe --steps 200 --save runs/moe.new | tee results/train-moe.txt
+	rm -rf runs/moe && mv runs/moe.new runs/moe
 
 # Multi-GPU plans: the fastest layouts for GPT-3 175B on 64 A100s, LLaMA-70B on 16 H100s and a 1T
 # model on 512 A100s, and Korthikanti et al.'s Table 3 models under their four settings.
@@ -84,10 +87,14 @@ moe: build
 	$(BUILD)/remat bench --arch moe --ffn 1024 --verify --engine ops \
 	  --policies none,moe-act,moe,attn,full,every:2 --markdown results/moe.md --json results/moe.json
 
-# Where the seed's `none` step spends its time, op by op (docs/performance.md).
+# Where the seed's `none` step spends its time, op by op, and (where CMake built it) oneDNN's rate
+# in attention's product loops on one thread (docs/performance.md).
 profile: build
 	$(BUILD)/remat bench --engine ops --policies none --steps 3 --warmup 1 --profile | tee results/profile.txt
 	$(call keep_by_cpu,results/profile.txt)
+	@if [ -x $(BUILD)/attention_gemm_loops ]; then \
+	  OMP_NUM_THREADS=1 $(BUILD)/attention_gemm_loops | tee results/attention_gemm_loops.txt && \
+	  $(call keep_by_cpu,results/attention_gemm_loops.txt); fi
 
 # The LLaMA block (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) under per-tensor
 # policies, every recompute verified bitwise (--verify).

@@ -135,6 +135,7 @@ bad "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads
 bad "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB
 bad "--layers 100000000 is over the limit 16384" plan --layers 100000000 --budget 1GB
 bad "makes tensors of" plan --batch 16000000 --seq 16000000 --budget 1GB
+bad "makes tensors of" plan --heads 65536 --head-dim 65536 --dim 64 --batch 16000000 --seq 16 --budget 1GB
 bad "--seq: '99999999999999999999' is out of range (a 64-bit integer)" plan --seq 99999999999999999999 --budget 1GB
 bad "--layers: '-99999999999999999999' is out of range" bench --layers -99999999999999999999
 bad "with math attention, none (every bench's reference step) is predicted to peak at" \
@@ -227,7 +228,8 @@ bad "is not a regular file (a FIFO, device or folder)" sample --load fifo_run
 bad "is corrupt or truncated" sample --load garbage
 bad "--load is required" sample
 bad "--tokens must be in 0..1000000" sample --load run --tokens 99999999999
-bad "--temperature must be > 0, got -1" sample --load run --temperature -1
+bad "--temperature must be finite and at least 1e-06, got -1" sample --load run --temperature -1
+bad "--temperature must be finite and at least 1e-06, got 1e-320" sample --load run --temperature 1e-320
 bad "--top-k must be in 0..256 (0 = all), got -2" sample --load run --top-k -2
 bad "--prompt was given an empty value" sample --load run --prompt ''
 # ---- what a command reads and writes: no output replaces an input, no saved run is restarted ------

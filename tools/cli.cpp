@@ -12,8 +12,6 @@
 
 namespace remat::cli {
 
-namespace {}  // namespace
-
 void ShapeFlags::add(CLI::App* a) {
   app = a;
   std::string kinds;
@@ -68,8 +66,9 @@ void ShapeFlags::add_planning(CLI::App* a) {
   std::string names;
   for (const NamedModel& m : named_models()) names += (names.empty() ? "" : ", ") + m.name;
   a->add_option("--model", model, "a preset: " + names + " (flags override it)");
-  a->add_option("--model-config", model_config,
-                "a Hugging Face config.json (Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX); flags override it");
+  a->add_option(
+      "--model-config", model_config,
+      "a Hugging Face config.json (Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE, GPT-2, GPT-NeoX); flags override it");
   a->add_option("--vocab", cfg.vocab, "token models: vocabulary size")->capture_default_str();
   a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
   a->add_option("--router-dtype", router_dtype,

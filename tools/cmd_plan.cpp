@@ -442,9 +442,10 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
 }
 
 // The GPU count and the global batch: given, or what the flags and the device make.
-void size_space(SearchSpace& space, const PlanFlags& f, const ModelConfig& cfg, const Device& device) {
-  // The GPU count: given, or what explicit --tp --pp --dp make. Each flag is at most kMostGpus
-  // (checked), so the product is capped just past it as it goes, before it could overflow.
+// The GPU count: given, or what explicit --tp --pp --dp make; refused before the device is read
+// (--device cpu calibrates this machine). Each flag is at most kMostGpus (checked), so the product
+// is capped just past it as it goes, before it could overflow.
+void size_gpus(SearchSpace& space, const PlanFlags& f) {
   int64_t product = 1;
   for (int64_t v : {f.tp > 0 ? f.tp : 1, f.cp, f.pp > 0 ? f.pp : 1, f.dp > 0 ? f.dp : 1})
     product = std::min(product * v, kMostGpus + 1);
@@ -455,6 +456,10 @@ void size_space(SearchSpace& space, const PlanFlags& f, const ModelConfig& cfg, 
   if (f.gpus > 0 && f.tp > 0 && f.pp > 0 && f.dp > 0 && product != f.gpus)
     fail("{} is {} GPUs, not --gpus {}", grid,
          product > kMostGpus ? fmt::format("more than {}", kMostGpus) : std::to_string(product), f.gpus);
+}
+
+// The global batch, and the engine's fixed grid.
+void size_space(SearchSpace& space, const PlanFlags& f, const ModelConfig& cfg, const Device& device) {
   space.global_batch = f.global_batch > 0 ? f.global_batch : f.shape.global_batch();
   if (device.engine && space.global_batch <= 0) space.global_batch = cfg.batch * (f.dp > 0 ? f.dp : space.gpus);
   if (space.global_batch <= 0)
@@ -616,6 +621,7 @@ int run_layouts(PlanFlags& f) {
   const double tokens = f.tokens.empty() ? 0 : parse_tokens(f.tokens);
   const PlanOptions opt = plan_options(f);
   SearchSpace space = search_space(f, cfg, opt);
+  size_gpus(space, f);
   const Device device = parse_device(f.device);  // (cpu: calibrates this machine once)
   if (opt.budget > device.memory)
     fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, device.name,

@@ -289,7 +289,7 @@ Command add_sample(CLI::App& parent) {
   a->add_option("--load", f->load, "the folder remat train --save wrote")->required();
   a->add_option("--prompt", f->o.prompt, "text to continue");
   a->add_option("--tokens", f->o.tokens, "bytes to generate")->capture_default_str();
-  a->add_option("--temperature", f->o.temperature, "> 0; lower is more conservative")->capture_default_str();
+  a->add_option("--temperature", f->o.temperature, "at least 1e-6; lower is more conservative")->capture_default_str();
   a->add_option("--top-k", f->o.top_k, "sample from the k likeliest bytes; 0 = all")->capture_default_str();
   a->add_option("--seed", f->o.seed, "sampling seed")->check(seed_check())->capture_default_str();
   f->o.progress = [](int64_t done, int64_t total) { progress(fmt::format("sampling: {} of {} bytes", done, total)); };

@@ -175,8 +175,8 @@ void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, st
   c.app->add_option("--gemm", gemm,
                     "the engine's GEMM: auto (each class of products on the one measured fastest here on remat's "
                     "threads, the linears on the BLAS's own threads when a pass runs faster so; cached; "
-                    "default), onednn, blas, or a record such as linear=blas-threads,blas-threads,blas;"
-                    "head=onednn,onednn,onednn");
+                    "default), onednn, blas, or a record such as linear=onednn,onednn,blas;"
+                    "head=onednn,onednn,blas");
 }
 
 // The first option of the parsed command given an empty value ("--json ''", "--data ''"): a

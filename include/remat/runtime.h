@@ -109,7 +109,7 @@ struct GemmMeasurement {
 // when it measures.
 GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir = "");
 
-// The engine's GEMM per class as text ("linear=blas-threads,blas-threads,blas;head=onednn,onednn,onednn"):
+// The engine's GEMM per class as text ("linear=onednn,onednn,blas;head=onednn,onednn,blas"):
 // what a bench records and a saved run keeps, since the bits depend on it.
 std::string gemm_record();
 // Sets what gemm_record() gave (also "onednn" and "blas"). Throws remat::Error for text it did not

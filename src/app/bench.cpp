@@ -98,7 +98,7 @@ std::unique_ptr<Subject> make_subject(Engine engine, const ModelConfig& cfg, con
     case Engine::Ops:
       return std::make_unique<OpsSubject>(cfg, resolved, seed, std::move(options));
   }
-  fail("unknown engine");
+  REMAT_INTERNAL("unknown engine {}", static_cast<int>(engine));
 }
 
 // Whether the module path can run `policy` (whole layers only).
@@ -460,7 +460,7 @@ std::vector<std::vector<double>> run_rounds(const BenchOptions& o, std::vector<E
       }
       run_step(o, e, s, several);
       // A step that ran OpenBLAS's own threads leaves them spinning for about 2^28 cycles
-      // (docs/design.md, NOTE [The engine's GEMMs], 1) on the cores the next row's kernel threads
+      // (docs/design.md, NOTE [The engine's GEMMs], 2) on the cores the next row's kernel threads
       // need: the engine's first row after the module path's read 4-7% above its prediction, its
       // forward 10-40 ms slower than the engine's other rows'. The next row starts once they sleep.
       if (e.row.engine == Engine::Module || !detail::gemm_on_kernel_threads()) detail::let_blas_threads_sleep();

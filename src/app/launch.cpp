@@ -127,9 +127,26 @@ void kill_all(const std::vector<Rank>& ranks, int sig) {
 }
 
 // Forks rank k, its stderr into a pipe, with the environment c10d reads. A rank never outlives
-// its launcher, however the launcher ends (kill -9 included).
+// its launcher, however the launcher ends (kill -9 included). Its arguments and environment are
+// made before the fork: the launcher has threads (LibTorch's, the BLAS's), and the child may only
+// make async-signal-safe calls until it execs.
 void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std::string>& args) {
   const pid_t launcher = ::getpid();
+  std::vector<std::string> env_text = {"RANK=" + std::to_string(k), "LOCAL_RANK=" + std::to_string(k),
+                                       "WORLD_SIZE=" + std::to_string(ranks.size()), "MASTER_ADDR=127.0.0.1",
+                                       "MASTER_PORT=" + std::to_string(port)};
+  const auto ours = [&](const char* entry) {
+    for (const char* name : {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="})
+      if (std::strncmp(entry, name, std::strlen(name)) == 0) return true;
+    return false;
+  };
+  for (char** e = environ; *e != nullptr; ++e)
+    if (!ours(*e)) env_text.emplace_back(*e);
+  std::vector<char*> envp, argv;
+  for (std::string& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     kill_all(ranks, SIGKILL);
@@ -144,15 +161,7 @@ void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != launcher) ::_exit(1);
     ::dup2(pipe_fds[1], STDERR_FILENO);
-    ::setenv("RANK", std::to_string(k).c_str(), 1);
-    ::setenv("LOCAL_RANK", std::to_string(k).c_str(), 1);
-    ::setenv("WORLD_SIZE", std::to_string(ranks.size()).c_str(), 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv("/proc/self/exe", argv.data());
+    ::execve("/proc/self/exe", argv.data(), envp.data());
     ::_exit(127);
   }
   ::close(pipe_fds[1]);
@@ -165,6 +174,7 @@ void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std
 class StopSignals {
  public:
   StopSignals() {
+    g_stop = 0;  // a signal that stopped an earlier launch does not stop this one
     struct sigaction sa {};
     sa.sa_handler = on_stop;
     ::sigaction(SIGINT, &sa, &old_int_);

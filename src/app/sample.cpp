@@ -16,7 +16,10 @@
 namespace remat {
 
 void check_sample_options(const SampleOptions& o) {
-  if (!(o.temperature > 0)) fail("--temperature must be > 0, got {}", o.temperature);
+  // Below it the logits over the temperature overflow a double, and the distribution is NaN.
+  constexpr double kLowestTemperature = 1e-6;
+  if (!(o.temperature >= kLowestTemperature) || !std::isfinite(o.temperature))
+    fail("--temperature must be finite and at least {}, got {}", kLowestTemperature, o.temperature);
   if (o.top_k < 0 || o.top_k > 256) fail("--top-k must be in 0..256 (0 = all), got {}", o.top_k);
   if (o.tokens < 0 || o.tokens > kMaxSampleTokens)
     fail("--tokens must be in 0..{} (bytes to generate), got {}", kMaxSampleTokens, o.tokens);

@@ -43,8 +43,12 @@ using Json = nlohmann::json;
 std::string switch_name(Switch s, const char* on, const char* off) {
   return s == Switch::Default ? "default" : s == Switch::On ? on : off;
 }
-Switch parse_switch(const std::string& s, const char* on) {
-  return s == "default" ? Switch::Default : s == on ? Switch::On : Switch::Off;
+// switch_name's text back; `key` names the saved option in the refusal of any other.
+Switch parse_switch(const std::string& s, const char* key, const char* on, const char* off) {
+  if (s == "default") return Switch::Default;
+  if (s == on) return Switch::On;
+  if (s == off) return Switch::Off;
+  fail("saved option '{}' is '{}'; a train state holds default, {} or {}", key, s, on, off);
 }
 
 Json options_json(const TrainOptions& o, const std::string& corpus_id) {
@@ -142,9 +146,9 @@ TrainOptions options_from(const Json& j, TrainOptions o) {
   if (text("norm") != "default") m.norm = parse_norm(text("norm"));
   if (text("positions") != "default") m.positions = parse_positions(text("positions"));
   if (text("mlp") != "default") m.mlp = parse_mlp(text("mlp"));
-  m.bias = parse_switch(text("bias"), "on");
-  m.tied = parse_switch(text("tied"), "on");
-  m.fused_qkv = parse_switch(text("qkv"), "fused");
+  m.bias = parse_switch(text("bias"), "bias", "on", "off");
+  m.tied = parse_switch(text("tied"), "tied", "on", "off");
+  m.fused_qkv = parse_switch(text("qkv"), "qkv", "fused", "separate");
   if (j.contains("qkv-bias")) m.qkv_bias = j.at("qkv-bias").get<bool>();
   if (text("loss") != "default") parse_loss(text("loss"), m);
   // The mixture of experts (absent from states before 0.5: the defaults).
@@ -320,7 +324,7 @@ void save(Run& r) {
   auto [m, v] = full_moments(r);
   if (!r.leader()) return;
   TrainState s;
-  s.header["format"] = "remat train state";
+  s.header["format"] = kTrainStateFormat;
   s.header["options"] = options_json(r.o, r.corpus.id);
   s.header["step"] = r.step;
   s.header["policy"] = r.policy_text;
@@ -338,12 +342,20 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < r.params.size(); ++i) {
     const at::Tensor& t = s.tensor("param:" + r.names[i]);
-    if (t.sizes() != r.params[i].sizes())
-      fail("train state in '{}': '{}' is {}, the model's is {}", dir, r.names[i], shape_str(t.sizes().vec()),
-           shape_str(r.params[i].sizes().vec()));
+    if (t.sizes() != r.params[i].sizes() || t.scalar_type() != r.params[i].scalar_type())
+      fail("train state in '{}': '{}' is {} {}, the model's is {} {}", dir, r.names[i], shape_str(t.sizes().vec()),
+           c10::toString(t.scalar_type()), shape_str(r.params[i].sizes().vec()),
+           c10::toString(r.params[i].scalar_type()));
     r.params[i].copy_(t);
   }
-  // This rank's share of the moments, from the full ones.
+  // This rank's share of the moments, from the full ones: each its parameter's shape, in float32.
+  for (size_t i = 0; i < r.params.size(); ++i)
+    for (const char* moment : {"adam.m:", "adam.v:"}) {
+      const at::Tensor& t = s.tensor(moment + r.names[i]);
+      if (t.sizes() != r.params[i].sizes() || t.scalar_type() != at::kFloat)
+        fail("train state in '{}': '{}{}' is {} {}, the model's moments are {} float32", dir, moment, r.names[i],
+             shape_str(t.sizes().vec()), c10::toString(t.scalar_type()), shape_str(r.params[i].sizes().vec()));
+    }
   for (const ShardedAdam::Slice& sl : r.adam->slices()) {
     const int64_t n = sl.end - sl.begin, off = sl.flat - r.adam->first();
     r.adam->exp_avg().narrow(0, off, n).copy_(
@@ -608,22 +620,35 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   r.o = given;
   r.o.model.vocab = 256;
   std::optional<TrainState> saved;
+  // The header's fields are read where they are used; one of the wrong type or missing (a state
+  // whose checksum holds but was not written by remat) is refused naming the folder.
+  auto read_header = [&](const auto& read) {
+    try {
+      return read();
+    } catch (const nlohmann::json::exception& e) {
+      fail("train state in '{}' is corrupt: malformed header ({})", resume_dir, e.what());
+    }
+  };
   if (!resume_dir.empty()) {
     saved = load_train_state(resume_dir);
-    r.o = resumed_options(r.o, *saved, resume_dir, explicit_flags);
+    r.o = read_header([&] { return resumed_options(r.o, *saved, resume_dir, explicit_flags); });
   }
   check_train_options(r.o, resume_dir);
   apply_threads(r.o.threads);
   r.corpus = load_corpus(r.o.data, r.o.val_fraction, r.o.model.seq);
-  if (saved && saved->header.at("options").at("data").get<std::string>() != r.corpus.id)
-    fail("--data differs from the run saved in '{}': it trained on {}, this is {}", resume_dir,
-         saved->header.at("options").at("data").get<std::string>(), r.corpus.id);
+  const std::string saved_data =
+      saved ? read_header([&] { return saved->header.at("options").at("data").get<std::string>(); }) : "";
+  if (saved && saved_data != r.corpus.id)
+    fail("--data differs from the run saved in '{}': it trained on {}, this is {}", resume_dir, saved_data,
+         r.corpus.id);
   build_model(r);
   guard_memory(r, outside);
   const ScopedLimit limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
   if (saved) {
-    restore(r, *saved, resume_dir);
-    r.step = saved->header.at("step").get<int64_t>();
+    r.step = read_header([&] {
+      restore(r, *saved, resume_dir);
+      return saved->header.at("step").get<int64_t>();
+    });
     if (r.step >= r.o.steps) fail("the run in '{}' already finished its {} steps", resume_dir, r.o.steps);
   }
 

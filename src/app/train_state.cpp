@@ -147,7 +147,7 @@ RunLock::RunLock(const std::string& dir) {
       fail("another remat train is saving into '{}'; wait for it to end or --save elsewhere", dir);
     fail_runtime("cannot lock the run folder '{}': {}", dir, std::strerror(err));
   }
-  // A writer killed mid-save leaves "state.bin.tmp.PID" (write_file_atomic); no writer is alive now.
+  // A writer killed mid-save leaves "state.bin.tmp.PID.N" (write_file_atomic); no writer is alive now.
   const std::string stale = "state.bin.tmp.";
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
     if (e.path().filename().string().rfind(stale, 0) == 0) std::filesystem::remove(e.path(), ec);
@@ -191,6 +191,10 @@ TrainState load_train_state(const std::string& dir) {
   try {
     if (!state.header.is_object() || !state.header.contains("tensors") || !state.header.at("tensors").is_array())
       fail("train state '{}' is corrupt: the header has no tensor list", file);
+    // Written since the first release; another value is a format this release cannot read.
+    if (state.header.value("format", std::string()) != kTrainStateFormat)
+      fail("train state '{}' has format '{}'; this remat reads '{}' (resume it with the release that saved it)", file,
+           state.header.value("format", std::string()), kTrainStateFormat);
     for (const auto& e : state.header.at("tensors")) {
       const std::string name = e.at("name").get<std::string>();
       const auto& o = e.at("offset");

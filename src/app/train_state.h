@@ -2,8 +2,9 @@
 // to be confused with remat::checkpoint, which is activation checkpointing.
 //
 // One file, DIR/state.bin: the magic "REMATTS1", a JSON header (model config, training options,
-// step, data identity, tensor directory), the raw tensor bytes (weights, Adam moments, the CPU RNG
-// state), and an FNV-1a 64-bit checksum of everything before it. Written through a temporary file,
+// step, data identity, tensor directory), the raw tensor bytes (weights and Adam moments; dropout
+// needs no generator state, its masks are seeded by step and micro-batch), and an FNV-1a 64-bit
+// checksum of everything before it. Written through a temporary file,
 // fsync and rename: a crash mid-write leaves the previous state intact.
 #pragma once
 
@@ -16,6 +17,9 @@
 #include <nlohmann/json.hpp>
 
 namespace remat {
+
+// The header's "format", which load_train_state requires.
+inline constexpr const char* kTrainStateFormat = "remat train state";
 
 struct TrainState {
   nlohmann::json header;                                    // config, options, step, data, digest

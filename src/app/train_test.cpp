@@ -311,6 +311,55 @@ TEST(TrainState, ForgedHeadersAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(TrainState, AnotherFormatIsRefused) {
+  const std::string dir = temp_dir("format");
+  const std::string run = saved_run(dir);
+  forge(run + "/state.bin", [](nlohmann::json& h) { h["format"] = "remat train state 2"; });
+  EXPECT_TRUE(contains(load_error(run), "has format 'remat train state 2'")) << load_error(run);
+  std::filesystem::remove_all(dir);
+}
+
+// A forged header whose fields have the wrong type, read only once the resume needs them.
+TEST(Train, AResumeRefusesAMalformedHeader) {
+  const std::string dir = temp_dir("malformed");
+  const std::string run = saved_run(dir);
+  forge(run + "/state.bin", [](nlohmann::json& h) { h["step"] = "two"; });
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 4;
+  try {
+    train(o, run, {});
+    FAIL() << "resumed a state whose step is text";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "is corrupt: malformed header")) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Adam's moments are checked as the weights are: the bytes fit, the shape does not.
+TEST(Train, AResumeRefusesMomentsOfAnotherShape) {
+  const std::string dir = temp_dir("moments");
+  const std::string run = saved_run(dir);
+  std::string name;
+  forge(run + "/state.bin", [&](nlohmann::json& h) {
+    for (auto& t : h["tensors"])
+      if (t["name"].get<std::string>().rfind("adam.v:", 0) == 0 && t["shape"].size() == 2) {
+        name = t["name"].get<std::string>();
+        t["shape"] = {t["shape"][0].get<int64_t>() * t["shape"][1].get<int64_t>()};
+        return;
+      }
+  });
+  ASSERT_FALSE(name.empty());
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 4;
+  try {
+    train(o, run, {});
+    FAIL() << "resumed with " << name << " flattened";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "'" + name + "' is (")) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainState, NonRegularFilesAreRefused) {
   const std::string dir = temp_dir("fifo");
   ASSERT_EQ(::mkfifo((dir + "/state.bin").c_str(), 0600), 0);

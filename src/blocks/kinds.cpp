@@ -76,8 +76,11 @@ void validate_sizes(const ModelConfig& c) {
   // The largest tensors: (B, T, widest) activations, (B, H, T, T) attention scores and the weight
   // matrices, counted in doubles so that nothing wraps; 2^60 bytes is an exabyte.
   const double b = static_cast<double>(c.batch), t = static_cast<double>(c.seq), d = static_cast<double>(c.dim);
+  // q, k and v side by side: heads of head_size (when given) need not add up to dim.
+  const double qkv =
+      static_cast<double>(c.heads + 2 * c.kv()) * static_cast<double>(c.head_size > 0 ? c.head_size : c.dim / c.heads);
   const double widest =
-      std::max({3 * d, 2 * static_cast<double>(c.ffn > 0 ? c.ffn : 4 * c.dim), static_cast<double>(c.vocab)});
+      std::max({3 * d, qkv, 2 * static_cast<double>(c.ffn > 0 ? c.ffn : 4 * c.dim), static_cast<double>(c.vocab)});
   const double largest = 8 * std::max({b * t * widest, b * static_cast<double>(c.heads) * t * t, widest * d});
   if (largest > std::ldexp(1.0, 60))
     fail(

@@ -63,7 +63,9 @@ struct Communicator::Impl {
 struct Communicator::Pending::State {
   c10::intrusive_ptr<c10d::Work> work;
   std::string what;
+  Clock::time_point start;  // the communicator's, copied: a Pending may outlive it
   std::atomic<double> finished{-1};
+  double since_start() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
 };
 
 Communicator::Communicator(const DistConfig& config) : impl_(std::make_unique<Impl>()), config_(config) {
@@ -99,7 +101,7 @@ void Communicator::Pending::wait() {
   } catch (const std::exception& e) {
     fail_runtime("{} failed: a rank is gone or did not answer within the timeout ({})", state_->what, first_line(e));
   }
-  if (state_->finished.load() < 0) state_->finished = 0;  // the callback may not have run yet
+  if (state_->finished.load() < 0) state_->finished = state_->since_start();  // the callback has not run yet
   finished_at = state_->finished.load();
 }
 
@@ -109,13 +111,13 @@ Communicator::Pending Communicator::all_reduce(at::Tensor& t, const std::string&
   Pending p;
   p.state_ = std::make_shared<Pending::State>();
   p.state_->what = what;
+  p.state_->start = impl_->start;
   p.launched_at = now();
   std::vector<at::Tensor> tensors = {t};
   p.state_->work = impl_->group->allreduce(tensors);
   std::weak_ptr<Pending::State> weak = p.state_;
-  const Impl* impl = impl_.get();
-  p.state_->work->getFuture()->addCallback([weak, impl](c10::ivalue::Future&) {
-    if (auto s = weak.lock()) s->finished = std::chrono::duration<double>(Clock::now() - impl->start).count();
+  p.state_->work->getFuture()->addCallback([weak](c10::ivalue::Future&) {
+    if (auto s = weak.lock()) s->finished = s->since_start();
   });
   return p;
 }

@@ -31,7 +31,7 @@ double scale(const AttentionLayout& l);
 // underflows to exactly 0, and the fast softmax never meets an infinity).
 void mask_block(at::Tensor& block, const AttentionLayout& l, int64_t r);
 
-// The products of the attention ops head by head (NOTE [The engine's GEMMs], 6f): true when they
+// The products of the attention ops head by head (NOTE [The engine's GEMMs], 5): true when they
 // can run on remat's own GEMM (util/gemm.h) on these CPU float32 tensors, whose last dimension
 // is contiguous.
 bool head_products(std::initializer_list<const at::Tensor*> tensors);

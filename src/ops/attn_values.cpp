@@ -15,7 +15,7 @@ namespace remat::ops {
 namespace {
 
 // CPU float32: one task per (batch, key/value head), v copied into the task's buffer once for
-// all row blocks (NOTE [The engine's GEMMs], 6f).
+// all row blocks (NOTE [The engine's GEMMs], 5).
 void forward_by_head(const at::Tensor& probs, const at::Tensor& src, at::Tensor& atty, const AttentionLayout& l) {
   const int64_t T = l.seq, D = l.head_dim, G = l.group(), sb = src.stride(0), st = src.stride(1);
   const int64_t ob = atty.stride(0), ot = atty.stride(1);

@@ -1,6 +1,6 @@
 // Compiled with -O3 -ffast-math -fopenmp-simd (CMakeLists.txt): vector exp from glibc's libmvec.
 // Under -ffast-math no code here may meet an infinity or a NaN: GELU clamps the tanh argument, and
-// masked attention scores are the lowest finite float rather than -inf (ops/attention.cpp).
+// masked attention scores are the lowest finite float rather than -inf (ops/scores.cpp).
 #include "ops/kernels.h"
 
 #include <algorithm>

@@ -149,11 +149,14 @@ at::Tensor& OpEnv::grad_slot(const OpNode& op, int i) {
     REMAT_INTERNAL("op '{}' adds into the gradient slot of input {}, which its plan does not allow", op.name, i);
   at::Tensor& slot = grads[t];
   switch (g.prep) {
-    case SlotPrep::Zeros:  // like the input (a Slot input is one its backward reads: held)
-      slot = tensors_[t].defined()
-                 ? ops::kernels::zeros(tensors_[t].sizes(), tensors_[t].options())
-                 : ops::kernels::zeros(spec_.tensors[t].shape,
-                                       at::TensorOptions().dtype(scalar_type(spec_.tensors[t].dtype)).device(device()));
+    case SlotPrep::Zeros:  // like the input, strides too (a Slot input is one its backward reads: held)
+      if (!tensors_[t].defined())
+        slot = ops::kernels::zeros(spec_.tensors[t].shape,
+                                   at::TensorOptions().dtype(scalar_type(spec_.tensors[t].dtype)).device(device()));
+      else if (tensors_[t].is_contiguous())
+        slot = ops::kernels::zeros(tensors_[t].sizes(), tensors_[t].options());
+      else
+        slot = at::zeros_like(tensors_[t]);
       break;
     case SlotPrep::Copy:
       slot = slot.clone();

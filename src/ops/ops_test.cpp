@@ -153,7 +153,7 @@ TEST_P(OpsTest, EveryOpRecomputesBitwise) {
 }
 
 // The attention ops' float32 products run head by head from compact copies of the operands
-// (NOTE [The engine's GEMMs], 6f), float64 and CUDA on the batched path: both paths must give the
+// (NOTE [The engine's GEMMs], 5), float64 and CUDA on the batched path: both paths must give the
 // same bits (the example is causal, in row blocks, with two query heads per key/value head).
 // A broken invariant is an Internal error naming the file and line that found it, never a
 // user's mistake.

@@ -4,7 +4,7 @@
 //       may be both (a fused qkv projection)   out: scores
 //   backward reads both; dq and dk are added into their gradients (slots shared with other readers).
 // CPU float32: a task per (batch, key/value head) runs all its products (NOTE [The engine's GEMMs],
-// 6f). Elsewhere each causal row block is one batched GEMM over (batch, head) on strided views
+// 5). Elsewhere each causal row block is one batched GEMM over (batch, head) on strided views
 // (util/gemm.h).
 #include <limits>
 
@@ -21,7 +21,7 @@ namespace remat::ops {
 namespace {
 
 // CPU float32: one task per (batch, key/value head), k and the group's q copied into the task's
-// buffers once for all row blocks (NOTE [The engine's GEMMs], 6f).
+// buffers once for all row blocks (NOTE [The engine's GEMMs], 5).
 void forward_by_head(const at::Tensor& qs, const at::Tensor& ks, at::Tensor& scores, const AttentionLayout& l) {
   const int64_t T = l.seq, D = l.head_dim, G = l.group();
   const float* xq = qs.data_ptr<float>();

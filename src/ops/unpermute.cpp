@@ -15,6 +15,7 @@
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/error.h"
+#include "remat/units.h"
 #include "util/parallel.h"
 
 namespace remat::ops {
@@ -57,7 +58,9 @@ void check(const at::Tensor& t) {
 }
 
 void check_slots(const at::Tensor& slots) {
-  if (slots.scalar_type() != at::kLong || !slots.is_contiguous()) fail("unpermute takes contiguous int64 slots");
+  if (slots.scalar_type() != at::kLong || !slots.is_contiguous())
+    REMAT_INTERNAL("unpermute takes contiguous int64 slots, got {} {}{}", std::string(slots.dtype().name()),
+                   shape_str(slots.sizes().vec()), slots.is_contiguous() ? "" : " (not contiguous)");
 }
 
 void forward(detail::OpEnv& e, const OpNode& op) {

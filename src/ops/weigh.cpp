@@ -13,6 +13,7 @@
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "remat/error.h"
+#include "remat/units.h"
 #include "util/parallel.h"
 
 namespace remat::ops {
@@ -80,7 +81,9 @@ void check_routing(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
     fail("weigh takes weights of its rows' dtype {}, got {}", std::string(x.dtype().name()),
          std::string(w.dtype().name()));
   if (slots.scalar_type() != at::kLong || !slots.is_contiguous() || slots.sizes() != w.sizes())
-    fail("weigh takes contiguous int64 slots shaped as its weights");
+    REMAT_INTERNAL("weigh takes contiguous int64 slots shaped as its weights {}, got {} {}{}",
+                   shape_str(w.sizes().vec()), std::string(slots.dtype().name()), shape_str(slots.sizes().vec()),
+                   slots.is_contiguous() ? "" : " (not contiguous)");
 }
 
 void forward(detail::OpEnv& e, const OpNode& op) {

@@ -3,7 +3,7 @@
 // Every decision (what is saved, what is recomputed, how each gradient buffer is made and merged)
 // is read from the schedule. What is written here is what memory does as a consequence: an
 // allocation counts its bytes, a buffer shared by several gradient slots is released with its last
-// reference, and three rules of LibTorch's autograd that no schedule can say:
+// reference, and five rules of LibTorch's autograd that no schedule can say:
 //   1. autograd's gradient of the loss (the backward's root) lives until the whole backward ends;
 //   2. a stage's incoming gradient lives until the stage returns, unless the stage hands it back
 //      as its own input's gradient (a residual add), when it lives on as the next one's;
@@ -799,8 +799,6 @@ class StepReplay {
         if (head) {
           sim_.alloc(root);
           sim_.alloc(dy);
-        }
-        if (head) {
           bool gathered = false;
           backward_stage(sim_, st, pg_, ctx_, shape_.fused_wgrad, [&] {
             fsdp_backward(c, i);

@@ -180,7 +180,11 @@ Plan Planner::plan(const Budget& budget) const {
 // The plan with the smallest total peak the knapsack finds: bisection on the budget.
 std::vector<const BlockOption*> Planner::least_memory() const {
   int64_t lo = none_memory_.base(), hi = none_memory_.total_peak();
-  while (solve(hi, 1024).empty()) hi *= 2;
+  // `none` itself fits its own peak, so the doubling ends at once unless the knapsack is broken.
+  while (solve(hi, 1024).empty()) {
+    if (hi > std::numeric_limits<int64_t>::max() / 2) REMAT_INTERNAL("no plan fits even {} bytes", hi);
+    hi *= 2;
+  }
   for (int it = 0; it < 40 && hi - lo > std::max<int64_t>(1, hi / 2000); ++it) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (solve(mid, 1024).empty())

@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,7 +19,17 @@ namespace remat {
 
 namespace {
 
-std::string temp_name(const std::string& path) { return fmt::format("{}.tmp.{}", path, getpid()); }
+// A new file beside `path`, "PATH.tmp.PID.N", opened for writing: created here (O_EXCL), never an
+// existing file or a link planted under the name (O_NOFOLLOW), and N counts up, so that two writes
+// of one process at once get files of their own. Returns the descriptor, or -1 with errno set.
+int create_temp(const std::string& path, std::string& name) {
+  static std::atomic<uint64_t> next{0};
+  for (;;) {
+    name = fmt::format("{}.tmp.{}.{}", path, getpid(), next.fetch_add(1));
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+}
 
 // Where the bytes go: a link's target (a dangling link's too), never the link itself.
 std::string target_of(const std::string& path) { return final_target(path); }
@@ -72,8 +84,8 @@ void write_file_atomic(const std::string& given, std::string_view content) {
   struct stat old;
   const bool exists = ::stat(path.c_str(), &old) == 0;
   if (exists && old.st_nlink > 1) fail_runtime("{}", hard_links(given, old.st_nlink));
-  const std::string tmp = temp_name(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string tmp;
+  const int fd = create_temp(path, tmp);
   if (fd < 0) fail_runtime("cannot write '{}': {}", given, std::strerror(errno));
   int err = write_all(fd, content);
   if (err == 0 && exists && ::fchmod(fd, old.st_mode & 07777) != 0) err = errno;  // the file keeps its mode
@@ -100,8 +112,8 @@ void check_writable(const std::string& given) {
     ::close(fd);
     return;
   }
-  const std::string tmp = temp_name(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  std::string tmp;
+  const int fd = create_temp(path, tmp);
   if (fd < 0) fail("cannot write '{}': {}", given, std::strerror(errno));
   ::close(fd);
   ::unlink(tmp.c_str());

@@ -395,7 +395,7 @@ GemmTable parse_gemm_table(std::string_view text) {
   if (s.rfind("linear=", 0) != 0 || semi == std::string::npos || s.compare(semi + 1, 5, "head=") != 0)
     fail(
         "GemmChoice '{}' is unknown; allowed: auto, onednn, blas, or a record such as "
-        "'linear=blas-threads,blas-threads,blas;head=onednn,onednn,onednn'",
+        "'linear=onednn,onednn,blas;head=onednn,onednn,blas'",
         text);
   int c = 0;
   for (const std::string& part : {s.substr(7, semi - 7), s.substr(semi + 6)}) {

@@ -8,7 +8,7 @@
 // runs the same code: a call gives the same bits on 1 thread or N.
 //
 // Measured on 2 cores: the softmax of one T = 1024 causal layer (8 x 8 heads) takes 40 ms on one
-// thread and 23 ms on two. The attention ops' batched GEMMs (ops/gemm.h) run on the pool too, one
+// thread and 23 ms on two. The attention ops' batched GEMMs (util/gemm.h) run on the pool too, one
 // BLAS thread per product: 1.8x OpenBLAS's own two threads per product in a standalone loop at
 // T = 1024, but no faster step in the model (docs/design.md, NOTE [Threads and BLAS]).
 #pragma once

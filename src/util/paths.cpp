@@ -65,7 +65,12 @@ std::string read_regular_file(const std::string& flag, const std::string& path, 
   while (done < text.size()) {
     const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail("{} '{}': {}", flag, path, std::strerror(err));
+    }
+    if (n == 0) break;  // the file shrank since stat: what it holds now
     done += static_cast<size_t>(n);
   }
   ::close(fd);

@@ -100,6 +100,18 @@ TEST_F(Files, AtomicWriteGoesThroughADanglingLinkAndKeepsIt) {
   EXPECT_EQ(read("target.json"), "plan");
 }
 
+TEST_F(Files, AtomicWriteNeverFollowsALinkAtItsTemporaryName) {
+  write("victim.json", "secret");
+  write("r.json", "old");
+  const std::string stem = path("r.json") + ".tmp." + std::to_string(::getpid());
+  fs::create_symlink(path("victim.json"), stem);
+  for (int n = 0; n < 256; ++n) fs::create_symlink(path("victim.json"), stem + "." + std::to_string(n));
+  write_file_atomic(path("r.json"), "new");
+  EXPECT_EQ(read("victim.json"), "secret");
+  EXPECT_FALSE(fs::is_symlink(path("r.json")));
+  EXPECT_EQ(read("r.json"), "new");
+}
+
 TEST_F(Files, AtomicWriteRefusesToSplitHardLinks) {
   write("a.json", "old");
   fs::create_hard_link(path("a.json"), path("b.json"));

@@ -167,6 +167,7 @@ bad "--device file 'device-type.json': a field has the wrong type" plan --model 
 bad "--device file 'device-syntax.json' is not JSON" plan --model gpt3-175b --gpus 64 --device device-syntax.json
 bad "--device is required to plan a multi-GPU run" plan --model gpt3-175b --gpus 64
 bad "--tp 3 x --pp 2 x --dp 2 is 12 GPUs, not --gpus 8" plan --model gpt3-175b --gpus 8 --tp 3 --pp 2 --dp 2 --device h100-80gb
+bad "--tp 1 x --pp 1 x --dp 2 is 2 GPUs, not --gpus 4" plan --gpus 4 --tp 1 --pp 1 --dp 2 --device cpu --budget 1GB
 bad "--tp 1048576 x --pp 1048576 x --dp 1048576 is more than 1048576 GPUs" plan --model gpt3-175b --tp 1048576 --pp 1048576 --dp 1048576 --device h100-80gb
 bad "--gpus must be in 1..1048576, got 0" plan --model gpt3-175b --gpus 0 --device a100-80gb
 bad "--pp must be in 1..1048576, got 0" plan "${gpt3[@]}" --pp 0

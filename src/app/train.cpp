@@ -340,22 +340,19 @@ void save(Run& r) {
 
 void restore(Run& r, const TrainState& s, const std::string& dir) {
   at::NoGradGuard no_grad;
+  // The weights and both moments of each parameter: its shape and dtype (Adam's state is kept in
+  // the parameter's float32).
   for (size_t i = 0; i < r.params.size(); ++i) {
-    const at::Tensor& t = s.tensor("param:" + r.names[i]);
-    if (t.sizes() != r.params[i].sizes() || t.scalar_type() != r.params[i].scalar_type())
-      fail("train state in '{}': '{}' is {} {}, the model's is {} {}", dir, r.names[i], shape_str(t.sizes().vec()),
-           c10::toString(t.scalar_type()), shape_str(r.params[i].sizes().vec()),
-           c10::toString(r.params[i].scalar_type()));
-    r.params[i].copy_(t);
-  }
-  // This rank's share of the moments, from the full ones: each its parameter's shape, in float32.
-  for (size_t i = 0; i < r.params.size(); ++i)
-    for (const char* moment : {"adam.m:", "adam.v:"}) {
-      const at::Tensor& t = s.tensor(moment + r.names[i]);
-      if (t.sizes() != r.params[i].sizes() || t.scalar_type() != at::kFloat)
-        fail("train state in '{}': '{}{}' is {} {}, the model's moments are {} float32", dir, moment, r.names[i],
-             shape_str(t.sizes().vec()), c10::toString(t.scalar_type()), shape_str(r.params[i].sizes().vec()));
+    for (const char* part : {"param:", "adam.m:", "adam.v:"}) {
+      const at::Tensor& t = s.tensor(part + r.names[i]);
+      if (t.sizes() != r.params[i].sizes() || t.scalar_type() != r.params[i].scalar_type())
+        fail("train state in '{}': '{}{}' is {} {}, the model's is {} {}", dir, part, r.names[i],
+             shape_str(t.sizes().vec()), c10::toString(t.scalar_type()), shape_str(r.params[i].sizes().vec()),
+             c10::toString(r.params[i].scalar_type()));
     }
+    r.params[i].copy_(s.tensor("param:" + r.names[i]));
+  }
+  // This rank's share of the moments, from the full ones.
   for (const ShardedAdam::Slice& sl : r.adam->slices()) {
     const int64_t n = sl.end - sl.begin, off = sl.flat - r.adam->first();
     r.adam->exp_avg().narrow(0, off, n).copy_(

@@ -59,6 +59,12 @@ struct MachineRates {
   double comm_gbps(const BlockSpec& b, int op) const;
 };
 
+// The bytes Adam moves per parameter it updates. fp32: it reads the weight, the gradient and both
+// moments and writes the weight and the moments back (7 x 4 bytes). Mixed precision (16-bit weights,
+// fp32 gradients, master weights and moments): it reads the gradient, the master weight and the
+// moments, writes those three back, and writes the 16-bit weight (7 x 4 + 2 bytes).
+double adam_bytes_per_param(bool mixed_precision);
+
 // One op's time as a roofline, max(matmul FLOPs / matmul rate, bytes moved / memory rate), plus its
 // tensor-parallel communication (BlockSpec::comm) at the link rate, not overlapped.
 OpTime estimate_op(const BlockSpec& spec, int op, const MachineRates& rates);
@@ -114,10 +120,14 @@ MachineRates measure_rates();
 MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& cache_dir = "");
 
 enum class CostSource : uint8_t {
-  Auto,       // measured when one layer of the config runs here (fp32, math attention) in seconds
+  Auto,       // measured when one layer of the config runs here (fp32, tp 1) and its estimated step is
+              // under kLongestMeasuredLayerMs; estimated otherwise
   Measured,   // always measured; refused for configs the engine does not run here
   Estimated,  // from this machine's calibrated rates (calibrated_rates)
 };
+// Auto's limit on one layer's estimated step: measuring takes several steps of it (warm-ups
+// included), and a plan should not wait minutes for its costs.
+inline constexpr double kLongestMeasuredLayerMs = 5000;
 // "auto", "measured", "estimated". Throws remat::Error listing them otherwise.
 CostSource parse_cost_source(std::string_view text);
 

@@ -293,7 +293,10 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& options, const Devi
 std::vector<Allocation> outside_allocator(const PlanOptions& options, const Device& device, const ModelConfig& cfg,
                                           const Layout& l);
 
-// The smallest power-of-two multiple of space.gpus (up to 65536) at which some layout fits, or 0.
+// The largest GPU count min_gpus tries: a bound on its doubling, four times the largest published
+// training runs (Llama 3 405B: 16,384 GPUs).
+inline constexpr int64_t kMinGpusSearched = 65536;
+// The smallest power-of-two multiple of space.gpus (up to kMinGpusSearched) at which some layout fits, or 0.
 int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device, const PlanOptions& options = {});
 
 }  // namespace remat

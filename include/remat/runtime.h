@@ -41,6 +41,13 @@ ThreadConfig data_parallel_threads(int ranks);
 int64_t physical_memory();
 int64_t available_memory();
 
+// What a run may let its predicted peak take of `limit` bytes: all but a twentieth, which is left
+// for what remat's tracker cannot see (OpenBLAS's and oneDNN's own scratch, the libraries' code).
+int64_t planned_share(int64_t limit);
+// The memory limit of a run given none: nine tenths of available_memory(), the tenth left to the
+// page cache and the machine's other processes. 0 when unknown.
+int64_t usable_memory();
+
 // What this process runs with now: at::get_num_threads() and remat's kernel threads.
 ThreadConfig current_threads();
 

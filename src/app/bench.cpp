@@ -229,12 +229,11 @@ void check_bench_options(const BenchOptions& o) {
       keep.layers.assign(cfg.layers, keep_everything(make_block(cfg)));
       const auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
       const int64_t need = simulate_memory(compile_step(spec, keep), o.threads).total_peak();
-      const int64_t have = available_memory();
-      if (have > 0 && need > have / 10 * 9)
+      if (const int64_t usable = usable_memory(); usable > 0 && need > usable)
         fail(
             "with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
             "available: try --attention flash, a shorter --seq or a smaller --batch",
-            to_string(a), bytes_str(need), bytes_str(have));
+            to_string(a), bytes_str(need), bytes_str(available_memory()));
     }
   }
 }
@@ -406,13 +405,12 @@ void run_step(const BenchOptions& o, Entry& e, int s, bool several) {
     bwd = ms_since(t1);
     if (timed) e.row.saved_bytes = std::max(e.row.saved_bytes, saved);
   } catch (const OutOfMemory& x) {
-    const int64_t available = available_memory();
     fail_runtime("out of memory in a step of {} '{}': {}; {}; plan for this machine with --policies budget:{}MiB",
                  to_string(e.row.engine), e.row.policy, x.detail(),
                  e.row.predicted_peak_bytes >= 0
                      ? "its predicted peak is " + bytes_str(before + e.row.predicted_peak_bytes)
                      : "its peak is not predicted",
-                 available * 6 / 10 >> 20);
+                 planned_share(usable_memory()) >> 20);
   }
   e.adam->step();
   const double step = ms_since(t0);

@@ -397,7 +397,7 @@ namespace {
 // "--policy budget:... fits LIMIT: <the plan>", or why no policy does: what a report of memory that
 // ran out ends with. Planned with estimated costs, in microseconds, nothing allocated.
 std::string plan_that_fits(const Run& r, int64_t limit) {
-  const int64_t budget = limit / 20 * 19;  // 5% for what the tracker cannot see
+  const int64_t budget = planned_share(limit);
   try {
     ResolveOptions ro;
     ro.costs = CostSource::Estimated;
@@ -484,13 +484,12 @@ void guard_memory(Run& r, int64_t outside) {
       fail("policy '{}' peaks at {} per step{}, over TrainOptions.memory_limit {}; {}", r.o.policy, bytes_str(needs),
            outside > 0 ? " with " + bytes_str(outside) + " held before" : std::string(), bytes_str(r.o.memory_limit),
            plan_that_fits(r, r.o.memory_limit - outside));
-  } else if (const int64_t available = available_memory();
-             available > 0 && needs * r.o.dist.world > available * 9 / 10) {
+  } else if (const int64_t usable = usable_memory(); usable > 0 && needs * r.o.dist.world > usable) {
     fail(
         "policy '{}' needs about {} per step on each of {} process(es) and this machine has {} available; try "
         "--policy budget:{}MiB (the planner then recomputes what it must)",
-        r.o.policy, bytes_str(needs), r.o.dist.world, bytes_str(available),
-        available * 6 / 10 / r.o.dist.world / (1 << 20));
+        r.o.policy, bytes_str(needs), r.o.dist.world, bytes_str(available_memory()),
+        planned_share(usable) / r.o.dist.world / (1 << 20));
   }
 }
 
@@ -511,7 +510,7 @@ double accumulate(Run& r, int64_t outside) {
       loss += l.item<double>();
     }
   } catch (const OutOfMemory& e) {
-    const int64_t limit = (e.limit() > 0 ? e.limit() : available_memory()) - outside;
+    const int64_t limit = (e.limit() > 0 ? e.limit() : usable_memory()) - outside;
     fail_runtime("out of memory in step {} under policy '{}': {}; the step was predicted to peak at {}; {}", r.step + 1,
                  r.policy_text, e.detail(), bytes_str(r.predicted_peak), plan_that_fits(r, limit));
   }

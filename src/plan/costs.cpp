@@ -99,14 +99,16 @@ CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates) {
     }
     return ms;
   };
-  // Adam reads and writes weights, gradients and two moments: about 7 float passes per parameter.
+  // The engine's Adam: fp32.
   c.other_ms = stage_ms(spec.head) + (spec.has_stem ? stage_ms(spec.stem) : 0.0) +
-               static_cast<double>(spec.param_numel()) * 28.0 / (rates.memory_gbps * 1e6);
+               static_cast<double>(spec.param_numel()) * adam_bytes_per_param(false) / (rates.memory_gbps * 1e6);
   c.matmul_gflops = rates.matmul_gflops;
   c.source = fmt::format("estimated: matmul FLOPs at {:.0f} GFLOP/s, bytes at {:.0f} GB/s", rates.matmul_gflops,
                          rates.memory_gbps);
   return c;
 }
+
+double adam_bytes_per_param(bool mixed_precision) { return mixed_precision ? 7 * 4 + 2 : 7 * 4; }
 
 CostSource parse_cost_source(std::string_view text) {
   if (text == "auto") return CostSource::Auto;
@@ -126,7 +128,7 @@ CostModel choose_costs(const ModelConfig& cfg, CostSource source, const ThreadCo
     CostModel est = estimate_costs(spec, calibrated_rates(threads));
     est.threads = threads;
     const double layer_ms = est.none_step_ms(1) - est.other_ms;
-    if (source == CostSource::Estimated || !runnable || layer_ms >= 5000) return est;
+    if (source == CostSource::Estimated || !runnable || layer_ms >= kLongestMeasuredLayerMs) return est;
   }
   return measure_costs(cfg, threads);
 }

@@ -596,7 +596,7 @@ class Evaluator {
             static_cast<double>(ps.numel() * l.grad_bytes) / (device_.inter_gbps * device_.link_efficiency * 1e9);
     // Adam over this rank's share: read weights, gradients, master and moments; write them back.
     const double owned = static_cast<double>(worst.optimizer) / (spec.block.dtype == DType::F32 || l.fsdp ? 8 : 12);
-    t.optimizer_s = owned * (spec.block.dtype == DType::F32 ? 28.0 : 30.0) / (sh.rates.memory_gbps * 1e9);
+    t.optimizer_s = owned * adam_bytes_per_param(spec.block.dtype != DType::F32) / (sh.rates.memory_gbps * 1e9);
     t.step_s = t.compute_s + t.bubble_s + t.p2p_s + t.dp_exposed_s + t.optimizer_s;
     // Model FLOPs (no recompute) over the devices' peak.
     ModelConfig whole = cfg_;
@@ -793,9 +793,14 @@ std::vector<BoundedPair> bounded_pairs(Evaluator& e, const ModelConfig& cfg, con
   return pairs;
 }
 
+// How many layouts "auto" plans (a knapsack on each stage, the search's costliest step) once that
+// many have fit: the pairs come fastest bound first, so later ones rarely win, and the search
+// stays within seconds on a grid of thousands of layouts.
+constexpr int kAutoLayouts = 48;
+
 // The fastest plan that fits of each layout (by index), from pairs replayed fastest bound first
 // until no bound beats the top-th found: the list is then exactly the fastest that fit. "auto" (a
-// search on each stage) stops after 48 layouts fit. Tracks in res.least the smallest peak seen
+// search on each stage) stops after kAutoLayouts layouts fit. Tracks in res.least the smallest peak seen
 // while nothing fits.
 std::vector<std::optional<LayoutPlan>> replay_pairs(Evaluator& e, const std::vector<Layout>& layouts,
                                                     const std::vector<BoundedPair>& pairs, int top, SearchResult& res,
@@ -815,7 +820,7 @@ std::vector<std::optional<LayoutPlan>> replay_pairs(Evaluator& e, const std::vec
     if (pair.bound >= kth()) break;  // sorted: no later pair is faster
     std::optional<LayoutPlan>& best = found[pair.layout];
     if (pair.policy == "auto") {
-      if (automatic_fit >= 48) continue;
+      if (automatic_fit >= kAutoLayouts) continue;
       if (best && best->policy == "none") continue;  // nothing recomputed: auto cannot beat it
     }
     // Once one layout fits no refusal is printed, so a stage over the budget may end a replay.
@@ -893,7 +898,7 @@ int64_t min_gpus(const ModelConfig& cfg, SearchSpace space, const Device& device
   for (const std::string& p : space.policies)
     if (p != "auto" && Policy::parse(p).is_segmented()) least.push_back(p);
   space.policies = least;
-  for (int64_t n = 2 * first; n <= 65536; n *= 2) {
+  for (int64_t n = 2 * first; n <= kMinGpusSearched; n *= 2) {
     space.gpus = n;
     space.dp = 0;  // the data-parallel size follows the count
     if (!search_layouts(cfg, space, device, 1, options).best.empty()) return n;

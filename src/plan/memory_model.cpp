@@ -412,6 +412,7 @@ std::vector<Chunk> chunks_of(const CompiledStep& plan) {
 struct ElementBytes {
   int64_t weight = 0;  // the model's dtype
   int64_t grad = 0;    // a bucket's gradient (StepShape::grad_bytes, else the model's dtype)
+  int64_t reduce = 0;  // FSDP's reduce-scatter input: gradients up-cast to fp32 (its reduce dtype)
   int64_t master = 0;  // the fp32 master copy of mixed precision; 0 without one
   int64_t state = 0;   // Adam's m and v: fp32, or the model's dtype when nothing is kept in fp32
   int64_t sharded_weight() const { return master > 0 ? master : weight; }  // FSDP2's shard: the master copy
@@ -421,8 +422,9 @@ ElementBytes element_bytes(DType dtype, const StepShape& shape) {
   ElementBytes e;
   e.weight = dtype_size(dtype);
   e.grad = shape.grad_bytes > 0 ? shape.grad_bytes : e.weight;
-  e.master = dtype != DType::F32 && !shape.pure_dtype ? 4 : 0;
-  e.state = shape.pure_dtype ? 2 * e.weight : 8;
+  e.reduce = dtype_size(DType::F32);
+  e.master = dtype != DType::F32 && !shape.pure_dtype ? dtype_size(DType::F32) : 0;
+  e.state = shape.pure_dtype ? 2 * e.weight : 2 * dtype_size(DType::F32);
   return e;
 }
 
@@ -727,7 +729,7 @@ class StepReplay {
   void fsdp_reduce(size_t i) {
     if (!shape_.fsdp || stage_weights(i) == 0 || (in_root(i) && !root_ends_backward(i))) return;
     reshard(unit(i));
-    sim_.alloc(weights(unit(i)) * 4 / e_.weight);
+    sim_.alloc(weights(unit(i)) / e_.weight * e_.reduce);
   }
   void fsdp_after_backward(size_t i) {
     if (!shape_.fsdp || stage_weights(i) == 0) return;
@@ -753,7 +755,7 @@ class StepReplay {
       reduced_[u] = 1;
     }
     sim_.free(rs_input_);  // the previous unit's input, its reduce-scatter done
-    rs_input_ = weights(u) * 4 / e_.weight;
+    rs_input_ = weights(u) / e_.weight * e_.reduce;
   }
 
   // One chunk's forward of one micro-batch. Its input comes from the data or the previous pipeline

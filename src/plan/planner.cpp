@@ -104,6 +104,16 @@ int64_t Planner::bytes_of(const Budget& budget) const {
   return none_memory_.base() + static_cast<int64_t>(static_cast<double>(none_memory_.peak) * budget.percent / 100.0);
 }
 
+// The knapsack's resolution, in buckets of the memory between the base and the budget: a plan is
+// searched finely (each bucket rounds an option's bytes up, so a coarse grid wastes budget), the
+// bisection for the least peak coarsely (its answer is then checked exactly).
+constexpr int64_t kPlanBuckets = 4096;
+constexpr int64_t kBisectionBuckets = 1024;
+// The bisection stops within 1/kBisectionTolerance of the peak it brackets, or after
+// kBisectionSteps halvings (2^40 bytes of range, more than any host's memory, bisects in fewer).
+constexpr int64_t kBisectionTolerance = 2000;
+constexpr int kBisectionSteps = 40;
+
 std::vector<const BlockOption*> Planner::solve(int64_t total, int64_t buckets) const {
   const int64_t limit = total - none_memory_.base();
   if (stem_peak_ > limit) return {};  // the embedding alone does not fit
@@ -153,7 +163,7 @@ Plan Planner::plan(const Budget& budget) const {
   p.none_memory = none_memory_;
   p.none_step_ms = costs_.none_step_ms(spec_->layers);
   p.budget = bytes_of(budget);
-  std::vector<const BlockOption*> choice = solve(p.budget, 4096);
+  std::vector<const BlockOption*> choice = solve(p.budget, kPlanBuckets);
   if (choice.empty()) {
     // Rounding can miss a budget right at the minimum: try the least-memory plan exactly.
     std::vector<const BlockOption*> least = least_memory();
@@ -181,18 +191,18 @@ Plan Planner::plan(const Budget& budget) const {
 std::vector<const BlockOption*> Planner::least_memory() const {
   int64_t lo = none_memory_.base(), hi = none_memory_.total_peak();
   // `none` itself fits its own peak, so the doubling ends at once unless the knapsack is broken.
-  while (solve(hi, 1024).empty()) {
+  while (solve(hi, kBisectionBuckets).empty()) {
     if (hi > std::numeric_limits<int64_t>::max() / 2) REMAT_INTERNAL("no plan fits even {} bytes", hi);
     hi *= 2;
   }
-  for (int it = 0; it < 40 && hi - lo > std::max<int64_t>(1, hi / 2000); ++it) {
+  for (int it = 0; it < kBisectionSteps && hi - lo > std::max<int64_t>(1, hi / kBisectionTolerance); ++it) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (solve(mid, 1024).empty())
+    if (solve(mid, kBisectionBuckets).empty())
       lo = mid;
     else
       hi = mid;
   }
-  return solve(hi, 1024);
+  return solve(hi, kBisectionBuckets);
 }
 
 Plan make_plan(const ModelConfig& cfg, const Budget& budget, const CostModel& costs, const LayerPolicy& pins) {

@@ -124,4 +124,8 @@ int64_t meminfo(const char* key) {
 int64_t physical_memory() { return meminfo("MemTotal:"); }
 int64_t available_memory() { return meminfo("MemAvailable:"); }
 
+int64_t planned_share(int64_t limit) { return limit / 20 * 19; }
+
+int64_t usable_memory() { return available_memory() / 10 * 9; }
+
 }  // namespace remat

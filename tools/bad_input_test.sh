@@ -22,7 +22,7 @@ shape=(--layers 1 --dim 16 --heads 2 --batch 2 --seq 16)
 "$remat" train "${shape[@]}" --steps 2 --eval-every 0 --data "$box/text.txt" --threads 1/1 --gemm onednn --save "$box/run" \
   >/dev/null 2>"$box/setup.err" || { echo "FAIL: setting up a train state: $(cat "$box/setup.err")"; exit 1; }
 rm "$box/setup.err"
-printf 'REMATTS1 this is not a train state' > "$box/garbage/state.bin"
+printf 'REMATTS2 this is not a train state' > "$box/garbage/state.bin"
 head -c 300 "$box/run/state.bin" > "$box/truncated/state.bin"
 echo '{"name": 5}' > "$box/device-type.json"
 echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/dev.json"
@@ -213,19 +213,19 @@ bad "policy 'none' peaks at" train --memory-limit 20MiB --data "$box/text.txt"
 # ---- input files: data and train states ---------------------------------------------------------
 bad "cannot read --data '/nonexistent/t.txt'" train --data /nonexistent/t.txt
 bad "--data was given an empty value" train --data '' --steps 1
-bad "is not a regular file (a folder, FIFO or device)" train --data folder --steps 1
-bad "is not a regular file (a folder, FIFO or device)" train --data fifo --steps 1
-bad "is not a regular file (a folder, FIFO or device)" train --data /dev/zero --steps 1
+bad "--data 'folder' is a folder; give a text file" train --data folder --steps 1
+bad "--data 'fifo' is a FIFO; give a text file" train --data fifo --steps 1
+bad "--data '/dev/zero' is a device; give a text file" train --data /dev/zero --steps 1
 bad "has 4 bytes; with --seq 128 and 10% held out it needs at least 1290" train --data tiny.txt --steps 1
 bad "cannot read train state '/nonexistent/state.bin'" train --resume /nonexistent
-bad "is not a regular file (a FIFO, device or folder)" train --resume fifo_run
+bad "train state 'fifo_run/state.bin' is a FIFO; give the folder passed to --save" train --resume fifo_run
 bad "is corrupt or truncated" train --resume garbage
 bad "is corrupt or truncated" train --resume truncated
 bad "--dim 32 differs from the run saved in 'run' (16)" train --resume run --dim 32
 bad "the run in 'run' already finished its 2 steps" train --resume run --data "$box/text.txt"
 bad "the run in 'run' was trained with 1 ATen thread(s)" train --resume run --threads 2/1 --data "$box/text.txt"
 bad "cannot read train state '/nonexistent/state.bin'" sample --load /nonexistent
-bad "is not a regular file (a FIFO, device or folder)" sample --load fifo_run
+bad "train state 'fifo_run/state.bin' is a FIFO" sample --load fifo_run
 bad "is corrupt or truncated" sample --load garbage
 bad "--load is required" sample
 bad "--tokens must be in 0..1000000" sample --load run --tokens 99999999999

@@ -2,16 +2,15 @@
 #include "app/corpus.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <sstream>
 
 #include <ATen/ATen.h>
 
 #include "remat/error.h"
+#include "util/hash.h"
+#include "util/paths.h"
 
 namespace remat {
 
@@ -23,20 +22,7 @@ constexpr const char* kFortunes = "/usr/share/games/fortunes";
 constexpr int64_t kMaxCorpusBytes = int64_t{4} << 30;
 
 std::string read_file(const std::string& path) {
-  // A FIFO would block open() forever and a folder reads as 0 bytes: only regular files.
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(st)) fail("cannot read --data '{}': no such file", path);
-  if (!std::filesystem::is_regular_file(st))
-    fail("--data '{}' is not a regular file (a folder, FIFO or device); give a text file", path);
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec && size > static_cast<uintmax_t>(kMaxCorpusBytes))
-    fail("--data '{}' has {} bytes; remat train reads at most {} (4 GiB)", path, size, kMaxCorpusBytes);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read --data '{}': {}", path, std::strerror(errno));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return read_regular_file("--data", path, kMaxCorpusBytes, "give a text file");
 }
 
 // Debian's English fortunes: every text file in the folder (not the .dat indexes or .u8 links),
@@ -83,9 +69,7 @@ Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   Corpus c;
   c.train = text.substr(0, n - val);
   c.val = text.substr(n - val);
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
-  c.id = fmt::format("{}:{}:{:016x}", path.empty() ? "fortunes" : path, n, h);
+  c.id = fmt::format("{}:{}:{:016x}", path.empty() ? "fortunes" : path, n, detail::fnv1a(text.data(), text.size()));
   return c;
 }
 

@@ -7,26 +7,24 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <limits>
 
 #include <ATen/ATen.h>
 
 #include "remat/error.h"
 #include "util/atomic_file.h"
+#include "util/hash.h"
+#include "util/paths.h"
 
 namespace remat {
 
 namespace {
 
-constexpr char kMagic[8] = {'R', 'E', 'M', 'A', 'T', 'T', 'S', '1'};
-constexpr uint64_t kFnvOffset = 1469598103934665603ULL, kFnvPrime = 1099511628211ULL;
+// "REMATTS1" files carry a checksum of another hash (FNV-1a's prime from a mistyped offset basis).
+constexpr char kMagic[8] = {'R', 'E', 'M', 'A', 'T', 'T', 'S', '2'};
+constexpr char kEarlierMagic[8] = {'R', 'E', 'M', 'A', 'T', 'T', 'S', '1'};
 
-uint64_t fnv(const void* data, size_t n, uint64_t h = kFnvOffset) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
-  return h;
-}
+using detail::fnv1a;
 
 std::string path_of(const std::string& dir) { return dir + "/state.bin"; }
 
@@ -123,7 +121,7 @@ void save_train_state(const std::string& dir, const TrainState& state) {
   out += json;
   out.reserve(out.size() + offset + 8);
   for (const at::Tensor& c : contiguous) out.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
-  put_u64(out, fnv(out.data(), out.size()));
+  put_u64(out, fnv1a(out.data(), out.size()));
   write_file_atomic(path_of(dir), out);
   // Make the rename itself durable.
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -161,22 +159,17 @@ RunLock::~RunLock() {
 // before anything is allocated or copied, and a malformed header names the file, not the parser.
 TrainState load_train_state(const std::string& dir) {
   const std::string file = path_of(dir);
-  std::error_code ec;
-  const auto status = std::filesystem::status(file, ec);
-  if (ec || !std::filesystem::exists(status))
-    fail("cannot read train state '{}': {}; give the folder passed to --save", file,
-         ec ? ec.message() : std::string("no such file"));
-  if (!std::filesystem::is_regular_file(status))
-    fail("train state '{}' is not a regular file (a FIFO, device or folder); give the folder passed to --save", file);
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail("cannot read train state '{}': {}; give the folder passed to --save", file, std::strerror(errno));
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string data = buf.str();
+  const std::string data =
+      read_regular_file("train state", file, std::numeric_limits<int64_t>::max(), "give the folder passed to --save");
+  if (data.size() >= 8 && std::memcmp(data.data(), kEarlierMagic, 8) == 0)
+    fail(
+        "train state '{}' was written by an earlier remat (format REMATTS1); resume it with that release, or "
+        "train again",
+        file);
   if (data.size() < 8 + 8 + 8 || std::memcmp(data.data(), kMagic, 8) != 0)
     fail("'{}' is not a remat train state (bad magic or too short: {} bytes)", file, data.size());
   const uint64_t stored = get_u64(data, data.size() - 8);
-  if (fnv(data.data(), data.size() - 8) != stored)
+  if (fnv1a(data.data(), data.size() - 8) != stored)
     fail("train state '{}' is corrupt or truncated (checksum mismatch); resume from an earlier copy or start over",
          file);
   const uint64_t json_len = get_u64(data, 8);
@@ -224,10 +217,10 @@ TrainState load_train_state(const std::string& dir) {
 }
 
 std::string digest(const std::vector<at::Tensor>& tensors) {
-  uint64_t h = kFnvOffset;
+  uint64_t h = detail::kFnv1aOffset;
   for (const at::Tensor& t : tensors) {
     const at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    h = fnv(c.data_ptr(), c.nbytes(), h);
+    h = fnv1a(c.data_ptr(), c.nbytes(), h);
   }
   return fmt::format("{:016x}", h);
 }

@@ -19,6 +19,7 @@
 #include "remat/policy.h"
 #include "remat/units.h"
 #include "test_util.h"
+#include "util/hash.h"
 
 #include <nlohmann/json.hpp>
 
@@ -246,8 +247,7 @@ void forge(const std::string& file, const std::function<void(nlohmann::json&)>& 
   std::string out = data.substr(0, 8);
   for (int i = 0; i < 8; ++i) out += static_cast<char>((json.size() >> (8 * i)) & 0xff);
   out += json + data.substr(16 + len, data.size() - 8 - 16 - len);
-  uint64_t f = 1469598103934665603ULL;
-  for (unsigned char c : out) f = (f ^ c) * 1099511628211ULL;
+  const uint64_t f = detail::fnv1a(out.data(), out.size());
   for (int i = 0; i < 8; ++i) out += static_cast<char>((f >> (8 * i)) & 0xff);
   std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
 }
@@ -319,6 +319,18 @@ TEST(TrainState, AnotherFormatIsRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// An earlier release's file (magic REMATTS1, another checksum) is named as such, not as corrupt.
+TEST(TrainState, AnEarlierReleasesFileIsNamed) {
+  const std::string dir = temp_dir("earlier");
+  const std::string run = saved_run(dir);
+  std::fstream f(run + "/state.bin", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(7);
+  f.put('1');
+  f.close();
+  EXPECT_TRUE(contains(load_error(run), "written by an earlier remat (format REMATTS1)")) << load_error(run);
+  std::filesystem::remove_all(dir);
+}
+
 // A forged header whose fields have the wrong type, read only once the resume needs them.
 TEST(Train, AResumeRefusesAMalformedHeader) {
   const std::string dir = temp_dir("malformed");
@@ -363,7 +375,7 @@ TEST(Train, AResumeRefusesMomentsOfAnotherShape) {
 TEST(TrainState, NonRegularFilesAreRefused) {
   const std::string dir = temp_dir("fifo");
   ASSERT_EQ(::mkfifo((dir + "/state.bin").c_str(), 0600), 0);
-  EXPECT_TRUE(contains(load_error(dir), "is not a regular file"));  // and does not block in open()
+  EXPECT_TRUE(contains(load_error(dir), "is a FIFO"));  // and does not block in open()
   std::filesystem::remove_all(dir);
 }
 

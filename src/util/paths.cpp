@@ -52,14 +52,15 @@ bool inside(const std::string& folder, const std::string& path) {
 
 }  // namespace
 
-std::string read_regular_file(const std::string& flag, const std::string& path, int64_t max_bytes) {
+std::string read_regular_file(const std::string& flag, const std::string& path, int64_t max_bytes,
+                              const std::string& fix) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) fail("{} '{}': {}", flag, path, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail("{} '{}' is {}; give a regular file", flag, path, kind_name(st.st_mode));
+  if (::stat(path.c_str(), &st) != 0) fail("cannot read {} '{}': {}; {}", flag, path, std::strerror(errno), fix);
+  if (!S_ISREG(st.st_mode)) fail("{} '{}' is {}; {}", flag, path, kind_name(st.st_mode), fix);
   if (st.st_size > max_bytes)
     fail("{} '{}' has {} bytes; at most {} are read (is it the right file?)", flag, path, st.st_size, max_bytes);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail("{} '{}': {}", flag, path, std::strerror(errno));
+  if (fd < 0) fail("cannot read {} '{}': {}", flag, path, std::strerror(errno));
   std::string text(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
   while (done < text.size()) {
@@ -68,7 +69,7 @@ std::string read_regular_file(const std::string& flag, const std::string& path, 
     if (n < 0) {
       const int err = errno;
       ::close(fd);
-      fail("{} '{}': {}", flag, path, std::strerror(err));
+      fail("cannot read {} '{}': {}", flag, path, std::strerror(err));
     }
     if (n == 0) break;  // the file shrank since stat: what it holds now
     done += static_cast<size_t>(n);

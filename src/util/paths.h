@@ -19,9 +19,11 @@ namespace remat {
 std::string final_target(const std::string& path);
 
 // Reads a whole regular file of at most `max_bytes`. A FIFO, a device or a folder is refused
-// without opening it (a FIFO would block forever). `flag` names the path in errors ("--device").
-// Throws remat::Error (usage) naming the flag, the path and what was wrong.
-std::string read_regular_file(const std::string& flag, const std::string& path, int64_t max_bytes);
+// without opening it (a FIFO would block forever). `flag` names the path in errors ("--device",
+// "train state"), `fix` ends the error for a path that is no regular file. Throws remat::Error
+// (usage) naming the flag, the path and what was wrong.
+std::string read_regular_file(const std::string& flag, const std::string& path, int64_t max_bytes,
+                              const std::string& fix = "give a regular file");
 
 // The inputs and outputs of one command, by the flag that named each. check() refuses, before any
 // work, an output that is one of the inputs or another output: the same path, a symbolic link to

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "remat/block.h"
 #include "remat/memory.h"
@@ -144,5 +145,9 @@ std::string temp_dir(const std::string& name) {
   std::filesystem::create_directories(dir);
   return dir.string();
 }
+
+AtenThreads::AtenThreads(int n) : saved_(at::get_num_threads()) { at::set_num_threads(n); }
+
+AtenThreads::~AtenThreads() { at::set_num_threads(saved_); }
 
 }  // namespace remat::testing

@@ -46,4 +46,16 @@ inline void PrintTo(const EngineCase& c, std::ostream* os) { *os << c.name; }
 // A fresh folder under the system's temporary directory, removed first if it exists.
 std::string temp_dir(const std::string& name);
 
+// ATen's intra-op thread count for one scope, restored after (an early ASSERT return included).
+class AtenThreads {
+ public:
+  explicit AtenThreads(int n);
+  ~AtenThreads();
+  AtenThreads(const AtenThreads&) = delete;
+  AtenThreads& operator=(const AtenThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
 }  // namespace remat::testing

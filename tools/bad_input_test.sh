@@ -28,6 +28,8 @@ echo '{"name": 5}' > "$box/device-type.json"
 echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/dev.json"
 ln "$box/keep.csv" "$box/hard.csv"
 echo '{' > "$box/device-syntax.json"
+echo '{"memory": 1e30, "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/device-float.json"
+echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000, "gpus_per_node": 2.5}' > "$box/device-half.json"
 
 # The sandbox as (type, path, inode; size and mtime but for folders, whose mtime a write check's
 # temporary file moves) and the content of every regular file.
@@ -164,6 +166,10 @@ bad "unknown model 'gpt5'; the presets are: gpt2-small" plan --model gpt5 --budg
 # ---- multi-GPU layouts --------------------------------------------------------------------------
 bad "--device 'tpu9' is neither a preset (h100-80gb" plan --model gpt3-175b --gpus 64 --device tpu9
 bad "--device file 'device-type.json': a field has the wrong type" plan --model gpt3-175b --gpus 64 --device device-type.json
+bad "--device file 'device-float.json': \"memory\" must be a whole number, got 1e+30" plan --model gpt3-175b --gpus 64 --device device-float.json
+bad "--device file 'device-half.json': \"gpus_per_node\" must be a whole number, got 2.5" plan --model gpt3-175b --gpus 64 --device device-half.json
+bad "GPUS_PER_NODE must be a whole number in 1..1048576, got '1e30'" plan --model gpt3-175b --gpus 64 --device custom:80GiB,900,3000,400,50,1e30
+bad "GPUS_PER_NODE must be a whole number in 1..1048576, got '2.5'" plan --model gpt3-175b --gpus 64 --device custom:80GiB,900,3000,400,50,2.5
 bad "--device file 'device-syntax.json' is not JSON" plan --model gpt3-175b --gpus 64 --device device-syntax.json
 bad "--device is required to plan a multi-GPU run" plan --model gpt3-175b --gpus 64
 bad "--tp 3 x --pp 2 x --dp 2 is 12 GPUs, not --gpus 8" plan --model gpt3-175b --gpus 8 --tp 3 --pp 2 --dp 2 --device h100-80gb

@@ -59,11 +59,12 @@ struct MachineRates {
   double comm_gbps(const BlockSpec& b, int op) const;
 };
 
-// The bytes Adam moves per parameter it updates. fp32: it reads the weight, the gradient and both
-// moments and writes the weight and the moments back (7 x 4 bytes). Mixed precision (16-bit weights,
-// fp32 gradients, master weights and moments): it reads the gradient, the master weight and the
-// moments, writes those three back, and writes the 16-bit weight (7 x 4 + 2 bytes).
-double adam_bytes_per_param(bool mixed_precision);
+// The bytes Adam moves per parameter it updates: it reads the gradient (`grad` bytes), the weight
+// it updates (`weight`: the fp32 master copy under mixed precision) and both moments (`moments`
+// bytes together), writes the weight and the moments back, and writes the model's copy of the
+// weight (`cast` bytes; 0 where the updated weight is the one the model runs). fp32: 4, 4, 8, 0
+// (28 bytes); Megatron's mixed precision with fp32 gradients: 4, 4, 8, 2 (30).
+int64_t adam_bytes_per_param(int64_t grad, int64_t weight, int64_t moments, int64_t cast);
 
 // One op's time as a roofline, max(matmul FLOPs / matmul rate, bytes moved / memory rate), plus its
 // tensor-parallel communication (BlockSpec::comm) at the link rate, not overlapped.

@@ -63,8 +63,9 @@ RunResult run_program(const std::vector<std::string>& argv, const std::string& i
   size_t done = 0;
   while (done < input.size()) {
     const ssize_t n = ::write(in[1], input.data() + done, input.size() - done);
-    if (n <= 0 && errno != EINTR) break;
-    if (n > 0) done += static_cast<size_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // gnuplot gone (EPIPE, where the program ignores SIGPIPE as remat's CLI does)
+    done += static_cast<size_t>(n);
   }
   ::close(in[1]);
   char buf[256];

@@ -6,7 +6,6 @@
 #include <random>
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
 
 #include "app/train.h"
 #include "app/train_state.h"
@@ -41,10 +40,7 @@ std::string sample(const std::string& dir, const SampleOptions& o) {
   {
     at::NoGradGuard no_grad;
     for (const auto& item : model->named_parameters()) {
-      const at::Tensor& w = s.tensor("param:" + item.key());
-      if (w.sizes() != item.value().sizes())
-        fail("train state in '{}' is corrupt: '{}' has shape [{}], the model [{}]", dir, item.key(),
-             fmt::join(w.sizes(), ", "), fmt::join(item.value().sizes(), ", "));
+      const at::Tensor& w = s.tensor_like("param:" + item.key(), item.value(), dir);
       if (!at::isfinite(w).all().item<bool>())
         fail("train state in '{}' holds non-finite weights in '{}'; resume from an earlier copy", dir, item.key());
       item.value().copy_(w);

@@ -343,13 +343,7 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
   // The weights and both moments of each parameter: its shape and dtype (Adam's state is kept in
   // the parameter's float32).
   for (size_t i = 0; i < r.params.size(); ++i) {
-    for (const char* part : {"param:", "adam.m:", "adam.v:"}) {
-      const at::Tensor& t = s.tensor(part + r.names[i]);
-      if (t.sizes() != r.params[i].sizes() || t.scalar_type() != r.params[i].scalar_type())
-        fail("train state in '{}': '{}{}' is {} {}, the model's is {} {}", dir, part, r.names[i],
-             shape_str(t.sizes().vec()), c10::toString(t.scalar_type()), shape_str(r.params[i].sizes().vec()),
-             c10::toString(r.params[i].scalar_type()));
-    }
+    for (const char* part : {"param:", "adam.m:", "adam.v:"}) s.tensor_like(part + r.names[i], r.params[i], dir);
     r.params[i].copy_(s.tensor("param:" + r.names[i]));
   }
   // This rank's share of the moments, from the full ones.

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include "remat/error.h"
+#include "remat/units.h"
 #include "util/atomic_file.h"
 #include "util/hash.h"
 #include "util/paths.h"
@@ -62,6 +63,15 @@ const at::Tensor& TrainState::tensor(const std::string& name) const {
   for (const auto& [n, t] : tensors)
     if (n == name) return t;
   fail("train state has no tensor '{}'; it was written by another model or version", name);
+}
+
+const at::Tensor& TrainState::tensor_like(const std::string& name, const at::Tensor& like,
+                                          const std::string& dir) const {
+  const at::Tensor& t = tensor(name);
+  if (t.sizes() != like.sizes() || t.scalar_type() != like.scalar_type())
+    fail("train state in '{}': '{}' is {} {}, the model's is {} {}", dir, name, shape_str(t.sizes().vec()),
+         c10::toString(t.scalar_type()), shape_str(like.sizes().vec()), c10::toString(like.scalar_type()));
+  return t;
 }
 
 void check_state_dir(const std::string& dir, const std::string& resume_dir) {

@@ -27,6 +27,9 @@ struct TrainState {
 
   // The tensor named `name`; throws remat::Error naming the file when missing.
   const at::Tensor& tensor(const std::string& name) const;
+  // The same, refused unless it has `like`'s shape and dtype: remat::Error naming `dir`, the tensor
+  // and both shapes and dtypes.
+  const at::Tensor& tensor_like(const std::string& name, const at::Tensor& like, const std::string& dir) const;
 };
 
 // Writes DIR/state.bin atomically, creating DIR if needed. Throws remat::Error on I/O failure.

@@ -2,7 +2,7 @@
 //
 // Measured on a (8, 1024, 2048) tensor with remat's allocator: at::gelu(x, "tanh") 46.6 ms
 // (its tanh is not vectorised in this build) against 6.4 ms here. The softmax runs at ~1.1 ns per
-// element on one thread (rows of 128 to 1024; 2.7 ns before its row max vectorised). Each function is compiled for
+// element on one thread (rows of 128 to 1024), its row max vectorised too. Each function is compiled for
 // AVX-512, AVX2 and plain x86-64 and picked at run time, and splits its work over remat's kernel threads in fixed
 // chunks (parallel.h). Results are deterministic on a given CPU, and so are recomputes.
 #pragma once

@@ -308,8 +308,7 @@ TEST(SoftmaxKernel, FindsTheRowMaxInEveryLane) {
 // one sum over every column: over ragged chunks, on one kernel thread or two, in float and double.
 // With one ATen thread, as the engine runs, so that the chunks are what runs.
 TEST(ColumnSums, HaveTheBitsOfOneSum) {
-  const int aten_before = at::get_num_threads();
-  at::set_num_threads(1);
+  const testing::AtenThreads one(1);
   ASSERT_EQ(at::get_num_threads(), 1);
   at::manual_seed(8);
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1000, 300}, {1024, 2048}, {7, 5}, {129, 513}})
@@ -321,7 +320,6 @@ TEST(ColumnSums, HaveTheBitsOfOneSum) {
             << rows << " x " << cols << ", " << threads << " threads";
       }
     }
-  at::set_num_threads(aten_before);
 }
 
 // kernels::zeros writes every byte, over ragged chunks of its 256 KiB grain, on one kernel thread

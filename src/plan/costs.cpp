@@ -99,16 +99,20 @@ CostModel estimate_costs(const ModelSpec& spec, const MachineRates& rates) {
     }
     return ms;
   };
-  // The engine's Adam: fp32.
-  c.other_ms = stage_ms(spec.head) + (spec.has_stem ? stage_ms(spec.stem) : 0.0) +
-               static_cast<double>(spec.param_numel()) * adam_bytes_per_param(false) / (rates.memory_gbps * 1e6);
+  // The engine's Adam: fp32 throughout.
+  const int64_t f32 = dtype_size(DType::F32);
+  c.other_ms =
+      stage_ms(spec.head) + (spec.has_stem ? stage_ms(spec.stem) : 0.0) +
+      static_cast<double>(spec.param_numel() * adam_bytes_per_param(f32, f32, 2 * f32, 0)) / (rates.memory_gbps * 1e6);
   c.matmul_gflops = rates.matmul_gflops;
   c.source = fmt::format("estimated: matmul FLOPs at {:.0f} GFLOP/s, bytes at {:.0f} GB/s", rates.matmul_gflops,
                          rates.memory_gbps);
   return c;
 }
 
-double adam_bytes_per_param(bool mixed_precision) { return mixed_precision ? 7 * 4 + 2 : 7 * 4; }
+int64_t adam_bytes_per_param(int64_t grad, int64_t weight, int64_t moments, int64_t cast) {
+  return grad + 2 * (weight + moments) + cast;
+}
 
 CostSource parse_cost_source(std::string_view text) {
   if (text == "auto") return CostSource::Auto;

@@ -2,6 +2,7 @@
 // other as custom:... or a JSON file.
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -77,11 +78,22 @@ double positive(const std::string& text, const std::string& what, std::string_vi
   return v;
 }
 
+// A count in 1..kMostGpus written as a whole number ("8", not "8.5" or "1e30").
+int64_t gpu_count(const std::string& text, const std::string& what, std::string_view whole) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < 1 || v > kMostGpus)
+    fail("bad --device '{}': {} must be a whole number in 1..{}, got '{}'", whole, what, kMostGpus, text);
+  return v;
+}
+
 void check(const Device& d, std::string_view whole) {
   if (d.memory <= 0) fail("bad --device '{}': memory must be positive", whole);
   if (!(d.bf16_tflops > 0) && !(d.fp32_tflops > 0)) fail("bad --device '{}': give bf16_tflops or fp32_tflops", whole);
   if (!(d.hbm_gbps > 0)) fail("bad --device '{}': hbm_gbps must be positive", whole);
-  if (d.gpus_per_node < 1) fail("bad --device '{}': gpus_per_node must be at least 1", whole);
+  if (d.gpus_per_node < 1 || d.gpus_per_node > kMostGpus)
+    fail("bad --device '{}': gpus_per_node must be in 1..{}, got {}", whole, kMostGpus, d.gpus_per_node);
   for (double e : {d.matmul_efficiency, d.memory_efficiency, d.link_efficiency})
     if (!(e > 0 && e <= 1)) fail("bad --device '{}': efficiencies must be in (0, 1], got {}", whole, e);
 }
@@ -105,7 +117,7 @@ Device custom(std::string_view text) {
   d.hbm_gbps = positive(parts[2], "GBPS (memory bandwidth)", text);
   d.intra_gbps = parts.size() > 3 ? positive(parts[3], "INTRA_GBPS", text) : d.hbm_gbps / 8;
   d.inter_gbps = parts.size() > 4 ? positive(parts[4], "INTER_GBPS", text) : d.intra_gbps / 8;
-  d.gpus_per_node = parts.size() > 5 ? static_cast<int64_t>(positive(parts[5], "GPUS_PER_NODE", text)) : 8;
+  d.gpus_per_node = parts.size() > 5 ? gpu_count(parts[5], "GPUS_PER_NODE", text) : 8;
   d.source = fmt::format("given on the command line{}; fp32 assumed at 1/16 of bf16",
                          parts.size() < 5 ? ", link rates assumed (NVLink = HBM / 8, network = NVLink / 8)" : "");
   check(d, text);
@@ -148,8 +160,13 @@ Device from_file(std::string_view path) {
     }
     if (j.contains("name")) d.name = j.at("name").get<std::string>();
     if (!j.contains("memory")) fail("--device file '{}' has no \"memory\"", path);
-    d.memory = j.at("memory").is_string() ? parse_budget(j.at("memory").get<std::string>()).bytes
-                                          : j.at("memory").get<int64_t>();
+    // Whole numbers only: a float's conversion to an integer past its range is undefined.
+    auto integer = [&](const char* k) {
+      const nlohmann::json& v = j.at(k);
+      if (!v.is_number_integer()) fail("--device file '{}': \"{}\" must be a whole number, got {}", path, k, v.dump());
+      return v.get<int64_t>();
+    };
+    d.memory = j.at("memory").is_string() ? parse_budget(j.at("memory").get<std::string>()).bytes : integer("memory");
     auto num = [&](const char* k, double& v) {
       if (j.contains(k)) v = j.at(k).get<double>();
     };
@@ -161,8 +178,12 @@ Device from_file(std::string_view path) {
     num("matmul_efficiency", d.matmul_efficiency);
     num("memory_efficiency", d.memory_efficiency);
     num("link_efficiency", d.link_efficiency);
-    if (j.contains("gpus_per_node")) d.gpus_per_node = j.at("gpus_per_node").get<int64_t>();
-    if (j.contains("sm")) d.sm = j.at("sm").get<int>();
+    if (j.contains("gpus_per_node")) d.gpus_per_node = integer("gpus_per_node");
+    if (j.contains("sm")) {
+      const int64_t sm = integer("sm");
+      if (sm < 0 || sm > 1000) fail("--device file '{}': \"sm\" is a compute capability such as 90, got {}", path, sm);
+      d.sm = static_cast<int>(sm);
+    }
     if (j.contains("source")) d.source = j.at("source").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     fail("--device file '{}': a field has the wrong type ({})", path, e.what());

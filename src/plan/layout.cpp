@@ -594,9 +594,8 @@ class Evaluator {
       if (!ps.tied_to.empty() && l.pp > 1)
         t.p2p_s +=
             static_cast<double>(ps.numel() * l.grad_bytes) / (device_.inter_gbps * device_.link_efficiency * 1e9);
-    // Adam over this rank's share: read weights, gradients, master and moments; write them back.
-    const double owned = static_cast<double>(worst.optimizer) / (spec.block.dtype == DType::F32 || l.fsdp ? 8 : 12);
-    t.optimizer_s = owned * adam_bytes_per_param(spec.block.dtype != DType::F32) / (sh.rates.memory_gbps * 1e9);
+    // Adam over this rank's share, at the memory rate.
+    t.optimizer_s = static_cast<double>(worst.optimizer_traffic) / (sh.rates.memory_gbps * 1e9);
     t.step_s = t.compute_s + t.bubble_s + t.p2p_s + t.dp_exposed_s + t.optimizer_s;
     // Model FLOPs (no recompute) over the devices' peak.
     ModelConfig whole = cfg_;

@@ -26,6 +26,7 @@
 #include "core/shard.h"
 #include "plan/caching_allocator.h"
 #include "plan/unshard.h"
+#include "remat/costs.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -447,12 +448,17 @@ StepMemory persistent_memory(const CompiledStep& plan, const StepShape& shape, c
     m.expert_params = owned_experts * e.sharded_weight();
     m.grads = owned * e.sharded_weight();
     m.optimizer = owned * e.state;
+    m.optimizer_traffic = owned * adam_bytes_per_param(e.sharded_weight(), e.sharded_weight(), e.state, 0);
     m.buffers = shape.extra_buffers;
   } else {
     m.params = (shape.zero >= 3 ? owned : numel) * e.weight;
     m.expert_params = (shape.zero >= 3 ? owned_experts : expert_numel) * e.weight;
     m.grads = shape.bucketed() ? (shape.zero >= 2 ? owned : numel) * e.grad : numel * e.weight;
     m.optimizer = (shape.zero >= 1 ? owned : numel) * (e.master + e.state);
+    // The gradient as it waits for the step: in its bucket's dtype under data parallelism.
+    const int64_t grad = shape.bucketed() ? e.grad : e.weight;
+    m.optimizer_traffic = (shape.zero >= 1 ? owned : numel) *
+                          adam_bytes_per_param(grad, e.sharded_weight(), e.state, e.master > 0 ? e.weight : 0);
     if (shape.bucketed()) m.buffers = m.grads + shape.extra_buffers;
   }
   for (const CompiledStage& st : plan.stages) {

@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "core/shard.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 #include "remat/model.h"
@@ -241,6 +243,30 @@ TEST(Fsdp, ForeachAdamHoldsTheGradientsAndSqrtVOfEveryParameter) {
   EXPECT_EQ(m.peak, 8 * n);
   EXPECT_EQ(m.peak_at, "optimizer step (foreach Adam's sqrt(v) of every parameter)");
   EXPECT_LT(fsdp_step(c, true).peak, 8 * n);
+}
+
+// Adam's traffic is adam_bytes_per_param of each parameter the rank updates: fp32 28 bytes; bf16
+// with fp32 gradient buffers and master weights 30 (the bf16 copy written too), over this rank's
+// share under ZeRO-1; pure bf16 (weights, gradients and moments in bf16) 14; FSDP's fp32 shards 28.
+TEST(MemoryModel, AdamMovesItsBytesPerParameterOfWhatTheRankUpdates) {
+  ModelConfig c = fsdp_llama(64, 16, 512);
+  auto step = [&](DType dtype, const std::function<void(StepShape&)>& set) {
+    c.dtype = dtype;
+    auto spec = std::make_shared<const ModelSpec>(make_model(c));
+    StepShape s;
+    set(s);
+    return simulate_memory(compile_step(spec, Policy::parse("none").resolve(spec->block, c.layers)), {1, 1}, nullptr,
+                           s);
+  };
+  const int64_t n = make_model(c).param_numel();
+  const int64_t first_share = shard_first(n, 1, 4);  // rank 0's of 4
+  EXPECT_EQ(step(DType::F32, [](StepShape&) {}).optimizer_traffic, 28 * n);
+  auto megatron = [](StepShape& s) { s.grad_buffers = true, s.grad_bytes = 4; };
+  EXPECT_EQ(step(DType::BF16, megatron).optimizer_traffic, 30 * n);
+  EXPECT_EQ(step(DType::BF16, [&](StepShape& s) { megatron(s), s.world = 4, s.zero = 1; }).optimizer_traffic,
+            30 * first_share);
+  EXPECT_EQ(step(DType::BF16, [](StepShape& s) { s.pure_dtype = true; }).optimizer_traffic, 14 * n);
+  EXPECT_EQ(step(DType::BF16, [](StepShape& s) { s.fsdp = true, s.world = 4; }).optimizer_traffic, 28 * first_share);
 }
 
 // The allocator replay (StepShape::cuda) keeps the optimizer state persistent_memory counts: a

@@ -143,8 +143,7 @@ TEST(Gemm, TiledProductHasTheSameBitsOnOneThreadOrTwo) {
 // oneDNN runs each call on one OpenMP thread, an OpenMP setting of the calling thread: ATen's own
 // thread count (which it sets through OpenMP) is the same after the call.
 TEST(Gemm, LeavesTheCallersOpenMpThreadsAsTheyWere) {
-  const int before = at::get_num_threads();
-  at::set_num_threads(2);
+  const testing::AtenThreads two(2);
   const at::Tensor a = at::randn({300, 40}), b = at::randn({40, 600});
   at::Tensor c = at::empty({300, 600});
   mm_out(c, a, false, b, false, 0.0);
@@ -153,7 +152,6 @@ TEST(Gemm, LeavesTheCallersOpenMpThreadsAsTheyWere) {
   if (omp_threads != nullptr) {
     EXPECT_EQ(omp_threads(), 2);
   }
-  at::set_num_threads(before);
 }
 
 // cblas takes int sizes: an operand whose row stride is past INT_MAX (one row of a view with a

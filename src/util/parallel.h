@@ -48,7 +48,8 @@ class KernelThreadsAwake {
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
 
 // The same, telling fn which thread runs the chunk: 0 <= worker < kernel_threads(), and no two
-// chunks running at once get the same number (per-thread scratch buffers index by it).
+// of the call's chunks running at once get the same number, inline runs included (they run one
+// after another), so a buffer the call allocates per worker is never shared.
 void parallel_chunks_indexed(int64_t n, int64_t grain,
                              const std::function<void(int64_t begin, int64_t end, int worker)>& fn);
 

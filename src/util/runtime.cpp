@@ -29,7 +29,7 @@ F openblas_symbol(const char* name) {
 }
 
 int positive_int(std::string_view s, std::string_view text) {
-  int v = s.empty() || s.size() > 4 ? -1 : 0;  // at most 4 digits: no overflow (fuzz_sizes found one)
+  int v = s.empty() || s.size() > 4 ? -1 : 0;  // at most 4 digits: the sum cannot overflow
   for (size_t i = 0; v >= 0 && i < s.size(); ++i) v = s[i] >= '0' && s[i] <= '9' ? v * 10 + (s[i] - '0') : -1;
   if (v <= 0) fail("ThreadConfig '{}': expected N or A/B with positive integers (e.g. 1/2: ATen 1, BLAS 2)", text);
   return v;

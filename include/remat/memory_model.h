@@ -32,22 +32,22 @@ struct StepMemory {
   int64_t grads = 0;          // parameter gradients: alive from the backward to the next step, or (data
                               // parallelism) the persistent buckets, counted in `buffers`
   int64_t optimizer = 0;      // optimizer state (with ZeRO-1: this rank's share)
-  // Not memory: the bytes this rank's Adam step reads and writes (costs.h, adam_bytes_per_param of
-  // each parameter it updates), which the planner's optimizer time is made of; counted here, from
-  // the same shares and element sizes as `optimizer`.
-  int64_t optimizer_traffic = 0;
-  int64_t data = 0;     // one batch: input and target
-  int64_t buffers = 0;  // persistent communication buffers (data parallelism: gradient buckets)
-  int64_t fixed = 0;    // a GPU framework's fixed allocations (workspaces, the batch: layout.h,
-                        // RankPlan::fixed names them); 0 for remat's own engine
-  int64_t saved = 0;    // live after the forward, above base()
-  int64_t peak = 0;     // highest live during the step, above base()
-  std::string peak_at;  // where the peak falls: "backward of layer 5, op 'fc'"
+  int64_t data = 0;           // one batch: input and target
+  int64_t buffers = 0;        // persistent communication buffers (data parallelism: gradient buckets)
+  int64_t fixed = 0;          // a GPU framework's fixed allocations (workspaces, the batch: layout.h,
+                              // RankPlan::fixed names them); 0 for remat's own engine
+  int64_t saved = 0;          // live after the forward, above base()
+  int64_t peak = 0;           // highest live during the step, above base()
+  std::string peak_at;        // where the peak falls: "backward of layer 5, op 'fc'"
   // With StepShape::cuda: PyTorch's caching allocator over two steps (caching_allocator.h): the
   // peak of the blocks it hands out (each request rounded, unsplit tails included) and of the
   // segments it reserves. 0 otherwise.
   int64_t allocated_peak = 0;
   int64_t reserved_peak = 0;
+  // Not memory: the bytes this rank's Adam step reads and writes (costs.h, adam_bytes_per_param of
+  // each parameter it updates), which the planner's optimizer time is made of; counted here, from
+  // the same shares and element sizes as `optimizer`.
+  int64_t optimizer_traffic = 0;
 
   // Live before a step: weights, optimizer state, data, buffers, fixed allocations (gradients were freed).
   int64_t base() const { return params + optimizer + data + buffers + fixed; }

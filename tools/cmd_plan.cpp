@@ -209,8 +209,22 @@ double parse_tokens(const std::string& text) {
   return v * scale;
 }
 
-// One layout's plan as JSON; `experts`: the model routes experts (the text names ep and etp).
-nlohmann::json plan_json(const LayoutPlan& p, bool experts) {
+// What a layout's plan counts outside PyTorch's allocator on each GPU: outside_allocator's named
+// terms, or the --reserve given instead.
+nlohmann::json outside_json(const PlanOptions& opt, const Device& device, const ModelConfig& cfg, const Layout& l) {
+  nlohmann::json out = nlohmann::json::array();
+  if (opt.reserve >= 0) {
+    out.push_back({{"name", "--reserve"}, {"bytes", opt.reserve}, {"why", "given on the command line"}});
+    return out;
+  }
+  for (const Allocation& a : outside_allocator(opt, device, cfg, l))
+    out.push_back({{"name", a.name}, {"bytes", a.bytes}, {"why", a.why}});
+  return out;
+}
+
+// One layout's plan as JSON, with what lies outside the allocator (outside_json); `experts`: the
+// model routes experts (the text names ep and etp).
+nlohmann::json plan_json(const LayoutPlan& p, bool experts, const nlohmann::json& outside) {
   const Layout& l = p.layout;
   nlohmann::json stages = nlohmann::json::array();
   for (const RankPlan& r : p.ranks) {
@@ -257,6 +271,7 @@ nlohmann::json plan_json(const LayoutPlan& p, bool experts) {
           {"peak", p.peak()},
           {"worst_stage", p.rank().stage},
           {"stages", stages},
+          {"outside_allocator", outside},
           {"time",
            {{"step_s", t.step_s},
             {"compute_s", t.compute_s},
@@ -550,7 +565,10 @@ nlohmann::json device_json(const Device& device) {
 }
 
 nlohmann::json layouts_json(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
-                            const LayoutAnswer& a) {
+                            const LayoutAnswer& a, const PlanOptions& opt) {
+  auto one = [&](const LayoutPlan& p) {
+    return plan_json(p, routes_experts(cfg.arch), outside_json(opt, device, cfg, p.layout));
+  };
   nlohmann::json j;
   j["config"] = model_json(cfg);
   j["device"] = device_json(device);
@@ -559,9 +577,9 @@ nlohmann::json layouts_json(const ModelConfig& cfg, const SearchSpace& space, co
   j["fits"] = !a.res.best.empty();
   j["searched_s"] = a.searched_s;
   j["layouts"] = nlohmann::json::array();
-  for (const LayoutPlan& p : a.res.best) j["layouts"].push_back(plan_json(p, routes_experts(cfg.arch)));
+  for (const LayoutPlan& p : a.res.best) j["layouts"].push_back(one(p));
   if (a.res.best.empty()) {
-    if (!a.res.least.ranks.empty()) j["least"] = plan_json(a.res.least, routes_experts(cfg.arch));
+    if (!a.res.least.ranks.empty()) j["least"] = one(a.res.least);
     j["min_gpus"] = a.fewest;
     j["devices_that_fit"] = a.other_devices;
   }
@@ -634,7 +652,7 @@ int run_layouts(PlanFlags& f) {
              a.searched_s);
   auto write_json = [&] {
     if (f.json.empty()) return;
-    write_file_atomic(f.json, layouts_json(cfg, space, device, a).dump(2) + "\n");
+    write_file_atomic(f.json, layouts_json(cfg, space, device, a, opt).dump(2) + "\n");
     fmt::print("wrote {}\n", f.json);
   };
   if (a.res.best.empty()) {

@@ -231,9 +231,10 @@ void check_bench_options(const BenchOptions& o) {
       const int64_t need = simulate_memory(compile_step(spec, keep), o.threads).total_peak();
       if (const int64_t usable = usable_memory(); usable > 0 && need > usable)
         fail(
-            "with {} attention, none (every bench's reference step) is predicted to peak at {}; this machine has {} "
-            "available: try --attention flash, a shorter --seq or a smaller --batch",
-            to_string(a), bytes_str(need), bytes_str(available_memory()));
+            "with {} attention, none (every bench's reference step) is predicted to peak at {}; runs here may take "
+            "{} (nine tenths of what this machine has available): try --attention flash, a shorter --seq or a "
+            "smaller --batch",
+            to_string(a), bytes_str(need), bytes_str(usable));
     }
   }
 }

@@ -480,9 +480,9 @@ void guard_memory(Run& r, int64_t outside) {
            plan_that_fits(r, r.o.memory_limit - outside));
   } else if (const int64_t usable = usable_memory(); usable > 0 && needs * r.o.dist.world > usable) {
     fail(
-        "policy '{}' needs about {} per step on each of {} process(es) and this machine has {} available; try "
-        "--policy budget:{}MiB (the planner then recomputes what it must)",
-        r.o.policy, bytes_str(needs), r.o.dist.world, bytes_str(available_memory()),
+        "policy '{}' needs about {} per step on each of {} process(es) and runs here may take {} (nine tenths of "
+        "what this machine has available); try --policy budget:{}MiB (the planner then recomputes what it must)",
+        r.o.policy, bytes_str(needs), r.o.dist.world, bytes_str(usable),
         planned_share(usable) / r.o.dist.world / (1 << 20));
   }
 }

@@ -21,7 +21,8 @@ namespace remat {
 
 namespace {
 
-// "REMATTS1" files carry a checksum of another hash (FNV-1a's prime from a mistyped offset basis).
+// "REMATTS1" files carry a checksum of another hash: FNV-1a's prime with a mistyped offset basis
+// (the published decimal basis without its last digit).
 constexpr char kMagic[8] = {'R', 'E', 'M', 'A', 'T', 'T', 'S', '2'};
 constexpr char kEarlierMagic[8] = {'R', 'E', 'M', 'A', 'T', 'T', 'S', '1'};
 

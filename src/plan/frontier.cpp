@@ -9,8 +9,8 @@ namespace remat {
 
 namespace {
 
-// A choosable tensor at most 1/kNegligible of the largest is always kept, not searched: keeping it
-// moves a layer's saved bytes by under 2%, and every searched tensor doubles the options to weigh.
+// A choosable tensor at most 1/kNegligible of the largest is always kept, not searched: each such
+// tensor moves a layer's saved bytes by under 2%, and every searched tensor doubles the options.
 constexpr int64_t kNegligible = 64;
 
 // Tensors the search decides: choosable, not pinned, and not tiny.

@@ -573,11 +573,12 @@ class Evaluator {
                          (de - 1) / de * static_cast<double>(worst.expert_params) / wbytes * unsharded_experts;
     double bytes = 0;
     if (l.fsdp) {
-      // FSDP2: every micro-batch gathers each stage's bf16 weights for its forward and again for its
-      // backward, and reduce-scatters its fp32 gradients; per stage, overlapped with the compute of
-      // the stages around it: what shows is what the compute cannot cover, and the first gather.
-      const double full = static_cast<double>(worst.params) / 4 * d;  // elements (fp32 shards)
-      bytes = m * share * full * (2 * wbytes + 4);
+      // FSDP2: every micro-batch gathers each stage's weights (the model's dtype) for its forward
+      // and again for its backward, and reduce-scatters its gradients (fp32, or the model's dtype
+      // when nothing is kept in fp32); per stage, overlapped with the compute of the stages around
+      // it: what shows is what the compute cannot cover, and the first gather.
+      const int64_t reduced = options_.pure_dtype ? wbytes : dtype_size(DType::F32);
+      bytes = m * share * static_cast<double>(p.rank().params) * static_cast<double>(2 * wbytes + reduced);
       if (l.shards() > 1) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
       const double first = t.dp_comm_s / (m * 2 * static_cast<double>(spec.layers + 2));
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - t.compute_s) + first;

@@ -618,13 +618,13 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
     return sum;
   };
   Layout l;
-  EXPECT_EQ(total(l), 512 * MiB);
+  const int64_t context = total(l);  // one GPU: the context alone
   l.tp = 2;
-  EXPECT_EQ(total(l), 512 * MiB + ring);
+  EXPECT_EQ(total(l), context + ring);
   l.dp = 2, l.pp = 2;
-  EXPECT_EQ(total(l), 512 * MiB + 2 * ring + 64 * MiB);
+  EXPECT_EQ(total(l), context + 2 * ring + 64 * MiB);
   l.dp = 1, l.cp = 2;  // its own ring, and the dp x cp group's
-  EXPECT_EQ(total(l), 512 * MiB + 3 * ring + 64 * MiB);
+  EXPECT_EQ(total(l), context + 3 * ring + 64 * MiB);
   EXPECT_TRUE(outside_allocator({}, parse_device("cpu"), ModelConfig{}, l).empty());
 }
 
@@ -644,9 +644,10 @@ TEST(Frameworks, OutsideTheAllocatorCountsTheExpertsCommunicators) {
     for (const Allocation& a : outside_allocator(o, d, c, l)) sum += a.bytes;
     return sum;
   };
+  const int64_t context = total(allgather, Layout{});  // one GPU: the context alone
   Layout l;
   l.tp = 2, l.dp = 4, l.ep = 2, l.etp = 2;  // edp 2
-  const int64_t base = 512 * MiB + 2 * ring;
+  const int64_t base = context + 2 * ring;
   EXPECT_EQ(total(allgather, l), base + ring + ring);
   EXPECT_EQ(total(alltoall, l), base + ring + peer + ring + ring);
   l.ep = 1;  // the experts sharded as the dense parameters: no ring of their own
@@ -758,6 +759,22 @@ TEST(Layouts, ExpertGradientsAreReducedOverTheirOwnRanks) {
     const double moved = 0.75 * dense + (edp - 1) / edp * experts;  // elements, bf16 weights
     EXPECT_NEAR(p.time.dp_comm_s, 2 * moved * l.grad_bytes / rate, 1e-12) << "ep " << ep;
   }
+}
+
+// Adam's time is the memory model's count of the bytes it moves on the rank, at the device's memory
+// rate: under ZeRO-1 a quarter of the step's on 4 ranks, within a shard's rounding.
+TEST(Layouts, AdamTakesItsTrafficAtTheMemoryRate) {
+  const ModelConfig c = small_moe();
+  const Device d = parse_device("h100-80gb");
+  const double rate = d.hbm_gbps * d.memory_efficiency * 1e9;
+  Layout l;
+  l.dp = 4, l.micro_batch = 2, l.global_batch = 8;
+  const LayoutPlan whole = plan_layout(c, l, d, "none");
+  EXPECT_DOUBLE_EQ(whole.time.optimizer_s, static_cast<double>(whole.rank().memory.optimizer_traffic) / rate);
+  l.zero = 1;
+  const LayoutPlan sharded = plan_layout(c, l, d, "none");
+  EXPECT_DOUBLE_EQ(sharded.time.optimizer_s, static_cast<double>(sharded.rank().memory.optimizer_traffic) / rate);
+  EXPECT_NEAR(sharded.time.optimizer_s * 4, whole.time.optimizer_s, whole.time.optimizer_s * 1e-3);
 }
 
 // torchtitan as modelled (9dec370) has no mixture of experts: the planner refuses one, whatever

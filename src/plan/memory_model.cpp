@@ -413,7 +413,8 @@ std::vector<Chunk> chunks_of(const CompiledStep& plan) {
 struct ElementBytes {
   int64_t weight = 0;  // the model's dtype
   int64_t grad = 0;    // a bucket's gradient (StepShape::grad_bytes, else the model's dtype)
-  int64_t reduce = 0;  // FSDP's reduce-scatter input: gradients up-cast to fp32 (its reduce dtype)
+  int64_t reduce = 0;  // FSDP's reduce-scatter input: gradients in its reduce dtype (fp32, up-cast,
+                       // unless nothing is kept in fp32)
   int64_t master = 0;  // the fp32 master copy of mixed precision; 0 without one
   int64_t state = 0;   // Adam's m and v: fp32, or the model's dtype when nothing is kept in fp32
   int64_t sharded_weight() const { return master > 0 ? master : weight; }  // FSDP2's shard: the master copy
@@ -423,7 +424,7 @@ ElementBytes element_bytes(DType dtype, const StepShape& shape) {
   ElementBytes e;
   e.weight = dtype_size(dtype);
   e.grad = shape.grad_bytes > 0 ? shape.grad_bytes : e.weight;
-  e.reduce = dtype_size(DType::F32);
+  e.reduce = shape.pure_dtype ? e.weight : dtype_size(DType::F32);
   e.master = dtype != DType::F32 && !shape.pure_dtype ? dtype_size(DType::F32) : 0;
   e.state = shape.pure_dtype ? 2 * e.weight : 2 * dtype_size(DType::F32);
   return e;

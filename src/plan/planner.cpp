@@ -109,8 +109,8 @@ int64_t Planner::bytes_of(const Budget& budget) const {
 // bisection for the least peak coarsely (its answer is then checked exactly).
 constexpr int64_t kPlanBuckets = 4096;
 constexpr int64_t kBisectionBuckets = 1024;
-// The bisection stops within 1/kBisectionTolerance of the peak it brackets, or after
-// kBisectionSteps halvings (2^40 bytes of range, more than any host's memory, bisects in fewer).
+// The bisection stops within 1/kBisectionTolerance of the peak it brackets: the range starts at
+// most `hi` wide, so about 11 halvings; kBisectionSteps only bounds the loop should that change.
 constexpr int64_t kBisectionTolerance = 2000;
 constexpr int kBisectionSteps = 40;
 

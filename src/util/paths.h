@@ -20,7 +20,7 @@ std::string final_target(const std::string& path);
 
 // Reads a whole regular file of at most `max_bytes`. A FIFO, a device or a folder is refused
 // without opening it (a FIFO would block forever). `flag` names the path in errors ("--device",
-// "train state"), `fix` ends the error for a path that is no regular file. Throws remat::Error
+// "train state"); `fix` ends the error for a path that is missing or not a regular file. Throws remat::Error
 // (usage) naming the flag, the path and what was wrong.
 std::string read_regular_file(const std::string& flag, const std::string& path, int64_t max_bytes,
                               const std::string& fix = "give a regular file");

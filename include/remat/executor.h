@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -79,11 +80,14 @@ class BlockExecutor {
                  const std::vector<bool>& need_input_grad, int64_t layer) const;
 
  private:
-  const Schedule& schedule_for(const std::vector<bool>& need) const;
+  // The schedule compiled for `need`: schedule_, or another variant compiled on first use and
+  // kept (one at a time; a backward holds its own reference while it runs).
+  std::shared_ptr<const Schedule> schedule_for(const std::vector<bool>& need) const;
 
   BlockSpec spec_;
   LayerPolicy policy_;                             // empty when built from a schedule
   std::shared_ptr<const Schedule> schedule_;       // the variant every input needs a gradient for
+  mutable std::mutex other_mutex_;                 // two backwards at once may both ask for one
   mutable std::shared_ptr<const Schedule> other_;  // another variant, compiled on first use
   ExecOptions options_;
 };

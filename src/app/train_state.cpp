@@ -134,12 +134,6 @@ void save_train_state(const std::string& dir, const TrainState& state) {
   for (const at::Tensor& c : contiguous) out.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
   put_u64(out, fnv1a(out.data(), out.size()));
   write_file_atomic(path_of(dir), out);
-  // Make the rename itself durable.
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 RunLock::RunLock(const std::string& dir) {

@@ -50,11 +50,12 @@ BlockExecutor::BlockExecutor(const BlockSpec& spec, std::shared_ptr<const Schedu
   if (options_.timer && options_.timer->forward_ms.size() != spec_.ops.size()) options_.timer->resize(spec_.ops.size());
 }
 
-const Schedule& BlockExecutor::schedule_for(const std::vector<bool>& need) const {
-  if (need == schedule_->need_input_grad) return *schedule_;
+std::shared_ptr<const Schedule> BlockExecutor::schedule_for(const std::vector<bool>& need) const {
+  if (need == schedule_->need_input_grad) return schedule_;
+  const std::lock_guard<std::mutex> lock(other_mutex_);
   if (!other_ || other_->need_input_grad != need)
     other_ = std::make_shared<const Schedule>(compile_schedule(spec_, policy_, need));
-  return *other_;
+  return other_;
 }
 
 at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx, int64_t layer,
@@ -101,7 +102,8 @@ at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, 
 
 BlockExecutor::Grads BlockExecutor::backward(const at::Tensor& dy, at::TensorList params, BlockContext& ctx,
                                              const std::vector<bool>& need_input_grad, int64_t layer) const {
-  const Schedule& s = schedule_for(need_input_grad);
+  const std::shared_ptr<const Schedule> held = schedule_for(need_input_grad);
+  const Schedule& s = *held;
   detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, options_.verify ? &ctx.reference : nullptr, params, layer,
                     &options_.after_recompute);
   env.grads.assign(spec_.tensors.size(), at::Tensor());

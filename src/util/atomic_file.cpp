@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "remat/error.h"
 #include "util/paths.h"
@@ -95,6 +96,13 @@ void write_file_atomic(const std::string& given, std::string_view content) {
   if (err != 0) {
     ::unlink(tmp.c_str());
     fail_runtime("cannot write '{}': {}", given, std::strerror(err));
+  }
+  // The rename made durable: the folder's entry synced too (where the file system allows it).
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
   }
 }
 

@@ -55,6 +55,8 @@ Device this_cpu() {
   const MachineRates r = calibrated_rates(threads);
   Device d;
   d.name = "cpu";
+  // The machine's memory, not what is free this moment (remat train's usable_memory): a plan sizes
+  // the machine's runs, and layout.h's kCpuReserve leaves the system its share.
   d.memory = physical_memory();
   d.fp32_tflops = r.matmul_gflops / 1e3;
   d.bf16_tflops = 0;  // the engine runs fp32 only

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -174,9 +173,9 @@ CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/costs-{:016x}.json", folder, std::hash<std::string>{}(key));
   std::string rejected;  // why a cached profile was not used
-  if (std::ifstream in(path); in) {
+  if (const std::optional<nlohmann::json> cached = detail::read_cached_json(path, &rejected)) {
     try {
-      const nlohmann::json j = nlohmann::json::parse(in);
+      const nlohmann::json& j = *cached;
       if (j.at("key").get<std::string>() == key) {
         CostModel c = from_json(j.at("costs"));
         const double other_1 = j.at("other_1_ms").get<double>(), adam = j.at("adam_block_ms").get<double>();
@@ -227,9 +226,9 @@ MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& ca
   const std::string key = fmt::format("cpu={}{} gemm={} threads={}", cpu, blas, gemm_name(), to_string(threads));
   const std::string folder = cache_folder(cache_dir);
   const std::string path = fmt::format("{}/rates-{:016x}.json", folder, std::hash<std::string>{}(key));
-  if (std::ifstream in(path); in) {
+  if (const std::optional<nlohmann::json> cached = detail::read_cached_json(path)) {
     try {
-      const nlohmann::json j = nlohmann::json::parse(in);
+      const nlohmann::json& j = *cached;
       MachineRates r{j.at("matmul_gflops").get<double>(), j.at("memory_gbps").get<double>()};
       if (j.at("key").get<std::string>() == key && plausible(r.matmul_gflops) && plausible(r.memory_gbps)) return r;
     } catch (const std::exception&) {

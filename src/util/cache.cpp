@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "remat/error.h"
+#include "util/paths.h"
 
 namespace remat::detail {
 
@@ -20,6 +21,18 @@ std::string cache_folder(const std::string& given) {
   if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/remat";
   if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/remat";
   return ".remat-cache";
+}
+
+std::optional<nlohmann::json> read_cached_json(const std::string& path, std::string* why) {
+  constexpr int64_t kMostCacheBytes = int64_t{16} << 20;  // a calibration is a few KiB
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
+  try {
+    return nlohmann::json::parse(read_regular_file("cache", path, kMostCacheBytes));
+  } catch (const std::exception& e) {
+    if (why != nullptr) *why = e.what();
+    return std::nullopt;
+  }
 }
 
 std::string build_identity() {

@@ -2,7 +2,10 @@
 // (internal).
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "remat/blas_kernel.h"
 
@@ -10,6 +13,11 @@ namespace remat::detail {
 
 // `given` when set, else $REMAT_CACHE, $XDG_CACHE_HOME/remat, ~/.cache/remat, or ./.remat-cache.
 std::string cache_folder(const std::string& given);
+
+// The JSON cached at `path`, or nothing when there is none to use: missing, not a regular file (a
+// FIFO planted in the folder would block a read), over 16 MiB, or not JSON; `why` (when given)
+// then says what was wrong with a file that is there. The caller measures again and replaces it.
+std::optional<nlohmann::json> read_cached_json(const std::string& path, std::string* why = nullptr);
 
 // The running executable's path, size and modification time: a rebuilt remat measures afresh
 // instead of trusting what an older build measured.

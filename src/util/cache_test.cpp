@@ -1,6 +1,8 @@
 // The machine's identity that keys every cached calibration.
 #include "util/cache.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -92,6 +94,26 @@ TEST(CpuKind, ElsewhereIsArchitectureImplementerAndPart) {
 TEST(CpuModel, ReadsPaddedKeysTheLastValueAndEmptyOnes) {
   EXPECT_EQ(with_cpuinfo("model name  : AMD EPYC\ncpu family  : 23\ncpu family\t: 25\nmodel\t:\nstepping : 1"),
             "AMD EPYC (family 25, model ?, stepping 1; no avx2)");
+}
+
+// A cache file that cannot be used is no cache: missing (nothing said), not JSON, or a FIFO planted
+// under its name, which would block a plain read forever.
+TEST(CachedJson, OnlyARegularJsonFileIsRead) {
+  const std::string dir = testing::temp_dir("cached");
+  std::string why;
+  EXPECT_FALSE(read_cached_json(dir + "/missing.json", &why));
+  EXPECT_EQ(why, "");
+  std::ofstream(dir + "/good.json") << R"({"key": 1})";
+  ASSERT_TRUE(read_cached_json(dir + "/good.json"));
+  EXPECT_EQ(read_cached_json(dir + "/good.json")->at("key"), 1);
+  std::ofstream(dir + "/bad.json") << "{ not json";
+  EXPECT_FALSE(read_cached_json(dir + "/bad.json", &why));
+  EXPECT_NE(why, "");
+  ASSERT_EQ(::mkfifo((dir + "/fifo.json").c_str(), 0600), 0);
+  why.clear();
+  EXPECT_FALSE(read_cached_json(dir + "/fifo.json", &why));
+  EXPECT_NE(why.find("is a FIFO"), std::string::npos) << why;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include <ATen/ATen.h>
@@ -91,10 +90,10 @@ Workload workload(int c) {
 // The choice cached under `key` at `path`, set as the engine's table; false (m untouched) when
 // there is none, or it is another key's, or unreadable (measured again and replaced).
 bool load_choice(const std::string& path, const std::string& key, GemmMeasurement& m) {
-  std::ifstream in(path);
-  if (!in) return false;
+  const std::optional<nlohmann::json> cached = detail::read_cached_json(path);
+  if (!cached) return false;
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
+    const nlohmann::json& j = *cached;
     if (j.at("key").get<std::string>() != key) return false;
     const GemmTable t = detail::parse_gemm_table(j.at("table").get<std::string>());
     std::vector<GemmClassRates> classes;

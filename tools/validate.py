@@ -13,6 +13,8 @@ With --check it fails (exit 1) when a case's prediction is lower than the measur
 than the uncertainty the plan itself claims (its "margin" for allocated bytes, its
 "reserved_uncertainty" for reserved ones): the margin a plan keeps free must cover what the model is
 seen to miss. A prediction that high is listed, not failed: it wastes memory, it does not run out.
+It also fails when a run measured here held more outside PyTorch's allocator than the plan counts
+there (the CUDA context and NCCL's buffers): the budget the plan gives the allocator would be short.
 
 Usage: tools/validate.py --remat build/remat --cases validation/cases.json [--markdown docs/validation.md] [--check]
 """

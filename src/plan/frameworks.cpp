@@ -101,13 +101,14 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
   return out;
 }
 
-// The CUDA context with the kernels a training step loads (cuBLAS, attention, the optimizer's and
-// NCCL's own code): the bytes a GPU held outside PyTorch's allocator after a torchtitan Llama step
-// on one H200 with PyTorch 2.11 and CUDA 13, the same in every run of validation/h200.json (8 and
-// 70B shapes, 1 to 4 micro-batches). `make validate` fails a plan that counts less. The context
-// alone is smaller (287-430 MB with lazy module loading: pytorch/pytorch#86509, #109888); other
-// GPUs and CUDA versions were not measured here, and where they hold less the term leaves the
-// allocator less memory than it could have, never more.
+// The CUDA context with the kernels a training step loads (cuBLAS, attention, the optimizer's, a
+// one-rank NCCL communicator's): the bytes a GPU held outside PyTorch's allocator after a
+// torchtitan Llama step on one H200 with PyTorch 2.11 and CUDA 13, the same in every run of
+// validation/h200.json (8 and 70B shapes, 1 to 4 micro-batches). `make validate` fails a plan that
+// counts less. The context alone is smaller (287-430 MB with lazy module loading:
+// pytorch/pytorch#86509, #109888). Not measured here: other GPUs and CUDA versions, Megatron-LM
+// with Transformer Engine, and NCCL's kernels on several ranks; where they hold less the term
+// leaves the allocator less than it could have, and where they hold more it is short.
 constexpr int64_t kCudaContextBytes = 1372389376;
 
 std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d, const ModelConfig& c,

@@ -7,8 +7,8 @@
 namespace remat {
 
 // Writes `content` to `path`. A regular file (or a new one) is written through a temporary file in
-// the same folder, fsync and rename: readers see the old file or the new one, and once it returns
-// the new one survives a crash (the folder is synced after the rename). A symbolic link is
+// the same folder, fsync and rename: readers see the old file or the new one; the folder is then
+// synced, so that where the file system allows it the new one survives a crash once this returns. A symbolic link is
 // followed, and its target replaced that way. A device or FIFO (/dev/null, /dev/stdout) is written
 // to directly, never replaced. Throws remat::Error (runtime) naming the path and the reason.
 void write_file_atomic(const std::string& path, std::string_view content);

@@ -28,7 +28,7 @@ std::optional<nlohmann::json> read_cached_json(const std::string& path, std::str
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
   try {
-    return nlohmann::json::parse(read_regular_file("cache", path, kMostCacheBytes));
+    return nlohmann::json::parse(read_regular_file("cache", path, kMostCacheBytes, "a cache is a regular file"));
   } catch (const std::exception& e) {
     if (why != nullptr) *why = e.what();
     return std::nullopt;

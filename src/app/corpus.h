@@ -12,6 +12,9 @@
 
 namespace remat {
 
+// The vocabulary of a model trained on a corpus: its tokens are bytes.
+inline constexpr int64_t kByteVocab = 256;
+
 struct Corpus {
   std::string train, val;
   std::string id;  // source, size and hash: a resumed run must see the same bytes

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include "app/corpus.h"
 #include "app/train.h"
 #include "app/train_state.h"
 #include "remat/error.h"
@@ -34,7 +35,7 @@ std::string sample(const std::string& dir, const SampleOptions& o) {
   } catch (const nlohmann::json::exception& e) {
     fail("train state in '{}' is corrupt: malformed options ({})", dir, e.what());
   }
-  t.model.vocab = 256;
+  t.model.vocab = kByteVocab;
   t.model.batch = 1;
   GPT model(t.model, Policy::parse("none"));
   {

@@ -382,7 +382,7 @@ ModelConfig default_train_model() {
   m.heads = 8;
   m.batch = 16;
   m.seq = 128;
-  m.vocab = 256;
+  m.vocab = kByteVocab;
   return m;
 }
 
@@ -608,7 +608,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   const int64_t outside = MemoryTracker::live();  // what the process held before this run
   Run r;
   r.o = given;
-  r.o.model.vocab = 256;
+  r.o.model.vocab = kByteVocab;
   std::optional<TrainState> saved;
   // The header's fields are read where they are used; one of the wrong type or missing (a state
   // whose checksum holds but was not written by remat) is refused naming the folder.

@@ -148,6 +148,10 @@ StepMemory simulate_memory(const CompiledStep& plan, const ThreadConfig& ctx = {
 // The same for `cfg` under `policy`.
 StepMemory simulate_memory(const ModelConfig& cfg, const ResolvedPolicy& policy, const ThreadConfig& ctx = {});
 
+// Bytes per element of FSDP's gradient reduce-scatter for a model of `dtype`: fp32 (gradients
+// up-cast), or the model's dtype when nothing is kept in fp32 (StepShape::pure_dtype).
+int64_t fsdp_reduce_bytes(DType dtype, bool pure_dtype);
+
 // One block alone, fed a stand-in output gradient: the bytes it keeps after its forward and its
 // working sets above the level at its start.
 struct BlockMemory {

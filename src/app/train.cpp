@@ -343,8 +343,8 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
   // The weights and both moments of each parameter: its shape and dtype (Adam's state is kept in
   // the parameter's float32).
   for (size_t i = 0; i < r.params.size(); ++i) {
-    for (const char* part : {"param:", "adam.m:", "adam.v:"}) s.tensor_like(part + r.names[i], r.params[i], dir);
-    r.params[i].copy_(s.tensor("param:" + r.names[i]));
+    for (const char* part : {"adam.m:", "adam.v:"}) s.tensor_like(part + r.names[i], r.params[i], dir);
+    r.params[i].copy_(s.tensor_like("param:" + r.names[i], r.params[i], dir));
   }
   // This rank's share of the moments, from the full ones.
   for (const ShardedAdam::Slice& sl : r.adam->slices()) {

@@ -4,8 +4,9 @@
 // One file, DIR/state.bin: the magic "REMATTS2", a JSON header (model config, training options,
 // step, data identity, tensor directory), the raw tensor bytes (weights and Adam moments; dropout
 // needs no generator state, its masks are seeded by step and micro-batch), and an FNV-1a 64-bit
-// checksum of everything before it (util/hash.h). A "REMATTS1" file, an earlier release's, is refused. Written through
-// a temporary file, fsync and rename: a crash mid-write leaves the previous state intact.
+// checksum of everything before it (util/hash.h). A "REMATTS1" file, an earlier release's, is
+// refused. Written through a temporary file, fsync and rename: a crash mid-write leaves the
+// previous state intact.
 #pragma once
 
 #include <cstdint>

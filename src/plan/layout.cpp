@@ -577,7 +577,7 @@ class Evaluator {
       // and again for its backward, and reduce-scatters its gradients (fp32, or the model's dtype
       // when nothing is kept in fp32); per stage, overlapped with the compute of the stages around
       // it: what shows is what the compute cannot cover, and the first gather.
-      const int64_t reduced = options_.pure_dtype ? wbytes : dtype_size(DType::F32);
+      const int64_t reduced = fsdp_reduce_bytes(spec.block.dtype, options_.pure_dtype);
       bytes = m * share * static_cast<double>(p.rank().params) * static_cast<double>(2 * wbytes + reduced);
       if (l.shards() > 1) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
       const double first = t.dp_comm_s / (m * 2 * static_cast<double>(spec.layers + 2));

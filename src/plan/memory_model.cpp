@@ -420,11 +420,19 @@ struct ElementBytes {
   int64_t sharded_weight() const { return master > 0 ? master : weight; }  // FSDP2's shard: the master copy
 };
 
+}  // namespace
+
+int64_t fsdp_reduce_bytes(DType dtype, bool pure_dtype) {
+  return pure_dtype ? dtype_size(dtype) : dtype_size(DType::F32);
+}
+
+namespace {
+
 ElementBytes element_bytes(DType dtype, const StepShape& shape) {
   ElementBytes e;
   e.weight = dtype_size(dtype);
   e.grad = shape.grad_bytes > 0 ? shape.grad_bytes : e.weight;
-  e.reduce = shape.pure_dtype ? e.weight : dtype_size(DType::F32);
+  e.reduce = fsdp_reduce_bytes(dtype, shape.pure_dtype);
   e.master = dtype != DType::F32 && !shape.pure_dtype ? dtype_size(DType::F32) : 0;
   e.state = shape.pure_dtype ? 2 * e.weight : 2 * dtype_size(DType::F32);
   return e;
@@ -455,11 +463,12 @@ StepMemory persistent_memory(const CompiledStep& plan, const StepShape& shape, c
     m.params = (shape.zero >= 3 ? owned : numel) * e.weight;
     m.expert_params = (shape.zero >= 3 ? owned_experts : expert_numel) * e.weight;
     m.grads = shape.bucketed() ? (shape.zero >= 2 ? owned : numel) * e.grad : numel * e.weight;
-    m.optimizer = (shape.zero >= 1 ? owned : numel) * (e.master + e.state);
+    const int64_t updated = shape.zero >= 1 ? owned : numel;  // what this rank's Adam step updates
+    m.optimizer = updated * (e.master + e.state);
     // The gradient as it waits for the step: in its bucket's dtype under data parallelism.
     const int64_t grad = shape.bucketed() ? e.grad : e.weight;
-    m.optimizer_traffic = (shape.zero >= 1 ? owned : numel) *
-                          adam_bytes_per_param(grad, e.sharded_weight(), e.state, e.master > 0 ? e.weight : 0);
+    m.optimizer_traffic =
+        updated * adam_bytes_per_param(grad, e.sharded_weight(), e.state, e.master > 0 ? e.weight : 0);
     if (shape.bucketed()) m.buffers = m.grads + shape.extra_buffers;
   }
   for (const CompiledStage& st : plan.stages) {

@@ -16,13 +16,14 @@ echo '{"kept": true}' > "$box/keep.json"
 echo 'kept,1' > "$box/keep.csv"
 for i in $(seq 1 2000); do echo "line $i: the fox and the dog met $((i * 7 % 13)) times by the river."; done > "$box/text.txt"
 printf 'tiny' > "$box/tiny.txt"
-mkdir "$box/folder" "$box/fifo_run" "$box/garbage" "$box/truncated"
+mkdir "$box/folder" "$box/fifo_run" "$box/garbage" "$box/truncated" "$box/earlier"
 mkfifo "$box/fifo" "$box/fifo_run/state.bin"
 shape=(--layers 1 --dim 16 --heads 2 --batch 2 --seq 16)
 "$remat" train "${shape[@]}" --steps 2 --eval-every 0 --data "$box/text.txt" --threads 1/1 --gemm onednn --save "$box/run" \
   >/dev/null 2>"$box/setup.err" || { echo "FAIL: setting up a train state: $(cat "$box/setup.err")"; exit 1; }
 rm "$box/setup.err"
 printf 'REMATTS2 this is not a train state' > "$box/garbage/state.bin"
+printf 'REMATTS1 an earlier release wrote this' > "$box/earlier/state.bin"
 head -c 300 "$box/run/state.bin" > "$box/truncated/state.bin"
 echo '{"name": 5}' > "$box/device-type.json"
 echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/dev.json"
@@ -227,6 +228,7 @@ bad "cannot read train state '/nonexistent/state.bin'" train --resume /nonexiste
 bad "train state 'fifo_run/state.bin' is a FIFO; give the folder passed to --save" train --resume fifo_run
 bad "is corrupt or truncated" train --resume garbage
 bad "is corrupt or truncated" train --resume truncated
+bad "train state 'earlier/state.bin' was written by an earlier remat (format REMATTS1)" train --resume earlier
 bad "--dim 32 differs from the run saved in 'run' (16)" train --resume run --dim 32
 bad "the run in 'run' already finished its 2 steps" train --resume run --data "$box/text.txt"
 bad "the run in 'run' was trained with 1 ATen thread(s)" train --resume run --threads 2/1 --data "$box/text.txt"

@@ -775,6 +775,14 @@ TEST(Layouts, AdamTakesItsTrafficAtTheMemoryRate) {
   const LayoutPlan sharded = plan_layout(c, l, d, "none");
   EXPECT_DOUBLE_EQ(sharded.time.optimizer_s, static_cast<double>(sharded.rank().memory.optimizer_traffic) / rate);
   EXPECT_NEAR(sharded.time.optimizer_s * 4, whole.time.optimizer_s, whole.time.optimizer_s * 1e-3);
+  // bf16 weights and moments, no master copy to count them by, gradients in the layout's fp32
+  // buffers: 4 + 2 x (2 + 4) = 16 bytes a parameter against mixed precision's 30.
+  PlanOptions pure;
+  pure.pure_dtype = true;
+  l.zero = 0;
+  const LayoutPlan bf16 = plan_layout(c, l, d, "none", pure);
+  EXPECT_DOUBLE_EQ(bf16.time.optimizer_s, static_cast<double>(bf16.rank().memory.optimizer_traffic) / rate);
+  EXPECT_NEAR(bf16.time.optimizer_s * 30, whole.time.optimizer_s * 16, whole.time.optimizer_s * 1e-3);
 }
 
 // torchtitan as modelled (9dec370) has no mixture of experts: the planner refuses one, whatever

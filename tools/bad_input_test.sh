@@ -25,6 +25,9 @@ rm "$box/setup.err"
 printf 'REMATTS2 this is not a train state' > "$box/garbage/state.bin"
 printf 'REMATTS1 an earlier release wrote this' > "$box/earlier/state.bin"
 head -c 300 "$box/run/state.bin" > "$box/truncated/state.bin"
+echo '{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+  "intermediate_size": 128, "vocab_size": 100}' > "$box/llama.json"
+echo '{"architectures": [5]}' > "$box/arch-number.json"
 echo '{"name": 5}' > "$box/device-type.json"
 echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/dev.json"
 ln "$box/keep.csv" "$box/hard.csv"
@@ -133,6 +136,19 @@ bad "--gemm was given an empty value" plan --budget 50% --gemm ''
 bad "--gemm 'linear=blas-threads,blas,blas;head=blas-threads,blas,blas': blas-threads runs linears only, not head q k^T" \
   bench "${tiny[@]}" --gemm 'linear=blas-threads,blas,blas;head=blas-threads,blas,blas'
 bad "--gemm 'linear=blas,blas;head=blas,blas,blas' names 2 GEMMs for the linears; give three" bench "${tiny[@]}" --gemm 'linear=blas,blas;head=blas,blas,blas'
+bad "--experts is for a mixture of experts (--arch moe); a gpt2 block has no experts" bench "${tiny[@]}" --arch gpt2 --experts 16
+bad "--router is for a mixture of experts (--arch moe); a llama block has no experts" plan --model-config llama.json --budget 1GB --router sigmoid
+bad "the seed block takes no decoder choice (those are for gpt2 and llama); this model sets --norm, --qkv" bench "${tiny[@]}" --arch seed --qkv fused --norm rms
+bad "--engine lists 'ops' twice" bench "${tiny[@]}" --engine ops,ops
+bad "--engine 'ops,' has an empty item" bench "${tiny[@]}" --engine ops,
+bad "--attention lists 'math' twice" bench "${tiny[@]}" --arch gpt2 --attention math,math
+bad "--nproc 4 starts its own ranks, and --rank makes this process one rank" train --rank 0 --world-size 2 --master 127.0.0.1:29500 --nproc 4
+bad "--rank 5 must be in 0..1 for --world-size 2" train --rank 5 --world-size 2 --master 127.0.0.1:29500
+bad "--master '127.0.0.1: 29500': the port must be in 1..65535" train --rank 0 --world-size 2 --master '127.0.0.1: 29500'
+# ---- integers: decimal only (CLI11 alone reads 0x10 as 16 and clamps what overflows) -------------
+bad "--layers: '0x10' is not a decimal integer" bench "${tiny[@]}" --layers 0x10
+bad "--layers: ' 4' is not a decimal integer" bench "${tiny[@]}" --layers ' 4'
+bad "--seed: '99999999999999999999999' is out of range (a non-negative 64-bit integer)" bench "${tiny[@]}" --seed 99999999999999999999999
 # ---- sizes: limits that say why, overflow-safe products, out-of-range integers --------------------
 bad "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads 1 --budget 1GB
 bad "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB
@@ -184,7 +200,14 @@ bad "bad --grad-dtype 'fp8'" plan "${gpt3[@]}" --grad-dtype fp8
 bad "--budget and --reserve both" plan "${gpt3[@]}" --budget 70GiB --reserve 1GiB
 bad "is a budget; a layout plans each stage" plan "${gpt3[@]}" --policies budget:50%
 bad "--top must be in 1..100, got 0" plan "${gpt3[@]}" --top 0
+bad "--costs is for a one-process plan (no --device, --gpus or other layout flag)" plan "${gpt3[@]}" --costs estimated
+bad "--reserve takes a size such as 2GiB, got '0'" plan "${gpt3[@]}" --reserve 0
+bad "--cublas-workspace takes a size such as 32MiB, got '12XB'" plan "${gpt3[@]}" --cublas-workspace 12XB
+bad "bad --device 'custom:80GiB,900,3000,'; write custom:MEM,TFLOPS,GBPS" plan --model gpt3-175b --gpus 64 --device custom:80GiB,900,3000,
 # ---- output files: refused before any work, nothing replaced --------------------------------------
+bad "--json 'llama.json' is the same file as --model-config 'llama.json'" plan --model-config llama.json --budget 1GB --json llama.json
+bad "--json 'llama.json' is the same file as --model-config 'llama.json'" plan --model-config llama.json --gpus 2 --global-batch 2 --device h100-80gb --json llama.json
+bad "--model-config 'arch-number.json': \"architectures\" and \"model_type\" hold strings" plan --model-config arch-number.json --budget 1GB
 bad "cannot write '/nonexistent-dir/r.json'" bench "${tiny[@]}" --json /nonexistent-dir/r.json
 bad "cannot write '/nonexistent/x.md'" bench "${tiny[@]}" --markdown /nonexistent/x.md
 bad "cannot write 'folder': it is a directory" bench "${tiny[@]}" --csv folder
@@ -204,7 +227,7 @@ bad "--lr inf and --min-lr" train --lr inf --steps 1
 bad "--lr -1 and --min-lr" train --lr -1
 bad "--save-every must be >= 0, got -3" train --save-every -3
 bad "--eval-every must be >= 0" train --eval-every -1
-bad "--seed: must be a non-negative integer, got '-1'" train --seed -1 --steps 1
+bad "--seed: '-1' is out of range (a non-negative 64-bit integer)" train --seed -1 --steps 1
 bad "remat train trains token models" train --arch seed
 bad "--nproc must be in 1..256, got 0" train --nproc 0
 bad "--zero must be 0 or 1" train --zero 2 --nproc 2 --data "$box/text.txt"

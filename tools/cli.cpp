@@ -131,7 +131,12 @@ ModelConfig ShapeFlags::resolve() {
   cfg.expert_weights = parse_expert_weights(expert_weights);
   if (attention.find(',') != std::string::npos && !lists_attention)
     fail("--attention takes one of math, flash here, got '{}'; remat bench takes a list", attention);
-  validate(cfg);
+  validate(cfg);          // first: an unknown --arch is named as such
+  if (cfg.arch != "moe")  // else a user who asked for experts would get a model without them, silently
+    for (const char* flag : {"--experts", "--top-k", "--shared-ffn", "--capacity-factor", "--router", "--aux-loss",
+                             "--expert-weights", "--router-dtype", "--expert-imbalance"})
+      if (app->get_option_no_throw(flag) != nullptr && app->count(flag) > 0)
+        fail("{} is for a mixture of experts (--arch moe); a {} block has no experts: leave it out", flag, cfg.arch);
   return cfg;
 }
 
@@ -194,6 +199,18 @@ void progress(const std::string& line) {
 
 void end_progress() {
   if (isatty(fileno(stderr))) fmt::print(stderr, "\r\033[K");
+}
+
+std::vector<std::string> split_list(const std::string& text, const char* flag, const char* allowed) {
+  std::vector<std::string> items;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    items.push_back(text.substr(at, comma - at));
+    if (items.back().empty())
+      fail("{} '{}' has an empty item; write a comma-separated list of {}", flag, text, allowed);
+    at = comma + 1;
+  }
+  return items;
 }
 
 std::string duration(double s) {

@@ -60,17 +60,6 @@ struct ShapeFlags {
   int64_t global_batch() const;
 };
 
-// A seed: a non-negative integer (CLI11 would wrap -1 into an unsigned value).
-inline CLI::Validator seed_check() {
-  return CLI::Validator(
-      [](std::string& v) {
-        return v.find_first_not_of("0123456789") == std::string::npos
-                   ? std::string()
-                   : "must be a non-negative integer, got '" + v + "'";
-      },
-      "SEED");
-}
-
 // --gemm, one for every command: "auto" (each class of the engine's products on the GEMM measured
 // fastest here, once a command knows its threads: settle_gemm), "onednn", "blas", or a record
 // gemm_record() gave. Sets it for the process; throws remat::Error listing what is allowed.
@@ -87,6 +76,10 @@ std::string describe(const GemmMeasurement& m);
 // Progress on stderr: one rewritten line on a terminal, plain lines otherwise.
 void progress(const std::string& line);
 void end_progress();
+
+// "a,b" -> {"a", "b"}; throws remat::Error naming `flag` and the `allowed` items when an item is
+// empty ("a,", ",b", "a,,b").
+std::vector<std::string> split_list(const std::string& text, const char* flag, const char* allowed);
 
 // "3m05s" or "42s".
 std::string duration(double seconds);

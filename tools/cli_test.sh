@@ -96,6 +96,10 @@ grep -q "flash attention: 'attn' left out" "$tmp/out" || { echo "FAIL: attn unde
 grep -q '"fits": true' "$tmp/plan.json" || { echo "FAIL: plan JSON"; cat "$tmp/plan.json"; failures=$((failures + 1)); }
 grep -q "policy: " "$tmp/plan.out" || { echo "FAIL: plan prints no policy"; failures=$((failures + 1)); }
 
+# Integers are decimal: a leading zero is not octal (CLI11 alone reads "010" as 8).
+"$remat" plan --layers 010 --dim 16 --heads 4 --seq 8 --batch 2 --budget 90% --costs estimated >"$tmp/dec.out" 2>&1
+grep -q "L=10 " "$tmp/dec.out" || { echo "FAIL: --layers 010 is not 10: $(head -1 "$tmp/dec.out")"; failures=$((failures + 1)); }
+
 # --attention flash plans a fused kernel: none keeps fewer bytes than with math attention's T x T tensors.
 none_saved() {
   "$remat" plan --arch gpt2 --layers 2 --dim 16 --heads 4 --seq 64 --batch 2 --budget 90% --costs estimated \

@@ -19,7 +19,7 @@ namespace {
 struct BenchFlags {
   ShapeFlags shape;
   std::string policies = "none,full,every:2,every:3";
-  std::vector<std::string> engines;  // empty: default_engines(arch)
+  std::vector<std::string> engines;  // lists, one per --engine given; none: default_engines(arch)
   int steps = 5, warmup = 2;
   std::string threads, json, csv, markdown;
   std::vector<std::string> charts;
@@ -32,15 +32,15 @@ struct BenchFlags {
 void check(BenchFlags& f) {
   BenchOptions o;
   o.model = f.shape.resolve();
-  for (size_t at = 0; at <= f.shape.attention.size();) {
-    const size_t comma = std::min(f.shape.attention.find(',', at), f.shape.attention.size());
-    o.attentions.push_back(parse_attention(f.shape.attention.substr(at, comma - at)));
-    at = comma + 1;
-  }
+  for (const std::string& a : split_list(f.shape.attention, "--attention", "math, flash"))
+    o.attentions.push_back(parse_attention(a));
   o.policies = split_policy_list(f.policies);
   o.engines = default_engines(o.model.arch);
-  if (!f.engines.empty()) o.engines.clear();
-  for (const std::string& e : f.engines) o.engines.push_back(parse_engine(e));
+  if (!f.engines.empty()) {
+    o.engines.clear();
+    for (const std::string& list : f.engines)
+      for (const std::string& e : split_list(list, "--engine", "module, ops")) o.engines.push_back(parse_engine(e));
+  }
   o.verify = f.verify;
   o.profile = f.profile;
   o.frontier = f.frontier;
@@ -127,12 +127,11 @@ Command add_bench(CLI::App& parent) {
       ->capture_default_str();
   a->add_option("--engine", f->engines,
                 "module (torch::nn + remat::checkpoint) and/or ops (remat::GPT); default: both for seed, ops otherwise")
-      ->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   a->add_option("--steps", f->steps, "timed steps per policy")->capture_default_str();
   a->add_option("--warmup", f->warmup, "untimed steps before them")->capture_default_str();
   a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (default: 1/cores, measured fastest)");
-  a->add_option("--seed", f->seed, "weights and data")->check(seed_check())->capture_default_str();
+  a->add_option("--seed", f->seed, "weights and data")->capture_default_str();
   a->add_flag("--verify", f->verify, "ops engine: check every recomputed tensor bitwise against the forward's");
   a->add_flag("--profile", f->profile, "ops engine: print per-op forward, recompute and backward times");
   a->add_flag("--frontier", f->frontier, "ops engine: draw the planner's predicted frontier on the chart");

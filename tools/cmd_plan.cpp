@@ -150,6 +150,10 @@ int run_single(PlanFlags& f) {
         "--gpus N --device D");
   const Budget budget = parse_budget(f.budget);
   const CostSource source = parse_cost_source(f.costs);
+  FileRoles files;
+  files.input("--model-config", f.shape.model_config);
+  files.output("--json", f.json);
+  files.check();
   if (!f.json.empty()) check_writable(f.json);
   const ModelSpec spec = make_model(cfg);
   const LayerPolicy pins = f.pins.empty() ? keep_everything(spec.block) : Policy::parse_pins(f.pins, spec.block);
@@ -363,6 +367,12 @@ void check_layout_flags(const PlanFlags& f) {
   if (f.device.empty())
     fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file",
          fmt::join(device_names(), ", "));
+  for (const char* flag : {"--costs", "--pins", "--threads"})
+    if (f.app->count(flag) > 0)
+      fail(
+          "{} is for a one-process plan (no --device, --gpus or other layout flag); a multi-GPU plan takes no {}: "
+          "leave it out",
+          flag, flag);
   if (f.app->count("--budget") > 0 && f.app->count("--reserve") > 0)
     fail("--budget and --reserve both set the memory a GPU may use; give one");
   if (f.grad_dtype != "fp32" && f.grad_dtype != "bf16" && f.grad_dtype != "fp16")
@@ -382,6 +392,7 @@ void check_layout_flags(const PlanFlags& f) {
         "--first-stage-layers and --last-stage-layers split a pipeline together: give both (the middle stages "
         "share the other layers evenly)");
   FileRoles files;
+  files.input("--model-config", f.shape.model_config);
   if (is_device_file(f.device)) files.input("--device", f.device);
   files.output("--json", f.json);
   files.check();
@@ -398,7 +409,10 @@ void check_layout_flags(const PlanFlags& f) {
 // A size flag, positive, in bytes; `none` when not given. example: "such as 2GiB".
 int64_t size_flag(const std::string& text, const char* flag, const char* example, int64_t none) {
   if (text.empty()) return none;
-  const Budget b = parse_budget(text);
+  Budget b;
+  try {
+    b = parse_budget(text);
+  } catch (const Error&) {}  // named below: parse_budget's message speaks of a budget, and offers a share
   if (b.bytes <= 0) fail("{} takes a size {}, got '{}'", flag, example, text);
   return b.bytes;
 }

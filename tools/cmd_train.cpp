@@ -86,15 +86,21 @@ void check(TrainFlags& f) {
     if (f.rank < 0 || f.world < 1 || f.master.empty())
       fail("--rank, --world-size and --master ADDR:PORT go together; got --rank {} --world-size {} --master '{}'",
            f.rank, f.world, f.master);
+    if (f.nproc > 1)
+      fail("--nproc {} starts its own ranks, and --rank makes this process one rank of a run: give one or the other",
+           f.nproc);
+    if (f.rank >= f.world) fail("--rank {} must be in 0..{} for --world-size {}", f.rank, f.world - 1, f.world);
     f.o.dist.rank = f.rank;
     f.o.dist.world = f.world;
     const size_t colon = f.master.rfind(':');
     if (colon == std::string::npos || colon == 0)
       fail("--master '{}' must be ADDR:PORT, e.g. 10.0.0.1:29500", f.master);
     f.o.dist.master_addr = f.master.substr(0, colon);
-    char* end = nullptr;
-    const long port = std::strtol(f.master.c_str() + colon + 1, &end, 10);
-    if (*end != '\0' || port <= 0 || port > 65535) fail("--master '{}': the port must be in 1..65535", f.master);
+    const std::string digits = f.master.substr(colon + 1);
+    const long port = digits.empty() || digits.size() > 5 || digits.find_first_not_of("0123456789") != std::string::npos
+                          ? 0
+                          : std::stol(digits);
+    if (port <= 0 || port > 65535) fail("--master '{}': the port must be in 1..65535", f.master);
     f.o.dist.master_port = static_cast<int>(port);
   }
   if (f.timeout_s <= 0) fail("--dist-timeout must be a positive number of seconds, got {}", f.timeout_s);
@@ -261,7 +267,7 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--clip", o.clip, "global gradient-norm clip; 0 = off")->capture_default_str();
   a->add_option("--eval-every", o.eval_every, "validation every N steps; 0 = at the end")->capture_default_str();
   a->add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
-  a->add_option("--seed", o.seed, "weights, batches, dropout")->check(seed_check())->capture_default_str();
+  a->add_option("--seed", o.seed, "weights, batches, dropout")->capture_default_str();
   a->add_option("--save", o.save_dir, "write the train state to this folder");
   a->add_option("--save-every", o.save_every, "steps between saves; 0 = at the end")->capture_default_str();
   a->add_option("--resume", f->resume, "continue the run saved in this folder");
@@ -291,7 +297,7 @@ Command add_sample(CLI::App& parent) {
   a->add_option("--tokens", f->o.tokens, "bytes to generate")->capture_default_str();
   a->add_option("--temperature", f->o.temperature, "at least 1e-6; lower is more conservative")->capture_default_str();
   a->add_option("--top-k", f->o.top_k, "sample from the k likeliest bytes; 0 = all")->capture_default_str();
-  a->add_option("--seed", f->o.seed, "sampling seed")->check(seed_check())->capture_default_str();
+  a->add_option("--seed", f->o.seed, "sampling seed")->capture_default_str();
   f->o.progress = [](int64_t done, int64_t total) { progress(fmt::format("sampling: {} of {} bytes", done, total)); };
   return {a, [f] { check_sample_options(f->o); },
           [f] {

@@ -29,14 +29,20 @@ namespace {
 // set it with a flag.
 std::string as_flags(const std::string& message) {
   static const std::regex field(
-      R"(\b(ModelConfig|BenchOptions|TrainOptions|SampleOptions|Layout|SearchSpace|PlanOptions)\.([a-z_]+))");
+      R"(\b(ModelConfig|BenchOptions|TrainOptions|SampleOptions|Layout|SearchSpace|PlanOptions|DistConfig)\.([a-z_]+))");
   static const std::vector<std::pair<std::string, std::string>> renamed = {{"engines", "engine"},
+                                                                           {"attentions", "attention"},
                                                                            {"save_dir", "save"},
                                                                            {"val_fraction", "val-fraction"},
                                                                            {"grad_bytes", "grad-dtype"},
                                                                            {"first_layers", "first-stage-layers"},
                                                                            {"last_layers", "last-stage-layers"},
-                                                                           {"head_size", "head-dim"}};
+                                                                           {"head_size", "head-dim"},
+                                                                           {"fused_qkv", "qkv"},
+                                                                           {"world", "world-size"},
+                                                                           {"timeout", "dist-timeout"},
+                                                                           {"master_port", "master"},
+                                                                           {"master_addr", "master"}};
   std::string out;
   auto it = std::sregex_iterator(message.begin(), message.end(), field);
   size_t last = 0;
@@ -84,16 +90,30 @@ int stdout_written(int code) {
   return code == 0 ? 1 : code;
 }
 
-// CLI11 reads an integer beyond int64's range as INT64_MAX, and the error then names that number:
-// refuse the text the user gave, as given.
-CLI::Validator fits_in_int64() {
+// An integer option's text as the decimal the user meant, before CLI11 converts it: CLI11 reads
+// "010" as octal, "0x10" as hex, and one beyond the type's range as its largest value, which an
+// error would then name. Leading zeros are dropped ("010" is ten); anything but [+-]digits, or a
+// value out of range, is refused as given.
+CLI::Validator decimal_integer(bool is_unsigned) {
   return CLI::Validator(
-      [](std::string& v) {
-        int64_t x = 0;
-        const char* end = v.data() + v.size();
-        const auto [at, ec] = std::from_chars(v.data() + (!v.empty() && v[0] == '+'), end, x);
-        if (ec == std::errc::result_out_of_range) return "'" + v + "' is out of range (a 64-bit integer)";
-        return std::string();  // anything else: CLI11's own conversion decides
+      [is_unsigned](std::string& v) {
+        const size_t sign = !v.empty() && (v[0] == '+' || v[0] == '-');
+        if (v.size() == sign || v.find_first_not_of("0123456789", sign) != std::string::npos)
+          return "'" + v + "' is not a decimal integer";
+        const std::string given = v;
+        const size_t first = std::min(v.find_first_not_of('0', sign), v.size() - 1);
+        v = (v[0] == '-' && v[first] != '0' ? "-" : "") + v.substr(first);  // "-0" is 0
+        bool fits = false;
+        if (is_unsigned) {
+          uint64_t x = 0;
+          fits = v[0] != '-' && std::from_chars(v.data(), v.data() + v.size(), x).ec == std::errc();
+        } else {
+          int64_t x = 0;
+          fits = std::from_chars(v.data(), v.data() + v.size(), x).ec == std::errc();
+        }
+        if (!fits)
+          return "'" + given + "' is out of range (" + (is_unsigned ? "a non-negative" : "a") + " 64-bit integer)";
+        return std::string();  // CLI11's own conversion then checks the option's type
       },
       "");
 }
@@ -163,11 +183,12 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   return again(target.c_str(), note);
 }
 
-// Every command's integer options checked to fit int64, and the flags all commands that run
+// Every command's integer options read as decimal, and the flags all commands that run
 // products share.
 void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, std::string& gemm) {
   for (CLI::Option* o : c.app->get_options())
-    if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->check(fits_in_int64());
+    if (const std::string t = o->get_type_name(); t.rfind("INT", 0) == 0 || t.rfind("UINT", 0) == 0)
+      o->transform(decimal_integer(t[0] == 'U'));
   if (!c.runs_products) return;
   c.app->add_option("--blas-kernel", blas_kernel,
                     "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "

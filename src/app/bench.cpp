@@ -63,7 +63,7 @@ class ModuleSubject final : public Subject {
     target_ = at::randn({cfg.seq, cfg.batch, cfg.dim});
   }
   // Reduction::None then mean(): LibTorch 1.13's Mean reduction returns a view that keeps the whole
-  // unreduced (T, B, C) buffer alive until backward (see ops::mse_forward).
+  // unreduced (T, B, C) buffer alive until backward (see the mse_loss op).
   at::Tensor loss() override { return at::mse_loss(model_->forward(x_), target_, at::Reduction::None).mean(); }
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
 
@@ -210,6 +210,13 @@ void check_bench_options(const BenchOptions& o) {
     for (size_t j = 0; j < i; ++j)
       if (o.policies[i] == o.policies[j]) fail("BenchOptions.policies lists '{}' twice", o.policies[i]);
   if (o.engines.empty()) fail("BenchOptions.engines is empty; allowed: module, ops");
+  for (size_t i = 0; i < o.engines.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (o.engines[i] == o.engines[j]) fail("BenchOptions.engines lists '{}' twice", to_string(o.engines[i]));
+  for (size_t i = 0; i < o.attentions.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (o.attentions[i] == o.attentions[j])
+        fail("BenchOptions.attentions lists '{}' twice", to_string(o.attentions[i]));
   const bool has_ops = runs_engine(o, Engine::Ops), has_module = runs_engine(o, Engine::Module);
   const std::vector<AttentionImpl> attentions = bench_attentions(o);
   if (has_module && (attentions.size() > 1 || attentions[0] != AttentionImpl::Math))

@@ -1,6 +1,12 @@
 // seed: the seed note's block. x + attn(x), then + ffn(.) with a Linear/ReLU/Linear FFN; no norm,
 // no mask, no dropout. The data (B, T, C) floats is the first block's input; the loss is MSE to a
 // target of the same shape, as the note's training function.
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
 #include "blocks/kinds.h"
 #include "blocks/parts.h"
 #include "remat/error.h"
@@ -39,12 +45,24 @@ void check(const ModelConfig& c) {
   if (c.attention != AttentionImpl::Math)
     fail("ModelConfig.attention flash is for causal blocks (gpt2, llama); the seed block attends to all positions");
   if (c.tp > 1) fail("ModelConfig.tp {}: seed blocks have no tensor-parallel split; use arch gpt2 or llama", c.tp);
-  if (c.norm != Norm::Default || c.positions != Positions::Default || c.mlp != Mlp::Default ||
-      c.bias != Switch::Default || c.qkv_bias || c.tied != Switch::Default || c.fused_qkv != Switch::Default ||
-      c.loss != Loss::Default || c.rotary_fraction != 1.0 || c.parallel_residual || c.qk_norm)
-    fail(
-        "ModelConfig.norm, positions, mlp, bias, tied, fused_qkv and loss shape the token kinds (gpt2, llama); the "
-        "seed block has none of them");
+  // Each decoder choice the config sets: a field the CLI shows as its flag, or (only a
+  // --model-config or --model sets them) a feature by name.
+  std::string set;
+  for (const auto& [given, what] :
+       std::initializer_list<std::pair<bool, const char*>>{{c.norm != Norm::Default, "ModelConfig.norm"},
+                                                           {c.positions != Positions::Default, "ModelConfig.positions"},
+                                                           {c.mlp != Mlp::Default, "ModelConfig.mlp"},
+                                                           {c.bias != Switch::Default, "ModelConfig.bias"},
+                                                           {c.qkv_bias, "ModelConfig.qkv_bias"},
+                                                           {c.tied != Switch::Default, "ModelConfig.tied"},
+                                                           {c.fused_qkv != Switch::Default, "ModelConfig.fused_qkv"},
+                                                           {c.loss != Loss::Default, "ModelConfig.loss"},
+                                                           {c.rotary_fraction != 1.0, "partial rotary"},
+                                                           {c.parallel_residual, "a parallel residual"},
+                                                           {c.qk_norm, "q/k norms"}})
+    if (given) set += fmt::format("{}{}", set.empty() ? "" : ", ", what);
+  if (!set.empty())
+    fail("the seed block takes no decoder choice (those are for gpt2 and llama); this model sets {}", set);
 }
 
 }  // namespace

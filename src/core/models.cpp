@@ -260,10 +260,14 @@ ModelConfig read_model_config(const std::string& path) {
     fail("--model-config '{}' is not JSON: {}", path, e.what());
   }
   if (!j.is_object()) fail("--model-config '{}' must hold one JSON object (a Hugging Face config.json)", path);
-  const std::string arch =
-      j.contains("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty()
-          ? j.at("architectures")[0].get<std::string>()
-          : field<std::string>(j, "model_type", "");
+  std::string arch;
+  try {
+    arch = j.contains("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty()
+               ? j.at("architectures")[0].get<std::string>()
+               : field<std::string>(j, "model_type", "");
+  } catch (const nlohmann::json::exception& e) {
+    fail("--model-config '{}': \"architectures\" and \"model_type\" hold strings ({})", path, e.what());
+  }
   ConfigReader r(j, path, arch);
   try {
     read_architecture(r, path, arch);

@@ -2,10 +2,10 @@
 // other as custom:... or a JSON file.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -101,10 +101,15 @@ void check(const Device& d, std::string_view whole) {
 }
 
 Device custom(std::string_view text) {
-  std::vector<std::string> parts;
-  std::stringstream ss{std::string(text.substr(7))};
-  for (std::string p; std::getline(ss, p, ',');) parts.push_back(p);
-  if (parts.size() < 3 || parts.size() > 6)
+  std::vector<std::string> parts;  // every field, an empty one too ("custom:80GiB,900,3000,")
+  const std::string fields(text.substr(7));
+  for (size_t at = 0; at <= fields.size();) {
+    const size_t comma = std::min(fields.find(',', at), fields.size());
+    parts.push_back(fields.substr(at, comma - at));
+    at = comma + 1;
+  }
+  const bool empty_field = std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); });
+  if (parts.size() < 3 || parts.size() > 6 || empty_field)
     fail(
         "bad --device '{}'; write custom:MEM,TFLOPS,GBPS[,INTRA_GBPS[,INTER_GBPS[,GPUS_PER_NODE]]], e.g. "
         "custom:96GiB,700,3000,400,50,8",

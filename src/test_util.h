@@ -9,9 +9,23 @@
 #include <gtest/gtest.h>
 
 #include "remat/config.h"
+#include "remat/error.h"
 #include "remat/policy.h"
 
 namespace remat::testing {
+
+// The message of the remat::Error that `f` throws, or "" when it does not throw; the error must be
+// a usage error (bad input), not an internal one.
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Usage) << e.what();
+    return e.what();
+  }
+  return "";
+}
 
 // A model of `arch` that runs in milliseconds: 4 layers, width 16, 4 heads, batch 2, sequence 8,
 // vocabulary 11, causal attention in two row blocks of 4 (the packed layout end to end).

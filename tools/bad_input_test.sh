@@ -187,6 +187,7 @@ bad "--device file 'device-float.json': \"memory\" must be a whole number, got 1
 bad "--device file 'device-half.json': \"gpus_per_node\" must be a whole number, got 2.5" plan --model gpt3-175b --gpus 64 --device device-half.json
 bad "GPUS_PER_NODE must be a whole number in 1..1048576, got '1e30'" plan --model gpt3-175b --gpus 64 --device custom:80GiB,900,3000,400,50,1e30
 bad "GPUS_PER_NODE must be a whole number in 1..1048576, got '2.5'" plan --model gpt3-175b --gpus 64 --device custom:80GiB,900,3000,400,50,2.5
+bad "bf16_tflops must be at most 1e+06 (a thousand times any GPU's), got 1e+308" plan --model gpt3-175b --gpus 64 --device custom:80GiB,1e308,3000
 bad "--device file 'device-syntax.json' is not JSON" plan --model gpt3-175b --gpus 64 --device device-syntax.json
 bad "--device is required to plan a multi-GPU run" plan --model gpt3-175b --gpus 64
 bad "--tp 3 x --pp 2 x --dp 2 is 12 GPUs, not --gpus 8" plan --model gpt3-175b --gpus 8 --tp 3 --pp 2 --dp 2 --device h100-80gb

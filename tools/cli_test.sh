@@ -65,19 +65,26 @@ OPENBLAS_CORETYPE=Nehalem kernel_line --blas-kernel $other | grep -q "Nehalem .*
 # Commands that run no BLAS product load LibTorch once: --help, and plan with the engine on oneDNN
 # (OpenBLAS prints "Core: NAME" each time it loads, under OPENBLAS_VERBOSE=2). A forced kernel
 # makes bench load it twice, so the count can tell.
-loads() { OPENBLAS_VERBOSE=2 "$remat" "$@" 2>&1 >/dev/null | grep -c '^Core: '; }
-bench_loads=$(loads bench "${tiny[@]}" --policies none --engine ops --blas-kernel $other)
-help_loads=$(loads --help)
-plan_loads=$(loads plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel $other)
-[ "$bench_loads" -eq 2 ] && [ "$help_loads" -eq 1 ] && [ "$plan_loads" -eq 1 ] ||
+# loads WANT_RC ARGS...: the loads, or "exit N" when remat exits otherwise than WANT_RC.
+loads() {
+  local want=$1 out rc
+  shift
+  out=$(OPENBLAS_VERBOSE=2 "$remat" "$@" 2>&1 >/dev/null)
+  rc=$?
+  if [ "$rc" -ne "$want" ]; then echo "exit $rc"; else grep -c '^Core: ' <<<"$out"; fi
+}
+bench_loads=$(loads 0 bench "${tiny[@]}" --policies none --engine ops --blas-kernel $other)
+help_loads=$(loads 0 --help)
+plan_loads=$(loads 0 plan --layers 2 --dim 16 --heads 4 --seq 8 --budget 80% --blas-kernel $other)
+[ "$bench_loads" = 2 ] && [ "$help_loads" = 1 ] && [ "$plan_loads" = 1 ] ||
   { echo "FAIL: LibTorch loads: bench $bench_loads, --help $help_loads, plan $plan_loads"; failures=$((failures + 1)); }
 # Bad flags are refused before that second start: the options are checked first (Command::check).
 for bad in "bench ${tiny[*]} --policies none,bogus" "bench ${tiny[*]} --engine ops --steps 0" \
            "train --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 1 --lr -1" \
            "train --arch seed --steps 1" "sample --load $tmp/nowhere --top-k 999"; do
   # shellcheck disable=SC2086  # the row is words
-  n=$(loads $bad --blas-kernel $other)
-  [ "$n" -eq 1 ] || { echo "FAIL: remat $bad loaded LibTorch $n times before refusing"; failures=$((failures + 1)); }
+  n=$(loads 2 $bad --blas-kernel $other)
+  [ "$n" = 1 ] || { echo "FAIL: remat $bad loaded LibTorch $n times before refusing"; failures=$((failures + 1)); }
 done
 
 # The llama block runs on the engine, every recompute verified bitwise.

@@ -23,18 +23,22 @@ struct AdamOptions {
 
 class Adam {
  public:
-  // REQUIRES: every param is a float32 leaf tensor.
+  // Throws remat::Error unless every param is a contiguous float32 CPU tensor, lr and
+  // weight_decay are finite and >= 0, the betas in [0, 1) and eps finite and > 0.
   Adam(std::vector<at::Tensor> params, const AdamOptions& options);
 
-  // One update of every parameter whose grad is defined.
+  // One update of every parameter whose grad is defined (float32, the parameter's element count).
   void step();
   // Sets every grad to undefined, freeing it (PyTorch's set_to_none=True).
   void zero_grad();
 
+  // The learning rate the next step uses (a schedule sets it before each step).
   double lr() const { return options_.lr; }
   void set_lr(double lr) { options_.lr = lr; }
+  // Steps taken: the bias corrections' t (a resumed run sets it from its state).
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
+  // The parameters it updates, in the order given.
   const std::vector<at::Tensor>& params() const { return params_; }
   // First and second moments, one pair per parameter (for checkpoints).
   std::vector<at::Tensor>& exp_avg() { return m_; }
@@ -54,18 +58,21 @@ class Adam {
 // matrices, none on biases and norms). The update of an element is Adam::step's, bit for bit.
 class ShardedAdam {
  public:
-  // REQUIRES: every param is a contiguous float32 tensor; decays.size() == params.size();
-  // 0 <= first <= last <= total elements.
+  // Throws remat::Error unless every param is a contiguous float32 CPU tensor, decays.size() ==
+  // params.size(), 0 <= first <= last <= total elements, and the options are as Adam takes them.
   ShardedAdam(std::vector<at::Tensor> params, std::vector<bool> decays, const AdamOptions& options, int64_t first,
               int64_t last);
 
-  // One update of the owned elements, from `grads` (one per parameter, shaped like it).
+  // One update of the owned elements, from `grads` (one per parameter, float32 with its element
+  // count; throws remat::Error otherwise).
   void step(const std::vector<at::Tensor>& grads);
 
+  // As Adam's: the learning rate of the next step, and the steps taken.
   double lr() const { return options_.lr; }
   void set_lr(double lr) { options_.lr = lr; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
+  // The owned range [first, last) of the flat elements.
   int64_t first() const { return first_; }
   int64_t last() const { return last_; }
   // The first and second moments of the owned elements, flat ((last - first) elements each).
@@ -74,7 +81,7 @@ class ShardedAdam {
 
   // Where the owned elements fall: per parameter, the [begin, end) of its flattened elements.
   struct Slice {
-    int param;
+    int param;           // index into the parameters given
     int64_t begin, end;  // within the parameter
     int64_t flat;        // flat index of `begin`
   };

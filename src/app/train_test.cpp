@@ -68,7 +68,7 @@ std::vector<double> losses(const TrainResult& r) {
   return v;
 }
 
-TEST(Train, LossTrajectoryIsBitwiseTheSameUnderEveryPolicy) {
+TEST(Train, LossTrajectoryIsBitwiseTheSameUnderRecompute) {
   const std::string dir = temp_dir("policies");
   const std::string data = corpus_file(dir);
   TrainOptions o = tiny(data);
@@ -85,7 +85,7 @@ TEST(Train, LossTrajectoryIsBitwiseTheSameUnderEveryPolicy) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(Train, LlamaTrainsTheSameUnderEveryPolicy) {
+TEST(Train, LlamaTrainsTheSameUnderRecompute) {
   const std::string dir = temp_dir("llama");
   TrainOptions o = tiny(corpus_file(dir));
   o.model.arch = "llama";
@@ -111,7 +111,7 @@ TrainOptions tiny_moe(const std::string& data) {
 }
 
 // The mixture of experts: routing recomputed under every policy gives the weights of none.
-TEST(Train, MoeTrainsTheSameUnderEveryPolicy) {
+TEST(Train, MoeTrainsTheSameUnderRecompute) {
   const std::string dir = temp_dir("moe");
   TrainOptions o = tiny_moe(corpus_file(dir));
   const TrainResult none = train(o);

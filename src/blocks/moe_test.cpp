@@ -178,7 +178,7 @@ TEST(Moe, DeterministicUnpermuteKeepsTheExpertsOutputs) {
 
 // Equal scores go to the lower experts, so a recompute of the same logits routes the same way:
 // with a zero router every token's scores tie, and every policy still gives none's bits.
-TEST(Moe, TiedScoresGoToTheLowerExpertsInEveryRecompute) {
+TEST(Moe, TiedScoresGoToTheLowerExpertsInARecompute) {
   const ModelConfig c = tiny("moe", 0.1);
   auto grads = [&](const std::string& policy) {
     at::manual_seed(1);

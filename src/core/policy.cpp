@@ -379,6 +379,8 @@ LayerPolicy keep_nothing(const BlockSpec& spec) {
 ResolvedPolicy Policy::resolve(const BlockSpec& spec, int64_t layers) const {
   if (form_ == Form::Budget)
     fail("policy '{}' needs the planner to resolve (remat::resolve_policy in resolve.h)", text_);
+  if (text_.empty()) fail("this Policy holds no policy (it was default-constructed); make one with Policy::parse");
+  if (layers < 1) fail("policy '{}' resolved for {} layers; a model has at least 1", text_, layers);
   ResolvedPolicy r;
   const LayerPolicy none = keep_everything(spec);
   r.layers.assign(static_cast<size_t>(layers), none);
@@ -456,6 +458,7 @@ std::vector<std::string> split_policy_list(std::string_view list) {
 }
 
 std::string layers_policy_text(const std::vector<std::pair<int64_t, std::string>>& layers) {
+  if (layers.empty()) fail("layers_policy_text: no layers; give one (layer, policy) pair per layer");
   bool uniform = true;
   for (const auto& [l, t] : layers) uniform = uniform && t == layers.front().second;
   if (uniform) return layers.front().second;

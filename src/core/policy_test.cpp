@@ -20,17 +20,7 @@ std::vector<std::string> dropped(const std::string& text, const BlockSpec& b = g
   return out;
 }
 
-// The message of the remat::Error that `f` throws, or "" when it does not throw.
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), Error::Kind::Usage);
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 std::string parse_error(const std::string& text) {
   return error_of([&] { Policy::parse(text); });
@@ -43,6 +33,14 @@ std::string resolve_error(const std::string& text, const BlockSpec& b = gpt2()) 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 using Names = std::vector<std::string>;
+
+// resolve() sizes its answer by `layers`: a default Policy or no layers is refused, not indexed.
+TEST(Policy, ResolveRefusesAnEmptyPolicyAndNoLayers) {
+  EXPECT_TRUE(contains(error_of([] { Policy().resolve(seed(), 4); }), "holds no policy"));
+  EXPECT_TRUE(
+      contains(error_of([] { Policy::parse("full").resolve(seed(), 0); }), "policy 'full' resolved for 0 layers"));
+  EXPECT_EQ(error_of([] { Policy::parse("full").resolve(seed(), 1); }), "");
+}
 
 TEST(Policy, NoneKeepsEverything) { EXPECT_EQ(dropped("none"), Names{}); }
 

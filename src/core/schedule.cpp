@@ -279,7 +279,10 @@ class GradPlanner {
 Schedule compile_schedule(const BlockSpec& spec, const LayerPolicy& policy, std::vector<bool> need) {
   const int n_tensors = static_cast<int>(spec.tensors.size());
   if (static_cast<int>(policy.tensors.size()) != n_tensors)
-    REMAT_INTERNAL("policy has {} entries for a {}-tensor '{}' block", policy.tensors.size(), n_tensors, spec.kind);
+    fail(
+        "a layer policy of {} tensor choices for the '{}' block's {}; resolve the policy for this block "
+        "(Policy::resolve)",
+        policy.tensors.size(), spec.kind, n_tensors);
   if (need.empty())
     for (int in : spec.inputs) need.push_back(is_float(spec.tensors[in].dtype));
   if (need.size() != spec.inputs.size())

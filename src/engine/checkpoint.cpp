@@ -178,6 +178,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, at::TensorList inputs, at::TensorList params,
                                    const CheckpointOptions& options) {
   if (!fn) fail("remat::checkpoint: fn is empty; pass a callable");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined()) fail("remat::checkpoint: input {} is an undefined tensor; pass defined tensors", i);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!params[i].defined()) fail("remat::checkpoint: parameter {} is an undefined tensor; pass defined tensors", i);
   auto closure = c10::make_intrusive<Closure>();
   closure->fn = fn;
   closure->options = options;
@@ -196,6 +200,8 @@ at::Tensor checkpoint_sequential(const std::vector<Layer>& layers, int64_t segme
   const int64_t n = static_cast<int64_t>(layers.size());
   if (segments < 1 || segments > n)
     fail("checkpoint_sequential: segments={} must be in 1..{} (the number of layers)", segments, n);
+  for (int64_t i = 0; i < n; ++i)
+    if (!layers[i].fn) fail("checkpoint_sequential: layer {}'s fn is empty; give every layer a callable", i);
   const int64_t size = n / segments;
   at::Tensor h = x;
   int64_t start = 0;

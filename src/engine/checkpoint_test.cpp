@@ -8,6 +8,7 @@
 
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "test_util.h"
 
 namespace remat {
 namespace {
@@ -54,10 +55,16 @@ void expect_bitwise_equal(const Grads& a, const Grads& b) {
   for (size_t i = 0; i < a.g.size(); ++i) {
     ASSERT_TRUE(a.g[i].defined()) << "plain grad " << i << " missing";
     ASSERT_TRUE(b.g[i].defined()) << "checkpointed grad " << i << " missing";
-    EXPECT_TRUE(at::equal(a.g[i], b.g[i]))
-        << "grad " << i << " differs by " << (a.g[i] - b.g[i]).abs().max().item<double>();
+    EXPECT_TRUE(testing::bitwise_equal(a.g[i], b.g[i])) << "grad " << i;
   }
   EXPECT_TRUE(at::equal(a.next_random, b.next_random)) << "outer RNG stream moved";
+}
+
+TEST(Checkpoint, RefusesAnUndefinedInput) {
+  const auto twice = [](const at::Tensor& x) { return x * 2; };
+  EXPECT_NE(testing::error_of([&] { checkpoint(twice, at::Tensor(), {}); }).find("input 0 is an undefined tensor"),
+            std::string::npos);
+  EXPECT_EQ(testing::error_of([&] { checkpoint(twice, at::ones({2}), {}); }), "");
 }
 
 TEST(Checkpoint, GradientsBitwiseEqualWhenInputRequiresGrad) {
@@ -147,7 +154,7 @@ TEST(Checkpoint, MultipleOutputsWithOneUnused) {
   const at::Tensor g = mlp.w2.grad().clone();
   mlp.w2.mutable_grad() = at::Tensor();
   (mlp(x, 0.0) * 2).sum().backward();
-  EXPECT_TRUE(at::equal(g, mlp.w2.grad()));
+  EXPECT_TRUE(testing::bitwise_equal(g, mlp.w2.grad()));
 }
 
 TEST(Checkpoint, SequentialEqualsThePlainStack) {
@@ -167,7 +174,7 @@ TEST(Checkpoint, SequentialEqualsThePlainStack) {
   h.sum().backward();
   size_t i = 0;
   for (const Mlp& m : mlps)
-    for (const at::Tensor& p : m.params()) EXPECT_TRUE(at::equal(ckpt[i++], p.grad()));
+    for (const at::Tensor& p : m.params()) EXPECT_TRUE(testing::bitwise_equal(ckpt[i++], p.grad()));
 }
 
 TEST(Checkpoint, SequentialRejectsBadSegmentCounts) {
@@ -189,7 +196,7 @@ TEST(Checkpoint, Nests) {
   const at::Tensor g = inner.w1.grad().clone();
   inner.w1.mutable_grad() = at::Tensor();
   outer(at::tanh(inner(x, 0.0)), 0.0).sum().backward();
-  EXPECT_TRUE(at::equal(g, inner.w1.grad()));
+  EXPECT_TRUE(testing::bitwise_equal(g, inner.w1.grad()));
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <chrono>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/op_env.h"
 #include "remat/error.h"
@@ -58,11 +60,34 @@ std::shared_ptr<const Schedule> BlockExecutor::schedule_for(const std::vector<bo
   return other_;
 }
 
+namespace {
+
+// `t`, given for `name`, has the table's shape, and its dtype's kind: any floating dtype for a
+// floating one (the ops run in float64 too, for references), the very dtype otherwise (token ids).
+void check_tensor(const BlockSpec& spec, const at::Tensor& t, const std::string& name,
+                  const std::vector<int64_t>& shape, DType dtype) {
+  if (!t.defined()) fail("'{}' stage: {} is an undefined tensor; give a {} tensor", spec.kind, name, shape);
+  const at::ScalarType want = detail::scalar_type(dtype);
+  const bool dtype_ok = at::isFloatingType(want) ? at::isFloatingType(t.scalar_type()) : t.scalar_type() == want;
+  if (t.sizes() != at::IntArrayRef(shape) || !dtype_ok)
+    fail("'{}' stage: {} is {} {}; its table says {} {} (build the block for this shape)", spec.kind, name,
+         c10::toString(t.scalar_type()), t.sizes(), c10::toString(detail::scalar_type(dtype)), shape);
+}
+
+}  // namespace
+
 at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, BlockContext& ctx, int64_t layer,
                                   bool replay_seeds) const {
   if (inputs.size() != spec_.inputs.size() || params.size() != spec_.params.size())
-    REMAT_INTERNAL("'{}' stage takes {} inputs and {} params, got {} and {}", spec_.kind, spec_.inputs.size(),
-                   spec_.params.size(), inputs.size(), params.size());
+    fail("'{}' stage takes {} inputs and {} parameters, got {} and {}", spec_.kind, spec_.inputs.size(),
+         spec_.params.size(), inputs.size(), params.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorSpec& t = spec_.tensors[spec_.inputs[i]];
+    check_tensor(spec_, inputs[i], fmt::format("input '{}'", t.name), t.shape, t.dtype);
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    check_tensor(spec_, params[i], fmt::format("parameter '{}'", spec_.params[i].name), spec_.params[i].shape,
+                 spec_.dtype);
   const Schedule& s = *schedule_;
   ctx.tensors.assign(spec_.tensors.size(), at::Tensor());
   if (!replay_seeds)
@@ -102,6 +127,16 @@ at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, 
 
 BlockExecutor::Grads BlockExecutor::backward(const at::Tensor& dy, at::TensorList params, BlockContext& ctx,
                                              const std::vector<bool>& need_input_grad, int64_t layer) const {
+  if (ctx.tensors.size() != spec_.tensors.size())
+    fail(
+        "'{}' stage (layer {}) has no forward to take the backward of: its backward already ran (retain_graph is "
+        "not supported) or its forward did not; run the forward again",
+        spec_.kind, layer);
+  if (need_input_grad.size() != spec_.inputs.size() || params.size() != spec_.params.size())
+    fail("'{}' stage's backward takes {} input flags and {} parameters, got {} and {}", spec_.kind, spec_.inputs.size(),
+         spec_.params.size(), need_input_grad.size(), params.size());
+  const TensorSpec& out = spec_.tensors[spec_.output];
+  check_tensor(spec_, dy, fmt::format("the gradient of its output '{}'", out.name), out.shape, out.dtype);
   const std::shared_ptr<const Schedule> held = schedule_for(need_input_grad);
   const Schedule& s = *held;
   detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, options_.verify ? &ctx.reference : nullptr, params, layer,

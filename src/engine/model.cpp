@@ -136,7 +136,11 @@ std::vector<at::Tensor> GPTImpl::stage_params(const CompiledStage& stage) const 
   return ps;
 }
 
-std::vector<at::Tensor> GPTImpl::block_params(int64_t layer) const { return stage_params(plan_.block(layer)); }
+std::vector<at::Tensor> GPTImpl::block_params(int64_t layer) const {
+  if (layer < 0 || layer >= cfg_.layers)
+    fail("block_params: layer {} is not one of the model's 0..{}", layer, cfg_.layers - 1);
+  return stage_params(plan_.block(layer));
+}
 
 void GPTImpl::set_grad_sink(GradSink sink) {
   sink_ = sink ? std::make_shared<const GradSink>(std::move(sink)) : nullptr;
@@ -148,7 +152,21 @@ std::vector<bool> GPTImpl::decays() const {
   return d;
 }
 
+namespace {
+
+// Token ids index the embedding and the loss's rows unchecked: each must be in [0, vocab).
+void check_ids(const at::Tensor& ids, const char* what, int64_t vocab) {
+  if (!ids.defined() || ids.scalar_type() != at::kLong || ids.numel() == 0) return;  // the stage names a bad tensor
+  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= vocab)
+    fail("{} holds token id {}; ids must be in [0, {}) (ModelConfig.vocab {})", what, lo < 0 ? lo : hi, vocab, vocab);
+}
+
+}  // namespace
+
 at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
+  check_ids(input, "the input", cfg_.vocab);
+  check_ids(target, "the target", cfg_.vocab);
   const bool eval = !is_training();
   const CompiledStep& plan = eval ? eval_plan_ : plan_;
   const auto& execs = eval ? eval_execs_ : execs_;
@@ -180,6 +198,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
 
 at::Tensor GPTImpl::logits(const at::Tensor& tokens) {
   if (!logits_exec_) fail("logits() needs a token model (gpt2, llama); this one is {}", cfg_.arch);
+  check_ids(tokens, "the tokens", cfg_.vocab);
   at::NoGradGuard no_grad;
   at::Tensor x = tokens;
   for (size_t i = 0; i + 1 < eval_plan_.stages.size(); ++i)

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include <ATen/ATen.h>
@@ -140,7 +141,7 @@ TEST_P(EngineKinds, BackwardLeavesNothingBehind) {
   EXPECT_EQ(MemoryTracker::live(), before);
 }
 
-TEST_P(EngineKinds, VerifyPassesEveryCorrectRecompute) {
+TEST_P(EngineKinds, VerifyPassesCorrectRecomputes) {
   ExecOptions verify;
   verify.verify = true;
   EXPECT_NO_THROW(run(cfg(), "full", verify));
@@ -163,12 +164,31 @@ TEST_P(EngineKinds, GradientsDoNotDependOnTheThreadCount) {
 INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds, ::testing::ValuesIn(testing::engine_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// Token ids index the embedding and the chunked loss's rows unchecked: one past the vocabulary is
+// refused before any op runs.
+TEST(Engine, RefusesATokenIdOutsideTheVocabulary) {
+  ModelConfig c = tiny("gpt2");
+  c.loss = Loss::Chunked, c.loss_chunks = 2;
+  GPT model(c, Policy::parse("none"));
+  auto [input, target] = random_batch(c);
+  target.view(-1)[3] = c.vocab;
+  EXPECT_NE(testing::error_of([&] {
+              model->forward(input, target);
+            }).find(fmt::format("the target holds token id {}; ids must be in [0, {})", c.vocab, c.vocab)),
+            std::string::npos);
+  target.view(-1)[3] = c.vocab - 1;
+  EXPECT_EQ(testing::error_of([&] { model->forward(input, target); }), "");
+}
+
 // A recompute that differs by one ulp in one tensor of one layer is named, with its layer.
 TEST(Engine, VerifyNamesAWrongRecomputeAndItsLayer) {
   ExecOptions verify;
   verify.verify = true;
   verify.after_recompute = [](const TensorSpec& t, int64_t layer, at::Tensor& value) {
-    if (t.name == "probs" && layer == 2) value = value.clone().add_(1e-3);
+    if (t.name != "probs" || layer != 2) return;
+    value = value.clone();  // one element one ulp up: no tolerance would see it
+    float* v = value.data_ptr<float>();
+    v[1] = std::nextafter(v[1], 2.0f);
   };
   try {
     run(tiny("gpt2", 0.1), "attn", verify);

@@ -4,18 +4,45 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
+#include <fmt/ranges.h>
 
 #include "remat/error.h"
 #include "util/parallel.h"
 
 namespace remat {
 
+namespace {
+
+// The options, and each parameter a contiguous float32 CPU tensor (the update is a CPU loop).
+void check(const char* who, const AdamOptions& o, const std::vector<at::Tensor>& params) {
+  if (!(o.lr >= 0 && std::isfinite(o.lr))) fail("{}: lr must be finite and >= 0, got {}", who, o.lr);
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    fail("{}: beta1 and beta2 must be in [0, 1), got {} and {}", who, o.beta1, o.beta2);
+  if (!(o.eps > 0 && std::isfinite(o.eps))) fail("{}: eps must be finite and > 0, got {}", who, o.eps);
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
+    fail("{}: weight_decay must be finite and >= 0, got {}", who, o.weight_decay);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (!p.defined()) fail("{}: parameter {} is an undefined tensor", who, i);
+    if (p.scalar_type() != at::kFloat || !p.is_contiguous() || !p.device().is_cpu())
+      fail("{}: parameter {} is {} on {} (contiguous={}); it needs contiguous float32 on the CPU", who, i,
+           c10::toString(p.scalar_type()), p.device().str(), p.is_contiguous());
+  }
+}
+
+// A gradient for parameter i: float32 with the parameter's element count.
+void check_grad(const char* who, size_t i, const at::Tensor& g, int64_t numel) {
+  if (g.scalar_type() != at::kFloat || g.numel() != numel || !g.device().is_cpu())
+    fail("{}: the gradient of parameter {} is {} {} on {}; it needs float32 with {} elements on the CPU", who, i,
+         c10::toString(g.scalar_type()), g.sizes(), g.device().str(), numel);
+}
+
+}  // namespace
+
 Adam::Adam(std::vector<at::Tensor> params, const AdamOptions& options) : params_(std::move(params)), options_(options) {
+  check("remat::Adam", options_, params_);
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
-    if (p.scalar_type() != at::kFloat || !p.is_contiguous())
-      fail("remat::Adam: parameter {} is {} (contiguous={}); it needs contiguous float32", i,
-           c10::toString(p.scalar_type()), p.is_contiguous());
     m_.push_back(at::zeros_like(p));
     v_.push_back(at::zeros_like(p));
   }
@@ -71,6 +98,7 @@ void Adam::step() {
     at::Tensor& p = params_[i];
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
+    check_grad("remat::Adam", i, grad, p.numel());
     const at::Tensor g = grad.contiguous();
     at::NoGradGuard no_grad;
     detail::adam_update(s, p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(), v_[i].data_ptr<float>(),
@@ -82,24 +110,29 @@ ShardedAdam::ShardedAdam(std::vector<at::Tensor> params, std::vector<bool> decay
                          int64_t first, int64_t last)
     : params_(std::move(params)), decays_(std::move(decays)), options_(options), first_(first), last_(last) {
   if (decays_.size() != params_.size())
-    REMAT_INTERNAL("ShardedAdam has {} decay flags for {} parameters", decays_.size(), params_.size());
+    fail("remat::ShardedAdam: {} decay flags for {} parameters; give one per parameter", decays_.size(),
+         params_.size());
+  check("remat::ShardedAdam", options_, params_);
   int64_t flat = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
-    if (p.scalar_type() != at::kFloat || !p.is_contiguous())
-      fail("remat::ShardedAdam: parameter {} is {} (contiguous={}); it needs contiguous float32", i,
-           c10::toString(p.scalar_type()), p.is_contiguous());
     const int64_t begin = std::max(first, flat), end = std::min(last, flat + p.numel());
     if (begin < end) slices_.push_back({static_cast<int>(i), begin - flat, end - flat, begin});
     flat += p.numel();
   }
   if (first < 0 || first > last || last > flat)
-    REMAT_INTERNAL("ShardedAdam range [{}, {}) of {} elements", first, last, flat);
+    fail("remat::ShardedAdam: the range [{}, {}) must lie in the parameters' {} elements, first <= last", first, last,
+         flat);
   m_ = at::zeros({last - first});
   v_ = at::zeros({last - first});
 }
 
 void ShardedAdam::step(const std::vector<at::Tensor>& grads) {
+  if (grads.size() != params_.size())
+    fail("remat::ShardedAdam::step: {} gradients for {} parameters; give one per parameter", grads.size(),
+         params_.size());
+  for (const Slice& s : slices_)
+    check_grad("remat::ShardedAdam::step", s.param, grads[s.param], params_[s.param].numel());
   ++steps_;
   at::NoGradGuard no_grad;
   for (const Slice& s : slices_) {

@@ -12,8 +12,6 @@
 
 namespace remat::detail {
 
-namespace {
-
 at::ScalarType scalar_type(DType t) {
   switch (t) {
     case DType::F32:
@@ -29,6 +27,8 @@ at::ScalarType scalar_type(DType t) {
   }
   return at::kFloat;
 }
+
+namespace {
 
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;

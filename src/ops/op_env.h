@@ -26,6 +26,9 @@
 
 namespace remat::detail {
 
+// The ATen dtype of a table dtype.
+at::ScalarType scalar_type(DType t);
+
 class OpEnv {
  public:
   // `tensors` (by tensor id) and `seeds` (by op id) are the stage's; `reference` holds the forward

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -90,8 +91,18 @@ int64_t gpu_count(const std::string& text, const std::string& what, std::string_
   return v;
 }
 
+// A rate beyond this (TFLOPS or GB/s) is a thousand times any GPU's: an exponent typed by mistake,
+// which would plan every step as free.
+constexpr double kMostRate = 1e6;
+
 void check(const Device& d, std::string_view whole) {
   if (d.memory <= 0) fail("bad --device '{}': memory must be positive", whole);
+  for (const auto& [rate, name] : {std::pair{d.bf16_tflops, "bf16_tflops"}, std::pair{d.fp32_tflops, "fp32_tflops"},
+                                   std::pair{d.hbm_gbps, "hbm_gbps"}, std::pair{d.intra_gbps, "intra_gbps"},
+                                   std::pair{d.inter_gbps, "inter_gbps"}})
+    if (rate > kMostRate)
+      fail("bad --device '{}': {} must be at most {:g} (a thousand times any GPU's), got {:g}", whole, name, kMostRate,
+           rate);
   if (!(d.bf16_tflops > 0) && !(d.fp32_tflops > 0)) fail("bad --device '{}': give bf16_tflops or fp32_tflops", whole);
   if (!(d.hbm_gbps > 0)) fail("bad --device '{}': hbm_gbps must be positive", whole);
   if (d.gpus_per_node < 1 || d.gpus_per_node > kMostGpus)

@@ -15,6 +15,11 @@ constexpr int64_t kNegligible = 64;
 
 // Tensors the search decides: choosable, not pinned, and not tiny.
 std::vector<int> searched_tensors(const BlockSpec& block, const LayerPolicy& pins) {
+  if (pins.tensors.size() != block.tensors.size())
+    fail(
+        "pins hold {} tensor choices for the '{}' block's {}; make them for this block (keep_everything, "
+        "Policy::parse_pins)",
+        pins.tensors.size(), block.kind, block.tensors.size());
   int64_t largest = 0;
   for (int t : block.choosable()) largest = std::max(largest, block.tensors[t].bytes());
   std::vector<int> ids;

@@ -21,6 +21,9 @@
 namespace remat {
 
 std::vector<LayerRange> stage_layers(int64_t layers, const Layout& l, int64_t stage) {
+  if (l.pp < 1 || l.vpp < 1 || stage < 0 || stage >= l.pp)
+    fail("stage_layers: stage {} of a layout with pp {} and vpp {}; pp and vpp must be >= 1, stage in 0..pp-1", stage,
+         l.pp, l.vpp);
   std::vector<LayerRange> c;
   if (l.uneven()) {  // vpp 1: the first and last stages as given, the middle ones even
     const int64_t middle = l.pp > 2 ? (layers - l.first_layers - l.last_layers) / (l.pp - 2) : 0;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,11 +46,12 @@ TEST(Parallel, NestedCallsRunInline) {
   EXPECT_EQ(total.load(), 800);
 }
 
-// Until `flag` is set or two seconds have passed: a chunk that waits for the other thread to take
-// one, so that both run chunks of the job however the two are scheduled.
+// Until `flag` is set, or a minute (far beyond any scheduling delay, short of ctest's timeout) has
+// passed: a chunk that waits for the other thread to take one, so that both run chunks of the job
+// however the two are scheduled.
 void wait_for(const std::atomic<bool>& flag) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!flag.load() && std::chrono::steady_clock::now() < until) {}
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (!flag.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
 }
 
 // A chunk that throws on the caller (worker 0) or on the pool's worker (1), asleep and polling:

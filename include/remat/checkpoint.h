@@ -28,6 +28,7 @@ struct CheckpointOptions {
   bool preserve_rng_state = true;
 };
 
+// A checkpointed function: the outputs of its inputs (and of the parameters it reads).
 using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
 // Runs fn(inputs) under checkpointing. `params`: every tensor fn reads that needs a gradient but
@@ -42,8 +43,8 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, co
 
 // One element of a sequential stack: a function of one tensor and the parameters it reads.
 struct Layer {
-  std::function<at::Tensor(const at::Tensor&)> fn;
-  std::vector<at::Tensor> params;
+  std::function<at::Tensor(const at::Tensor&)> fn;  // the layer's forward; never empty
+  std::vector<at::Tensor> params;                   // every tensor fn reads that needs a gradient
 };
 
 // Like torch.utils.checkpoint.checkpoint_sequential: splits `layers` into `segments` runs of

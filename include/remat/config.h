@@ -72,10 +72,10 @@ struct ModelConfig {
   int64_t vocab = 256;        // token models: vocabulary size (256 = bytes)
   double dropout = 0.0;       // drop probability on attention probs and both residual branches; 0 = off
   DType dtype = DType::F32;   // activations and weights
-  AttentionImpl attention = AttentionImpl::Math;
-  int64_t attn_block = 128;   // causal math attention: query rows per stored block (block.h)
-  double rope_theta = 10000;  // llama: base of the rotary position embedding's frequencies
-  double norm_eps = 1e-5;     // epsilon of LayerNorm and RMSNorm
+  AttentionImpl attention = AttentionImpl::Math;  // math (T x T tensors) or flash (causal blocks only)
+  int64_t attn_block = 128;                       // causal math attention: query rows per stored block (block.h)
+  double rope_theta = 10000;                      // llama: base of the rotary position embedding's frequencies
+  double norm_eps = 1e-5;                         // epsilon of LayerNorm and RMSNorm
   // One rank of a tensor-parallel group (Megatron-LM's split; planning only, the engine runs tp 1).
   // The stages are built at that rank's shapes: attention heads, key/value heads, the MLP width and
   // the vocabulary (rounded up) divided by tp; the linears carry their column or row split. With
@@ -93,11 +93,11 @@ struct ModelConfig {
   bool qkv_bias = false;               // biases on q, k and v alone (Qwen2), whatever `bias` says
   Switch tied = Switch::Default;       // the LM head is the token embedding
   Switch fused_qkv = Switch::Default;  // q, k, v from one linear (GPT-2, Megatron-LM) or three (HF Llama, torchtitan)
-  Loss loss = Loss::Default;
-  int64_t loss_chunks = 8;         // Loss::Chunked: chunks of the micro-batch's tokens
-  double rotary_fraction = 1.0;    // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
-  bool parallel_residual = false;  // the MLP reads the block input, not the stream after attention (GPT-NeoX)
-  bool qk_norm = false;            // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
+  Loss loss = Loss::Default;           // the cross-entropy's form (Loss above); Default: the kind's own
+  int64_t loss_chunks = 8;             // Loss::Chunked: chunks of the micro-batch's tokens
+  double rotary_fraction = 1.0;        // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
+  bool parallel_residual = false;      // the MLP reads the block input, not the stream after attention (GPT-NeoX)
+  bool qk_norm = false;                // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
   // Planning only (a GPU framework's step; the engine refuses it): the norms, attention and SwiGLU
   // as eager PyTorch runs them unfused (torchtitan's and Hugging Face's Llama), whose autograd
   // keeps an fp32 copy of each RMSNorm's input and its normalised value, GQA's keys and values
@@ -106,16 +106,16 @@ struct ModelConfig {
   // The mixture-of-experts block (arch moe, blocks/moe.cpp): LLaMA's attention, then a router that
   // sends each token to top_k of `experts` SwiGLU MLPs of width `ffn`, and their outputs weighted
   // back together. Ignored by the other kinds.
-  int64_t experts = 8;         // routed experts E
-  int64_t top_k = 2;           // experts each token goes to
-  int64_t shared_ffn = 0;      // width of a shared expert every token also passes (DeepSeek, Qwen2-MoE); 0 = none
-  double capacity_factor = 0;  // 0: dropless; c > 0: each expert takes ceil(c * tokens * top_k / E) rows of
-                               // each rank's tokens, and the tokens past them are dropped, in token order
-                               // (GShard, Switch; per rank as Megatron-LM counts them)
-  Router router = Router::Softmax;
-  bool norm_topk = true;   // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
-  double aux_loss = 0.01;  // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
-  ExpertWeights expert_weights = ExpertWeights::Combine;
+  int64_t experts = 8;              // routed experts E
+  int64_t top_k = 2;                // experts each token goes to
+  int64_t shared_ffn = 0;           // width of a shared expert every token also passes (DeepSeek, Qwen2-MoE); 0 = none
+  double capacity_factor = 0;       // 0: dropless; c > 0: each expert takes ceil(c * tokens * top_k / E) rows of
+                                    // each rank's tokens, and the tokens past them are dropped, in token order
+                                    // (GShard, Switch; per rank as Megatron-LM counts them)
+  Router router = Router::Softmax;  // moe: how scores become each token's experts (Router above)
+  bool norm_topk = true;            // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
+  double aux_loss = 0.01;           // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
+  ExpertWeights expert_weights = ExpertWeights::Combine;  // moe: where the routing weights multiply
   // The router's logits and routing weights in fp32 whatever the model's dtype (Megatron-LM's
   // --moe-router-dtype fp32): an unfused weighted activation (GELU's) is made in fp32 and cast
   // back, and the experts' outputs cross the ranks back as an fp32 copy. Nothing changes at dtype fp32.

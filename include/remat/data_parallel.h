@@ -31,8 +31,8 @@ struct DistConfig {
   int world = 1;                          // processes in the group
   int local_rank = 0;                     // on this host (the launcher's numbering)
   std::string master_addr = "127.0.0.1";  // where rank 0 serves the c10d TCPStore
-  int master_port = 29500;
-  std::chrono::seconds timeout{60};  // rendezvous and every collective
+  int master_port = 29500;                // its port, 1..65535
+  std::chrono::seconds timeout{60};       // rendezvous and every collective
 };
 
 // From torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (world 1 when
@@ -59,6 +59,7 @@ class Communicator {
     // Blocks until done; throws remat::Error (runtime) naming the operation when a rank is lost or
     // the timeout passes.
     void wait();
+    // Whether the operation has finished, without waiting.
     bool done() const;
     // Seconds since the communicator started at which it was launched and finished (when done).
     double launched_at = 0, finished_at = -1;

@@ -60,6 +60,8 @@ class BlockExecutor {
   // Runs a schedule compiled elsewhere (a CompiledStep's). REQUIRES: it was compiled for `spec`.
   BlockExecutor(const BlockSpec& spec, std::shared_ptr<const Schedule> schedule, ExecOptions options = {});
 
+  // The block's table, and the schedule compiled from it and the policy (every input needing a
+  // gradient).
   const BlockSpec& spec() const { return spec_; }
   const Schedule& schedule() const { return *schedule_; }
 

@@ -67,15 +67,16 @@ enum class Framework : uint8_t {
                // (fully_shard per block and on the model), foreach AdamW, eager (unfused) Llama
                // ops, the batch without a mask
 };
+// "megatron" or "torchtitan".
 std::string_view to_string(Framework f);
 // "megatron", "torchtitan". Throws remat::Error listing them otherwise.
 Framework parse_framework(std::string_view text);
 
 // One of a GPU's fixed allocations, named, with why it is there.
 struct Allocation {
-  std::string name;  // "cuBLAS workspace (PyTorch)"
-  int64_t bytes = 0;
-  std::string why;  // what allocates it, and when
+  std::string name;   // "cuBLAS workspace (PyTorch)"
+  int64_t bytes = 0;  // on each device that has it
+  std::string why;    // what allocates it, and when
 };
 
 // Bounds on what one plan is asked: sequences per optimizer step (Llama 3 405B trained with 2048
@@ -149,7 +150,7 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device);
 
 // One pipeline stage: what each of its devices holds and runs.
 struct RankPlan {
-  int stage = 0;
+  int stage = 0;                   // 0 .. pp - 1
   std::vector<LayerRange> chunks;  // its layers
   std::string policy;              // the recompute policy of its layers, as a policy string
   StepMemory memory;               // exact, for its data-parallel rank with the largest shard
@@ -175,9 +176,10 @@ struct LayoutTime {
   double optimizer_s = 0;   // Adam over this rank's share
   double step_s = 0;        // compute + bubble + p2p + exposed dp + optimizer
   double mfu = 0;           // model FLOPs per second over the devices' bf16/fp32 peak
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;  // the global batch's tokens over step_s
 };
 
+// One layout planned: its layout, the policy of each stage, the memory of each and the step time.
 struct LayoutPlan {
   Layout layout;
   std::string policy;  // as asked: a policy string, or "auto"
@@ -205,7 +207,7 @@ inline constexpr double kAllocatedUncertainty = 0.05;
 inline constexpr double kReservedUncertainty = 0.12;
 
 struct PlanOptions {
-  Framework framework = Framework::Megatron;
+  Framework framework = Framework::Megatron;  // whose training step the plan replays
   bool batch_mask = true;            // Megatron: the dataloader puts a bool (micro-batch, 1, s, s) attention mask on
                                      // the GPU (off: --no-create-attention-mask-in-dataloader)
   bool fused_wgrad = true;           // Megatron: weight GEMMs accumulate into the fp32 gradient buffers directly
@@ -245,12 +247,12 @@ LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Devic
 
 // What search_layouts tries.
 struct SearchSpace {
-  int64_t gpus = 0;          // devices in all
-  int64_t global_batch = 0;  // sequences per step
-  std::vector<std::string> policies = {"none", "attn", "attn+mlp-act", "full", "auto"};
-  std::vector<int> zero = {0, 1, 2, 3};
-  std::vector<int64_t> micro_batches = {1, 2, 4, 8};
-  int grad_bytes = 4;
+  int64_t gpus = 0;                                                                      // devices in all
+  int64_t global_batch = 0;                                                              // sequences per step
+  std::vector<std::string> policies = {"none", "attn", "attn+mlp-act", "full", "auto"};  // each layout tries these
+  std::vector<int> zero = {0, 1, 2, 3};                                                  // ZeRO stages tried
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8};                                     // micro-batch sizes tried
+  int grad_bytes = 4;  // a gradient element's bytes (4: fp32 buffers)
   int64_t max_vpp = 4;
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
@@ -259,7 +261,7 @@ struct SearchSpace {
   int64_t cp = 1;   // context-parallel ranks (not searched)
   int64_t first_layers = 0, last_layers = 0;  // an uneven pipeline's first and last stages (Layout)
   bool fsdp = false;                          // every layout shards with FSDP2 (zero 0)
-  int zero_fixed = -1, sp_fixed = -1;
+  int zero_fixed = -1, sp_fixed = -1;         // -1: searched; else the ZeRO stage, and sp off (0) or on (1)
 };
 
 struct SearchResult {

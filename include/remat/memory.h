@@ -48,6 +48,7 @@ class MemoryTracker {
   // Installs the tracking allocator as LibTorch's CPU allocator. Idempotent. Tensors allocated
   // before the first call are invisible to it.
   static void install();
+  // Whether install() has run in this process.
   static bool installed();
 
   // Bytes of live tensor storage now.
@@ -69,6 +70,7 @@ class MemoryTracker {
   // OutOfMemory, as a device's memory would (rehearse a GPU's limit on CPU). 0 (the default): no
   // limit but the system's.
   static void set_limit(int64_t bytes);
+  // The limit set, or 0 for none.
   static int64_t limit();
   // CPU: number of storages allocated since install() (cache hits included).
   static int64_t allocations();

@@ -123,9 +123,9 @@ StepShape trainer_step_shape(int accum, int world, int rank, int zero);
 // The order in which pipeline stage `stage` of `stages` runs `micro` micro-batches over `chunks`
 // model chunks: Megatron-LM's 1F1B, interleaved when chunks > 1 (then micro % stages == 0).
 struct PipelineStep {
-  bool forward = true;
-  int micro = 0;
-  int chunk = 0;
+  bool forward = true;  // a forward pass, or a backward
+  int micro = 0;        // the micro-batch, 0 .. micro - 1
+  int chunk = 0;        // the model chunk, 0 .. chunks - 1
 };
 std::vector<PipelineStep> pipeline_order(int stages, int stage, int chunks, int micro);
 

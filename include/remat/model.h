@@ -48,6 +48,7 @@ class GPTImpl : public torch::nn::Module {
   void set_policy(const Policy& policy);
   void set_policy(const ResolvedPolicy& policy);
 
+  // The configuration it was built for, its blocks' tensor tables, and the per-layer policy it runs.
   const ModelConfig& config() const { return cfg_; }
   const ModelSpec& spec() const { return *spec_; }
   const ResolvedPolicy& policy() const { return policy_; }

@@ -44,7 +44,7 @@ std::vector<BlockOption> block_frontier_brute_force(const BlockSpec& block, cons
                                                     const LayerPolicy& pins);
 
 struct Plan {
-  bool fits = false;
+  bool fits = false;        // some policy's total peak is at most the budget
   int64_t budget = 0;       // total bytes asked for
   int64_t min_budget = 0;   // when !fits: the smallest total peak any plan reaches
   ResolvedPolicy policy;    // per layer
@@ -66,6 +66,7 @@ class Planner {
   // smallest total peak any policy reaches.
   Plan plan(const Budget& budget) const;
 
+  // One layer's options the plans choose among (block_frontier), and the step's memory under none.
   const std::vector<BlockOption>& frontier() const { return frontier_; }
   const StepMemory& none_memory() const { return none_memory_; }
   // Total bytes a budget stands for (percentages are of none's activations and gradients).

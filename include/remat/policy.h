@@ -41,6 +41,7 @@
 
 namespace remat {
 
+// What happens to a tensor the backward reads: kept from the forward, or dropped and recomputed.
 enum class Choice : uint8_t { Save, Recompute };
 enum class Strength : uint8_t {
   Default,  // nobody said anything: save
@@ -50,7 +51,7 @@ enum class Strength : uint8_t {
 
 struct TensorPolicy {
   Choice choice = Choice::Save;
-  Strength strength = Strength::Default;
+  Strength strength = Strength::Default;  // who decided: a later rule overrides only a weaker one
   // Saved although no backward reads it (with Choice::Save): activation checkpointing's save lists
   // keep an op's output whatever reads it (torchtitan's op mode keeps every other matmul's output).
   bool hold = false;
@@ -65,6 +66,7 @@ struct LayerPolicy {
   // each just before the backward op that reads it (remat's executor). GPU plans replay the former.
   bool eager = false;
 
+  // Whether `tensor` is kept from the forward; kept although no backward reads it.
   bool saves(int tensor) const { return tensors[tensor].choice == Choice::Save; }
   bool holds(int tensor) const { return tensors[tensor].hold && saves(tensor); }
   // True when both make the same choice for every tensor and recompute alike (the schedule they
@@ -119,6 +121,7 @@ class Policy {
   // policies (those resolve through the planner: resolve_policy in resolve.h).
   ResolvedPolicy resolve(const BlockSpec& spec, int64_t layers) const;
 
+  // The text it was parsed from.
   const std::string& text() const { return text_; }
   // A budget: policy, which the planner resolves.
   bool is_budget() const { return form_ == Form::Budget; }

@@ -169,6 +169,8 @@ int64_t MemoryTracker::live(MemoryDevice device) {
         .allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)]
         .current;
   }
+#else
+  if (device == MemoryDevice::CUDA) fail("MemoryTracker::live(CUDA): this build has no CUDA; ask for the CPU");
 #endif
   return g_live.load(std::memory_order_relaxed);
 }
@@ -179,6 +181,8 @@ int64_t MemoryTracker::peak(MemoryDevice device) {
     using namespace c10::cuda::CUDACachingAllocator;
     return getDeviceStats(c10::cuda::current_device()).allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
   }
+#else
+  if (device == MemoryDevice::CUDA) fail("MemoryTracker::peak(CUDA): this build has no CUDA; ask for the CPU");
 #endif
   return g_peak.load(std::memory_order_relaxed);
 }
@@ -189,6 +193,8 @@ void MemoryTracker::reset_peak(MemoryDevice device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(c10::cuda::current_device());
     return;
   }
+#else
+  if (device == MemoryDevice::CUDA) fail("MemoryTracker::reset_peak(CUDA): this build has no CUDA; ask for the CPU");
 #endif
   g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }

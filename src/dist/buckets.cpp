@@ -12,7 +12,8 @@ GradientBuckets::GradientBuckets(const CompiledStep& plan, const std::vector<at:
                                  int micro, Communicator& comm)
     : comm_(comm), micro_(micro) {
   if (params.size() != plan.params.size())
-    REMAT_INTERNAL("{} parameters for a plan of {}", params.size(), plan.params.size());
+    fail("gradient buckets: {} parameters for a step of {}; give the model's parameters, in its order", params.size(),
+         plan.params.size());
   if (bucket_bytes <= 0) fail("gradient buckets must be positive, got {} bytes", bucket_bytes);
   if (micro < 1) fail("gradient buckets need at least one backward per step, got {}", micro);
   const int n = static_cast<int>(params.size());

@@ -107,7 +107,23 @@ void Communicator::Pending::wait() {
 
 bool Communicator::Pending::done() const { return !state_ || state_->work->isCompleted(); }
 
+namespace {
+
+// A rank a collective names (a root, a peer): one of the group's.
+void check_rank(int r, int world, const char* role, const std::string& what) {
+  if (r < 0 || r >= world) fail("{}: {} rank {} is not one of the group's 0..{}", what, role, r, world - 1);
+}
+
+// A tensor a collective moves: defined, contiguous, on the CPU (Gloo's).
+void check_tensor(const at::Tensor& t, const std::string& what) {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous())
+    fail("{}: a collective takes a defined, contiguous CPU tensor", what);
+}
+
+}  // namespace
+
 Communicator::Pending Communicator::all_reduce(at::Tensor& t, const std::string& what) {
+  check_tensor(t, what);
   Pending p;
   p.state_ = std::make_shared<Pending::State>();
   p.state_->what = what;
@@ -123,6 +139,8 @@ Communicator::Pending Communicator::all_reduce(at::Tensor& t, const std::string&
 }
 
 void Communicator::broadcast(at::Tensor& t, int root, const std::string& what) {
+  check_tensor(t, what);
+  check_rank(root, world(), "root", what);
   std::vector<at::Tensor> tensors = {t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
@@ -134,6 +152,8 @@ void Communicator::broadcast(at::Tensor& t, int root, const std::string& what) {
 }
 
 void Communicator::send(at::Tensor& t, int to, int tag, const std::string& what) {
+  check_tensor(t, what);
+  check_rank(to, world(), "destination", what);
   std::vector<at::Tensor> tensors = {t};
   try {
     impl_->group->send(tensors, to, tag)->wait();
@@ -143,6 +163,8 @@ void Communicator::send(at::Tensor& t, int to, int tag, const std::string& what)
 }
 
 void Communicator::recv(at::Tensor& t, int from, int tag, const std::string& what) {
+  check_tensor(t, what);
+  check_rank(from, world(), "source", what);
   std::vector<at::Tensor> tensors = {t};
   try {
     impl_->group->recv(tensors, from, tag)->wait();

@@ -52,7 +52,10 @@ class SegmentFunction : public torch::autograd::Function<SegmentFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    if (at::GradMode::is_enabled()) fail("the remat engine does not support double backward (create_graph=true)");
+    if (at::GradMode::is_enabled())
+      fail(
+          "the remat engine does not support double backward (create_graph=true); compute higher-order gradients "
+          "without the engine");
     auto closure = c10::static_intrusive_pointer_cast<SegmentClosure>(ctx->saved_data["closure"].toCapsule());
     SegmentClosure& c = *closure;
     const variable_list saved = ctx->get_saved_variables();

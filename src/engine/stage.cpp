@@ -39,7 +39,10 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    if (at::GradMode::is_enabled()) fail("the remat engine does not support double backward (create_graph=true)");
+    if (at::GradMode::is_enabled())
+      fail(
+          "the remat engine does not support double backward (create_graph=true); compute higher-order gradients "
+          "without the engine");
     auto closure = c10::static_intrusive_pointer_cast<StageClosure>(ctx->saved_data["closure"].toCapsule());
     const int64_t n_inputs = ctx->saved_data["n_inputs"].toInt();
     std::vector<at::Tensor> params;

@@ -49,7 +49,9 @@ void place(const Routing& r, const int64_t* experts, int64_t copies, int64_t* sl
 
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor &x = e.in(op, 0), &experts = e.in(op, 1).contiguous();
-  if (!x.device().is_cpu() || !x.is_contiguous()) fail("dispatch runs on contiguous CPU tensors");
+  if (!x.device().is_cpu() || !x.is_contiguous())
+    fail("dispatch runs on contiguous CPU tensors; its input is on {} (contiguous={})", x.device().str(),
+         x.is_contiguous());
   const int64_t k = op.routing.top_k, width = x.size(-1), tokens = x.numel() / width;
   at::Tensor xs = at::empty(e.out_shape(op, 0), x.options());
   at::Tensor slots = at::empty(e.out_shape(op, 1), experts.options());

@@ -347,6 +347,12 @@ StepShape trainer_step_shape(int accum, int world, int rank, int zero) {
 }
 
 std::vector<PipelineStep> pipeline_order(int stages, int stage, int chunks, int micro) {
+  if (stages < 1 || chunks < 1 || micro < 1 || stage < 0 || stage >= stages)
+    fail("pipeline_order: stage {} of {} stages, {} chunks, {} micro-batches; each count >= 1, stage in 0..stages-1",
+         stage, stages, chunks, micro);
+  if (chunks > 1 && micro % stages != 0)
+    fail("pipeline_order: interleaving {} chunks needs micro-batches ({}) a multiple of the stages ({})", chunks, micro,
+         stages);
   std::vector<PipelineStep> order;
   const int p = stages, v = chunks, total = micro * chunks;
   // Megatron's warm-up: forwards until the first backward can come back from the last stage.

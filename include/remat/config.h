@@ -93,7 +93,7 @@ struct ModelConfig {
   bool qkv_bias = false;               // biases on q, k and v alone (Qwen2), whatever `bias` says
   Switch tied = Switch::Default;       // the LM head is the token embedding
   Switch fused_qkv = Switch::Default;  // q, k, v from one linear (GPT-2, Megatron-LM) or three (HF Llama, torchtitan)
-  Loss loss = Loss::Default;           // the cross-entropy's form (Loss above); Default: the kind's own
+  Loss loss = Loss::Default;           // the cross-entropy's form (Loss above); Default: by the dtype (resolved_loss)
   int64_t loss_chunks = 8;             // Loss::Chunked: chunks of the micro-batch's tokens
   double rotary_fraction = 1.0;        // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
   bool parallel_residual = false;      // the MLP reads the block input, not the stream after attention (GPT-NeoX)

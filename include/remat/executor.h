@@ -76,8 +76,9 @@ class BlockExecutor {
     std::vector<at::Tensor> inputs;  // undefined where not needed
     std::vector<at::Tensor> params;
   };
-  // Runs the backward from the output gradient; consumes ctx. need_input_grad must be the variant
-  // the schedule was compiled for (a mismatch is an internal error).
+  // Runs the backward from the output gradient (the output's shape); consumes ctx, so a second
+  // backward without a forward is refused. need_input_grad has one flag per input; a variant other
+  // than the schedule's is compiled on first use. Throws remat::Error for a wrong shape or count.
   Grads backward(const at::Tensor& dy, at::TensorList params, BlockContext& ctx,
                  const std::vector<bool>& need_input_grad, int64_t layer) const;
 

@@ -36,8 +36,9 @@ class GPTImpl : public torch::nn::Module {
   // With per-layer choices already made (a plan from planner.h).
   GPTImpl(const ModelConfig& cfg, const ResolvedPolicy& policy, ExecOptions options = {});
 
-  // The mean loss of one batch. Token models: input and target (B, T) int64; seed: both (B, T, C)
-  // float. In eval mode (module.eval()) dropout is off and nothing is recomputed.
+  // The mean loss of one batch. Token models: input and target (B, T) int64, ids in [0, vocab);
+  // seed: both (B, T, C) float; B, T and C as the config says (remat::Error otherwise). In eval
+  // mode (module.eval()) dropout is off and nothing is recomputed.
   at::Tensor forward(const at::Tensor& input, const at::Tensor& target);
 
   // Token models: the head's output without its loss, (B, T, V) for (B, T) tokens, without grad

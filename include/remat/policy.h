@@ -51,7 +51,7 @@ enum class Strength : uint8_t {
 
 struct TensorPolicy {
   Choice choice = Choice::Save;
-  Strength strength = Strength::Default;  // who decided: a later rule overrides only a weaker one
+  Strength strength = Strength::Default;  // who decided: a stronger choice wins over a weaker one
   // Saved although no backward reads it (with Choice::Save): activation checkpointing's save lists
   // keep an op's output whatever reads it (torchtitan's op mode keeps every other matmul's output).
   bool hold = false;

@@ -205,6 +205,8 @@ void check_train_options(const TrainOptions& o, const std::string& resume_dir) {
   if (o.warmup < 0) fail("--warmup must be >= 0, got {}", o.warmup);
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     fail("--weight-decay must be a finite number >= 0, got {}", o.weight_decay);
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    fail("TrainOptions.beta1 and beta2 must be in [0, 1), got {} and {}", o.beta1, o.beta2);
   if (!(o.clip >= 0) || !std::isfinite(o.clip)) fail("--clip must be a finite number >= 0 (0 = off), got {}", o.clip);
   if (o.eval_every < 0) fail("--eval-every must be >= 0, got {}", o.eval_every);
   if (o.eval_batches < 1 || o.eval_batches > kMaxEvalBatches)

@@ -116,8 +116,10 @@ void check_rank(int r, int world, const char* role, const std::string& what) {
 
 // A tensor a collective moves: defined, contiguous, on the CPU (Gloo's).
 void check_tensor(const at::Tensor& t, const std::string& what) {
-  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous())
-    fail("{}: a collective takes a defined, contiguous CPU tensor", what);
+  if (!t.defined()) fail("{}: a collective takes a defined tensor", what);
+  if (!t.device().is_cpu() || !t.is_contiguous())
+    fail("{}: Gloo's collectives here take a contiguous CPU tensor; this one is on {} (contiguous={})", what,
+         t.device().str(), t.is_contiguous());
 }
 
 }  // namespace

@@ -62,16 +62,17 @@ std::shared_ptr<const Schedule> BlockExecutor::schedule_for(const std::vector<bo
 
 namespace {
 
-// `t`, given for `name`, has the table's shape, and its dtype's kind: any floating dtype for a
-// floating one (the ops run in float64 too, for references), the very dtype otherwise (token ids).
-void check_tensor(const BlockSpec& spec, const at::Tensor& t, const std::string& name,
+// `t`, given for the `role` named `name` ("input", "x"), has the table's shape, and its dtype's
+// kind: any floating dtype for a floating one (the ops run in float64 too, for references), the very
+// dtype otherwise (token ids). The message is made only on failure: this runs on every stage.
+void check_tensor(const BlockSpec& spec, const at::Tensor& t, const char* role, const std::string& name,
                   const std::vector<int64_t>& shape, DType dtype) {
-  if (!t.defined()) fail("'{}' stage: {} is an undefined tensor; give a {} tensor", spec.kind, name, shape);
+  if (!t.defined()) fail("'{}' stage: {} '{}' is an undefined tensor; give a {} tensor", spec.kind, role, name, shape);
   const at::ScalarType want = detail::scalar_type(dtype);
   const bool dtype_ok = at::isFloatingType(want) ? at::isFloatingType(t.scalar_type()) : t.scalar_type() == want;
   if (t.sizes() != at::IntArrayRef(shape) || !dtype_ok)
-    fail("'{}' stage: {} is {} {}; its table says {} {} (build the block for this shape)", spec.kind, name,
-         c10::toString(t.scalar_type()), t.sizes(), c10::toString(detail::scalar_type(dtype)), shape);
+    fail("'{}' stage: {} '{}' is {} {}; its table says {} {} (build the block for this shape)", spec.kind, role, name,
+         c10::toString(t.scalar_type()), t.sizes(), c10::toString(want), shape);
 }
 
 }  // namespace
@@ -83,11 +84,10 @@ at::Tensor BlockExecutor::forward(at::TensorList inputs, at::TensorList params, 
          spec_.params.size(), inputs.size(), params.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorSpec& t = spec_.tensors[spec_.inputs[i]];
-    check_tensor(spec_, inputs[i], fmt::format("input '{}'", t.name), t.shape, t.dtype);
+    check_tensor(spec_, inputs[i], "input", t.name, t.shape, t.dtype);
   }
   for (size_t i = 0; i < params.size(); ++i)
-    check_tensor(spec_, params[i], fmt::format("parameter '{}'", spec_.params[i].name), spec_.params[i].shape,
-                 spec_.dtype);
+    check_tensor(spec_, params[i], "parameter", spec_.params[i].name, spec_.params[i].shape, spec_.dtype);
   const Schedule& s = *schedule_;
   ctx.tensors.assign(spec_.tensors.size(), at::Tensor());
   if (!replay_seeds)
@@ -136,7 +136,7 @@ BlockExecutor::Grads BlockExecutor::backward(const at::Tensor& dy, at::TensorLis
     fail("'{}' stage's backward takes {} input flags and {} parameters, got {} and {}", spec_.kind, spec_.inputs.size(),
          spec_.params.size(), need_input_grad.size(), params.size());
   const TensorSpec& out = spec_.tensors[spec_.output];
-  check_tensor(spec_, dy, fmt::format("the gradient of its output '{}'", out.name), out.shape, out.dtype);
+  check_tensor(spec_, dy, "the gradient of its output", out.name, out.shape, out.dtype);
   const std::shared_ptr<const Schedule> held = schedule_for(need_input_grad);
   const Schedule& s = *held;
   detail::OpEnv env(spec_, ctx.tensors, ctx.seeds, options_.verify ? &ctx.reference : nullptr, params, layer,

@@ -157,7 +157,8 @@ namespace {
 // Token ids index the embedding and the loss's rows unchecked: each must be in [0, vocab).
 void check_ids(const at::Tensor& ids, const char* what, int64_t vocab) {
   if (!ids.defined() || ids.scalar_type() != at::kLong || ids.numel() == 0) return;  // the stage names a bad tensor
-  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  const auto [min, max] = at::aminmax(ids);
+  const int64_t lo = min.item<int64_t>(), hi = max.item<int64_t>();
   if (lo < 0 || hi >= vocab)
     fail("{} holds token id {}; ids must be in [0, {}) (ModelConfig.vocab {})", what, lo < 0 ? lo : hi, vocab, vocab);
 }

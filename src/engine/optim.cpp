@@ -18,7 +18,7 @@ void check(const char* who, const AdamOptions& o, const std::vector<at::Tensor>&
   if (!(o.lr >= 0 && std::isfinite(o.lr))) fail("{}: lr must be finite and >= 0, got {}", who, o.lr);
   if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
     fail("{}: beta1 and beta2 must be in [0, 1), got {} and {}", who, o.beta1, o.beta2);
-  if (!(o.eps > 0 && std::isfinite(o.eps))) fail("{}: eps must be finite and > 0, got {}", who, o.eps);
+  if (!(o.eps >= 0 && std::isfinite(o.eps))) fail("{}: eps must be finite and >= 0, got {}", who, o.eps);
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
     fail("{}: weight_decay must be finite and >= 0, got {}", who, o.weight_decay);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -32,6 +32,7 @@ void check(const char* who, const AdamOptions& o, const std::vector<at::Tensor>&
 
 // A gradient for parameter i: float32 with the parameter's element count.
 void check_grad(const char* who, size_t i, const at::Tensor& g, int64_t numel) {
+  if (!g.defined()) fail("{}: parameter {} has no gradient; give one for every parameter", who, i);
   if (g.scalar_type() != at::kFloat || g.numel() != numel || !g.device().is_cpu())
     fail("{}: the gradient of parameter {} is {} {} on {}; it needs float32 with {} elements on the CPU", who, i,
          c10::toString(g.scalar_type()), g.sizes(), g.device().str(), numel);
@@ -131,8 +132,7 @@ void ShardedAdam::step(const std::vector<at::Tensor>& grads) {
   if (grads.size() != params_.size())
     fail("remat::ShardedAdam::step: {} gradients for {} parameters; give one per parameter", grads.size(),
          params_.size());
-  for (const Slice& s : slices_)
-    check_grad("remat::ShardedAdam::step", s.param, grads[s.param], params_[s.param].numel());
+  for (size_t i = 0; i < grads.size(); ++i) check_grad("remat::ShardedAdam::step", i, grads[i], params_[i].numel());
   ++steps_;
   at::NoGradGuard no_grad;
   for (const Slice& s : slices_) {

@@ -651,14 +651,15 @@ void check_search_space(const SearchSpace& space, int top) {
        {std::pair<const char*, int64_t>{"first_layers", space.first_layers}, {"last_layers", space.last_layers}})
     if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 0..{} (0: even stages), got {}", name, kMostGpus, v);
   if (space.zero_fixed < -1 || space.zero_fixed > 3)
-    fail("SearchSpace.zero must be a ZeRO stage 0..3, got {}", space.zero_fixed);
+    fail("SearchSpace.zero_fixed must be -1 (searched) or a ZeRO stage 0..3, got {}", space.zero_fixed);
   if (space.sp_fixed < -1 || space.sp_fixed > 1)
     fail("SearchSpace.sp_fixed must be -1 (searched), 0 or 1, got {}", space.sp_fixed);
   if (space.zero.empty() || std::any_of(space.zero.begin(), space.zero.end(), [](int z) { return z < 0 || z > 3; }))
-    fail("SearchSpace.zero lists the ZeRO stages to try: give some of 0..3");
-  if (space.micro_batches.empty() ||
-      std::any_of(space.micro_batches.begin(), space.micro_batches.end(), [](int64_t m) { return m < 1; }))
-    fail("SearchSpace.micro_batches lists the micro-batch sizes to try: give some, each >= 1");
+    fail("SearchSpace.zero lists the ZeRO stages to try: give some of 0..3, got [{}]", fmt::join(space.zero, ", "));
+  if (space.micro_batch == 0 && space.micro_batches.empty())
+    fail("SearchSpace.micro_batches lists the micro-batch sizes to try: give some, or fix micro_batch");
+  if (std::any_of(space.micro_batches.begin(), space.micro_batches.end(), [](int64_t m) { return m < 1; }))
+    fail("SearchSpace.micro_batches must each be >= 1, got [{}]", fmt::join(space.micro_batches, ", "));
   if (space.global_batch < 1 || space.global_batch > kMaxGlobalBatch)
     fail("SearchSpace.global_batch must be in 1..{} sequences per step, got {}", kMaxGlobalBatch, space.global_batch);
   if (space.policies.empty() || space.policies.size() > kMaxPolicies)

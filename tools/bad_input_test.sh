@@ -196,7 +196,7 @@ bad "--tp 1048576 x --pp 1048576 x --dp 1048576 is more than 1048576 GPUs" plan 
 bad "--gpus must be in 1..1048576, got 0" plan --model gpt3-175b --gpus 0 --device a100-80gb
 bad "--pp must be in 1..1048576, got 0" plan "${gpt3[@]}" --pp 0
 bad "--micro-batch must be in 1..1048576, got -2" plan "${gpt3[@]}" --micro-batch -2
-bad "--zero must be a ZeRO stage 0..3, got 4" plan "${gpt3[@]}" --zero 4
+bad "--zero must be a ZeRO stage 0..3 (or -1: searched), got 4" plan "${gpt3[@]}" --zero 4
 bad "bad --grad-dtype 'fp8'" plan "${gpt3[@]}" --grad-dtype fp8
 bad "--budget and --reserve both" plan "${gpt3[@]}" --budget 70GiB --reserve 1GiB
 bad "is a budget; a layout plans each stage" plan "${gpt3[@]}" --policies budget:50%

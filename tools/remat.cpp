@@ -39,6 +39,7 @@ std::string as_flags(const std::string& message) {
                                                                            {"last_layers", "last-stage-layers"},
                                                                            {"head_size", "head-dim"},
                                                                            {"fused_qkv", "qkv"},
+                                                                           {"zero_fixed", "zero"},
                                                                            {"world", "world-size"},
                                                                            {"timeout", "dist-timeout"},
                                                                            {"master_port", "master"},

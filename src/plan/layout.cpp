@@ -651,7 +651,7 @@ void check_search_space(const SearchSpace& space, int top) {
        {std::pair<const char*, int64_t>{"first_layers", space.first_layers}, {"last_layers", space.last_layers}})
     if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 0..{} (0: even stages), got {}", name, kMostGpus, v);
   if (space.zero_fixed < -1 || space.zero_fixed > 3)
-    fail("SearchSpace.zero_fixed must be -1 (searched) or a ZeRO stage 0..3, got {}", space.zero_fixed);
+    fail("SearchSpace.zero_fixed must be a ZeRO stage 0..3 (or -1: searched), got {}", space.zero_fixed);
   if (space.sp_fixed < -1 || space.sp_fixed > 1)
     fail("SearchSpace.sp_fixed must be -1 (searched), 0 or 1, got {}", space.sp_fixed);
   if (space.zero.empty() || std::any_of(space.zero.begin(), space.zero.end(), [](int z) { return z < 0 || z > 3; }))

@@ -66,8 +66,8 @@ resumed=$(sed -n 's/.*weights digest: //p' "$tmp/blasresumed.out")
 # One writer per run folder: a second training saving into the folder of a running one is refused.
 "$remat" train "${args[@]}" --steps 100000 --save "$tmp/locked" > /dev/null 2>&1 &
 first=$!
-for _ in $(seq 1 500); do [ -d "$tmp/locked" ] && break; sleep 0.01; done
-sleep 0.5
+# until the first holds the folder's lock (flock(1) fails to take it), at most a minute
+for _ in $(seq 1 6000); do [ -d "$tmp/locked" ] && ! flock -n "$tmp/locked" true 2>/dev/null && break; sleep 0.01; done
 "$remat" train "${args[@]}" --save "$tmp/locked" > /dev/null 2> "$tmp/lock.err"
 rc=$?
 kill -9 "$first" 2>/dev/null

@@ -9,6 +9,7 @@
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/models.h"
+#include "util/text.h"
 
 namespace remat::cli {
 
@@ -202,14 +203,9 @@ void end_progress() {
 }
 
 std::vector<std::string> split_list(const std::string& text, const char* flag, const char* allowed) {
-  std::vector<std::string> items;
-  for (size_t at = 0; at <= text.size();) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    items.push_back(text.substr(at, comma - at));
-    if (items.back().empty())
-      fail("{} '{}' has an empty item; write a comma-separated list of {}", flag, text, allowed);
-    at = comma + 1;
-  }
+  std::vector<std::string> items = split_fields(text, ',');
+  for (const std::string& item : items)
+    if (item.empty()) fail("{} '{}' has an empty item; write a comma-separated list of {}", flag, text, allowed);
   return items;
 }
 

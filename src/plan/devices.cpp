@@ -18,6 +18,7 @@
 #include "remat/runtime.h"
 #include "remat/units.h"
 #include "util/paths.h"
+#include "util/text.h"
 
 namespace remat {
 
@@ -112,13 +113,7 @@ void check(const Device& d, std::string_view whole) {
 }
 
 Device custom(std::string_view text) {
-  std::vector<std::string> parts;  // every field, an empty one too ("custom:80GiB,900,3000,")
-  const std::string fields(text.substr(7));
-  for (size_t at = 0; at <= fields.size();) {
-    const size_t comma = std::min(fields.find(',', at), fields.size());
-    parts.push_back(fields.substr(at, comma - at));
-    at = comma + 1;
-  }
+  const std::vector<std::string> parts = split_fields(text.substr(7), ',');  // "custom:80GiB,900,3000," has 4
   const bool empty_field = std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); });
   if (parts.size() < 3 || parts.size() > 6 || empty_field)
     fail(

@@ -19,6 +19,7 @@
 #include "remat/error.h"
 #include "remat/runtime.h"
 #include "util/parallel.h"
+#include "util/text.h"
 
 namespace remat {
 namespace detail {
@@ -399,13 +400,7 @@ GemmTable parse_gemm_table(std::string_view text) {
         text);
   int c = 0;
   for (const std::string& part : {s.substr(7, semi - 7), s.substr(semi + 6)}) {
-    std::vector<std::string> names;
-    for (size_t from = 0;;) {
-      const size_t comma = part.find(',', from);
-      names.push_back(part.substr(from, comma - from));
-      if (comma == std::string::npos) break;
-      from = comma + 1;
-    }
+    const std::vector<std::string> names = split_fields(part, ',');
     if (names.size() != 3)
       fail("GemmChoice '{}' names {} GEMMs for the {}; give three ({})", text, names.size(),
            c == 0 ? "linears" : "heads", c == 0 ? "x W^T, dy W, dy^T x" : "q k^T, p v, p^T dy");

@@ -148,14 +148,18 @@ bad "--master '127.0.0.1: 29500': the port must be in 1..65535" train --rank 0 -
 # ---- integers: decimal only (CLI11 alone reads 0x10 as 16 and clamps what overflows) -------------
 bad "--layers: '0x10' is not a decimal integer" bench "${tiny[@]}" --layers 0x10
 bad "--layers: ' 4' is not a decimal integer" bench "${tiny[@]}" --layers ' 4'
-bad "--seed: '99999999999999999999999' is out of range (a non-negative 64-bit integer)" bench "${tiny[@]}" --seed 99999999999999999999999
+bad "--seed: '99999999999999999999999' is out of range (0..18446744073709551615)" bench "${tiny[@]}" --seed 99999999999999999999999
+# a flag held in 32 bits names its own range
+bad "--steps: '99999999999' is out of range (-2147483648..2147483647)" bench "${tiny[@]}" --steps 99999999999
+bad "--top: '2147483648' is out of range (-2147483648..2147483647)" plan --top 2147483648 --gpus 8 --device h100
+bad "--dist-timeout: '-2147483649' is out of range (-2147483648..2147483647)" train --dist-timeout -2147483649
 # ---- sizes: limits that say why, overflow-safe products, out-of-range integers --------------------
 bad "--dim 99999999999 is over the limit 1048576" plan --dim 99999999999 --heads 1 --budget 1GB
 bad "--seq 3000000000 is over the limit 16777216" plan --seq 3000000000 --budget 1GB
 bad "--layers 100000000 is over the limit 16384" plan --layers 100000000 --budget 1GB
 bad "makes tensors of" plan --batch 16000000 --seq 16000000 --budget 1GB
 bad "makes tensors of" plan --heads 65536 --head-dim 65536 --dim 64 --batch 16000000 --seq 16 --budget 1GB
-bad "--seq: '99999999999999999999' is out of range (a 64-bit integer)" plan --seq 99999999999999999999 --budget 1GB
+bad "--seq: '99999999999999999999' is out of range (-9223372036854775808..9223372036854775807)" plan --seq 99999999999999999999 --budget 1GB
 bad "--layers: '-99999999999999999999' is out of range" bench --layers -99999999999999999999
 bad "with math attention, none (every bench's reference step) is predicted to peak at" \
   bench --arch gpt2 --seq 65536 --batch 8 --policies none --steps 1 --warmup 0
@@ -228,7 +232,7 @@ bad "--lr inf and --min-lr" train --lr inf --steps 1
 bad "--lr -1 and --min-lr" train --lr -1
 bad "--save-every must be >= 0, got -3" train --save-every -3
 bad "--eval-every must be >= 0" train --eval-every -1
-bad "--seed: '-1' is out of range (a non-negative 64-bit integer)" train --seed -1 --steps 1
+bad "--seed: '-1' is out of range (0..18446744073709551615)" train --seed -1 --steps 1
 bad "remat train trains token models" train --arch seed
 bad "--nproc must be in 1..256, got 0" train --nproc 0
 bad "--zero must be 0 or 1" train --zero 2 --nproc 2 --data "$box/text.txt"

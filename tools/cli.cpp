@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -200,6 +201,32 @@ void progress(const std::string& line) {
 
 void end_progress() {
   if (isatty(fileno(stderr))) fmt::print(stderr, "\r\033[K");
+}
+
+std::string read_decimal(std::string& text, int64_t lo, uint64_t hi) {
+  const std::string given = text;
+  const bool negative = !text.empty() && text[0] == '-';
+  const size_t sign = negative || (!text.empty() && text[0] == '+');
+  if (text.size() == sign || text.find_first_not_of("0123456789", sign) != std::string::npos)
+    return "'" + given + "' is not a decimal integer";
+  const std::string digits = text.substr(std::min(text.find_first_not_of('0', sign), text.size() - 1));
+  uint64_t magnitude = 0;
+  const bool parsed = std::from_chars(digits.data(), digits.data() + digits.size(), magnitude).ec == std::errc();
+  // The most negative value's magnitude, written without overflowing int64_t.
+  const uint64_t lowest = lo < 0 ? static_cast<uint64_t>(-(lo + 1)) + 1 : 0;
+  if (!parsed || (negative && magnitude > lowest) || (!negative && magnitude > hi))
+    return fmt::format("'{}' is out of range ({}..{})", given, lo, hi);
+  text = (negative && magnitude != 0 ? "-" : "") + digits;
+  return "";
+}
+
+bool reads_decimal(CLI::Option& o) {
+  try {
+    o.get_validator("decimal");
+    return true;
+  } catch (const CLI::OptionNotFound&) {
+    return false;
+  }
 }
 
 std::vector<std::string> split_list(const std::string& text, const char* flag, const char* allowed) {

@@ -2,7 +2,9 @@
 // runner; main (remat.cpp) parses, runs, and maps errors to exit codes and library names to flags.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -80,6 +82,28 @@ void end_progress();
 // "a,b" -> {"a", "b"}; throws remat::Error naming `flag` and the `allowed` items when an item is
 // empty ("a,", ",b", "a,,b").
 std::vector<std::string> split_list(const std::string& text, const char* flag, const char* allowed);
+
+// An integer flag's text as the decimal the user meant, within [lo, hi], before CLI11 converts it:
+// CLI11 reads "010" as octal and "0x10" as hex, and refuses a value past its variable's type without
+// naming the range. Leading zeros are dropped ("010" is ten, "-0" is 0). Returns "" when `text`
+// is such a decimal (rewritten in place), else the refusal, naming the text and the range.
+std::string read_decimal(std::string& text, int64_t lo, uint64_t hi);
+
+// read_decimal over T's range, as CLI11's transform named "decimal". main gives every integer flag
+// without one the 64-bit reading; a flag of a narrower type takes its own where it is declared:
+//   a->add_option("--steps", steps)->transform(decimal_integer<int>());
+template <typename T>
+CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& text) {
+        return read_decimal(text, static_cast<int64_t>(std::numeric_limits<T>::min()),
+                            static_cast<uint64_t>(std::numeric_limits<T>::max()));
+      },
+      "", "decimal");
+}
+
+// True when the option has a decimal_integer transform.
+bool reads_decimal(CLI::Option& o);
 
 // "3m05s" or "42s".
 std::string duration(double seconds);

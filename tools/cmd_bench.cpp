@@ -128,8 +128,12 @@ Command add_bench(CLI::App& parent) {
   a->add_option("--engine", f->engines,
                 "module (torch::nn + remat::checkpoint) and/or ops (remat::GPT); default: both for seed, ops otherwise")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  a->add_option("--steps", f->steps, "timed steps per policy")->capture_default_str();
-  a->add_option("--warmup", f->warmup, "untimed steps before them")->capture_default_str();
+  a->add_option("--steps", f->steps, "timed steps per policy")
+      ->transform(decimal_integer<int>())
+      ->capture_default_str();
+  a->add_option("--warmup", f->warmup, "untimed steps before them")
+      ->transform(decimal_integer<int>())
+      ->capture_default_str();
   a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (default: 1/cores, measured fastest)");
   a->add_option("--seed", f->seed, "weights and data")->capture_default_str();
   a->add_flag("--verify", f->verify, "ops engine: check every recomputed tensor bitwise against the forward's");

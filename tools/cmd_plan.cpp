@@ -706,7 +706,8 @@ void add_layout_flags(CLI::App* a, PlanFlags* f) {
   a->add_option("--last-stage-layers", f->last_stage_layers,
                 "layers of the last pipeline stage (see --first-stage-layers)");
   a->add_option("--dp", f->dp, "data-parallel replicas (default: gpus / (tp pp))");
-  a->add_option("--zero", f->zero, "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: searched)");
+  a->add_option("--zero", f->zero, "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: searched)")
+      ->transform(decimal_integer<int>());
   a->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch (default: searched over 1, 2, 4, 8)");
   a->add_option("--global-batch", f->global_batch,
                 "sequences per optimizer step (default: the --model's published one)");
@@ -717,7 +718,7 @@ void add_layout_flags(CLI::App* a, PlanFlags* f) {
   a->add_option("--reserve", f->reserve,
                 "memory per GPU outside PyTorch's allocator (default: the CUDA context and NCCL's buffers, named in "
                 "the plan; on the CPU 2GiB for the system)");
-  a->add_option("--top", f->top, "layouts to list")->capture_default_str();
+  a->add_option("--top", f->top, "layouts to list")->transform(decimal_integer<int>())->capture_default_str();
   a->add_option("--tokens", f->tokens, "tokens to train on (300B, 1.4T): prints the run's time");
 }
 

@@ -272,16 +272,23 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--save-every", o.save_every, "steps between saves; 0 = at the end")->capture_default_str();
   a->add_option("--resume", f->resume, "continue the run saved in this folder");
   a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (--nproc: 1/(cores / N) per rank)");
-  a->add_option("--nproc", f->nproc, "data parallel: start N local ranks (c10d Gloo)")->capture_default_str();
-  a->add_option("--rank", f->rank, "data parallel across hosts: this process's rank (or RANK)");
-  a->add_option("--world-size", f->world, "data parallel across hosts: ranks in all (or WORLD_SIZE)");
+  a->add_option("--nproc", f->nproc, "data parallel: start N local ranks (c10d Gloo)")
+      ->transform(decimal_integer<int>())
+      ->capture_default_str();
+  a->add_option("--rank", f->rank, "data parallel across hosts: this process's rank (or RANK)")
+      ->transform(decimal_integer<int>());
+  a->add_option("--world-size", f->world, "data parallel across hosts: ranks in all (or WORLD_SIZE)")
+      ->transform(decimal_integer<int>());
   a->add_option("--master", f->master, "data parallel across hosts: ADDR:PORT of rank 0 (or MASTER_ADDR, MASTER_PORT)");
-  a->add_option("--zero", f->o.zero, "1: ZeRO-1, each rank keeps the Adam moments of its share")->capture_default_str();
+  a->add_option("--zero", f->o.zero, "1: ZeRO-1, each rank keeps the Adam moments of its share")
+      ->transform(decimal_integer<int>())
+      ->capture_default_str();
   a->add_option("--bucket-mb", f->bucket_mb, "gradient all-reduce bucket size")->capture_default_str();
   a->add_option("--memory-limit", f->memory_limit,
                 "bytes of tensors this process may hold, as a GPU's memory (e.g. 80GiB); beyond it a step stops "
                 "with the plan that fits");
   a->add_option("--dist-timeout", f->timeout_s, "seconds every collective and the rendezvous may take")
+      ->transform(decimal_integer<int>())
       ->capture_default_str();
   a->add_option("--csv", f->csv, "write the metrics as CSV");
   a->add_option("--chart", f->charts, "write the loss chart (.png or .svg; repeatable)")

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -91,34 +90,6 @@ int stdout_written(int code) {
   return code == 0 ? 1 : code;
 }
 
-// An integer option's text as the decimal the user meant, before CLI11 converts it: CLI11 reads
-// "010" as octal, "0x10" as hex, and one beyond the type's range as its largest value, which an
-// error would then name. Leading zeros are dropped ("010" is ten); anything but [+-]digits, or a
-// value out of range, is refused as given.
-CLI::Validator decimal_integer(bool is_unsigned) {
-  return CLI::Validator(
-      [is_unsigned](std::string& v) {
-        const size_t sign = !v.empty() && (v[0] == '+' || v[0] == '-');
-        if (v.size() == sign || v.find_first_not_of("0123456789", sign) != std::string::npos)
-          return "'" + v + "' is not a decimal integer";
-        const std::string given = v;
-        const size_t first = std::min(v.find_first_not_of('0', sign), v.size() - 1);
-        v = (v[0] == '-' && v[first] != '0' ? "-" : "") + v.substr(first);  // "-0" is 0
-        bool fits = false;
-        if (is_unsigned) {
-          uint64_t x = 0;
-          fits = v[0] != '-' && std::from_chars(v.data(), v.data() + v.size(), x).ec == std::errc();
-        } else {
-          int64_t x = 0;
-          fits = std::from_chars(v.data(), v.data() + v.size(), x).ec == std::errc();
-        }
-        if (!fits)
-          return "'" + given + "' is out of range (" + (is_unsigned ? "a non-negative" : "a") + " 64-bit integer)";
-        return std::string();  // CLI11's own conversion then checks the option's type
-      },
-      "");
-}
-
 // `mode`, the parsed --blas-kernel auto|keep|NAME, before any work (OpenBLAS reads
 // OPENBLAS_CORETYPE only when it loads, so a change means running argv again): sets the
 // variable and re-executes once when OpenBLAS loaded a kernel below what this CPU runs (auto) or
@@ -184,12 +155,13 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
   return again(target.c_str(), note);
 }
 
-// Every command's integer options read as decimal, and the flags all commands that run
-// products share.
+// Every command's integer options read as decimal (a 64-bit one unless its declaration said
+// otherwise: cli::decimal_integer), and the flags all commands that run products share.
 void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, std::string& gemm) {
   for (CLI::Option* o : c.app->get_options())
-    if (const std::string t = o->get_type_name(); t.rfind("INT", 0) == 0 || t.rfind("UINT", 0) == 0)
-      o->transform(decimal_integer(t[0] == 'U'));
+    if (const std::string t = o->get_type_name();
+        (t.rfind("INT", 0) == 0 || t.rfind("UINT", 0) == 0) && !remat::cli::reads_decimal(*o))
+      o->transform(t[0] == 'U' ? remat::cli::decimal_integer<uint64_t>() : remat::cli::decimal_integer<int64_t>());
   if (!c.runs_products) return;
   c.app->add_option("--blas-kernel", blas_kernel,
                     "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "

@@ -6,7 +6,8 @@
 #   - 3 and 4 ranks match one process with --accum 3 and 4 within a stated tolerance;
 #   - every rank's peak memory is predicted to the byte, with and without ZeRO-1;
 #   - kill -9 of a rank stops the run within seconds with one line naming it, keeps the last saved
-#     state, and resuming every rank reaches the uninterrupted run's weights;
+#     state, and resuming every rank reaches the uninterrupted run's weights; a SIGTERM sent to a
+#     rank from outside fails the run the same way;
 #   - a different world size on resume is refused.
 # Usage: dp_test.sh path/to/remat
 set -u
@@ -84,6 +85,18 @@ step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 [ -n "$step" ] && [ "$step" -lt 300 ] || fail "the run finished (step $step) before kill -9"
 run resumed --steps 300 --nproc 2 --save "$tmp/run" --save-every 10 --resume "$tmp/run"
 [ "$(digest resumed)" = "$(digest straight)" ] || fail "killed at step $step and resumed: $(digest resumed), uninterrupted $(digest straight)"
+
+# SIGTERM of a rank from outside (a scheduler, a user): a failure as well, named in one line.
+"$remat" train "${args[@]}" --steps 3000 --nproc 2 > /dev/null 2> "$tmp/term.err" &
+launcher=$!
+for _ in $(seq 1 500); do [ "$(pgrep -P "$launcher" | wc -l)" -eq 2 ] && break; sleep 0.01; done
+victim=$(pgrep -P "$launcher" | sort -n | tail -1)
+[ -n "$victim" ] || fail "no rank to stop"
+kill -TERM "$victim"
+wait "$launcher"
+rc=$?
+[ "$rc" -ne 0 ] && grep -q "remat: error: rank 1 (pid $victim) was killed by signal 15" "$tmp/term.err" ||
+  fail "SIGTERM of rank 1: the launcher exited $rc: $(cat "$tmp/term.err")"
 
 # kill -9 of the launcher: its ranks die with it (a parent-death signal); none is left training.
 "$remat" train "${args[@]}" --steps 3000 --nproc 2 > /dev/null 2>&1 &

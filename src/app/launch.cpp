@@ -61,6 +61,7 @@ struct Rank {
   std::string partial;     // a line not yet ended
   std::string last_error;  // its last "remat: error: ..." line, held back until its end is known
   std::optional<int> status;
+  bool stopped = false;  // the launcher signalled it (its SIGTERM or SIGKILL end is then no failure of its own)
 };
 
 constexpr std::string_view kError = "remat: error: ";
@@ -121,9 +122,17 @@ int reap(std::vector<Rank>& ranks) {
 
 bool failed(const Rank& r) { return r.status && !(WIFEXITED(*r.status) && WEXITSTATUS(*r.status) == 0); }
 
-void kill_all(const std::vector<Rank>& ranks, int sig) {
-  for (const Rank& r : ranks)
-    if (r.pid > 0 && !r.status) ::kill(r.pid, sig);
+void kill_all(std::vector<Rank>& ranks, int sig) {
+  for (Rank& r : ranks)
+    if (r.pid > 0 && !r.status) {
+      ::kill(r.pid, sig);
+      r.stopped = true;
+    }
+}
+
+// An end the launcher caused: a rank it signalled, ended by its SIGTERM or SIGKILL.
+bool stopped_by_launcher(const Rank& r) {
+  return r.stopped && WIFSIGNALED(*r.status) && (WTERMSIG(*r.status) == SIGTERM || WTERMSIG(*r.status) == SIGKILL);
 }
 
 // Forks rank k, its stderr into a pipe, with the environment c10d reads. A rank never outlives
@@ -211,13 +220,13 @@ void stop_ranks(std::vector<Rank>& ranks, int stop, std::chrono::seconds grace) 
     }
 }
 
-// The cause of a failed run: a rank killed by a signal (the others' errors are its echo), else the
-// first that failed; nullptr when every rank succeeded.
+// The cause of a failed run: a rank killed by a signal the launcher did not send (the others'
+// errors are its echo), else the first that failed of itself; nullptr when every rank succeeded.
 const Rank* failure_cause(const std::vector<Rank>& ranks) {
   for (const Rank& r : ranks)
-    if (failed(r) && WIFSIGNALED(*r.status) && WTERMSIG(*r.status) != SIGTERM) return &r;
+    if (failed(r) && WIFSIGNALED(*r.status) && !stopped_by_launcher(r)) return &r;
   for (const Rank& r : ranks)
-    if (failed(r) && !(WIFSIGNALED(*r.status) && WTERMSIG(*r.status) == SIGTERM)) return &r;
+    if (failed(r) && !stopped_by_launcher(r)) return &r;
   return nullptr;
 }
 

@@ -92,6 +92,7 @@ bad "--experts must be in 1..4096, got 0" bench "${tiny[@]}" --arch moe --expert
 bad "--top-k must be in 1..experts (8), got 9" bench "${tiny[@]}" --arch moe --top-k 9
 bad "--capacity-factor must be 0 (dropless) or in (0, 1024], got -1" bench "${tiny[@]}" --arch moe --capacity-factor -1
 bad "unknown --router 'argmax'; allowed: softmax, sigmoid, sinkhorn" bench "${tiny[@]}" --arch moe --router argmax
+bad "--aux-loss 0.01 with --router sinkhorn" bench "${tiny[@]}" --arch moe --router sinkhorn --top-k 1 --aux-loss 0.01
 bad "unknown --expert-weights 'foo'; allowed: combine" bench "${tiny[@]}" --arch moe --expert-weights foo
 bad "--shared-ffn must be in 0..16777216 (0: no shared expert), got -8" bench "${tiny[@]}" --arch moe --shared-ffn -8
 bad "--aux-loss must be in [0, 1000], got -0.5" bench "${tiny[@]}" --arch moe --aux-loss -0.5

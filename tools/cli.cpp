@@ -57,7 +57,9 @@ void ShapeFlags::add(CLI::App* a) {
        "--router", router,
        "moe: softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3) scores, or sinkhorn (Megatron-LM's balanced choice)")
       ->capture_default_str();
-  a->add_option("--aux-loss", cfg.aux_loss, "moe: load-balancing loss coefficient; 0 = off")->capture_default_str();
+  a->add_option("--aux-loss", cfg.aux_loss,
+                "moe: load-balancing loss coefficient; 0 = off (and the default with --router sinkhorn)")
+      ->capture_default_str();
   a->add_option("--expert-weights", expert_weights,
                 "moe: where the routing weights multiply: combine (the experts' outputs; Hugging Face, torchtitan) "
                 "or activation (the experts' activation, before their second linear; Megatron-LM)")
@@ -127,6 +129,8 @@ ModelConfig ShapeFlags::resolve() {
   }
   if (!loss.empty()) parse_loss(loss, cfg);
   cfg.router = parse_router(router);
+  // Sinkhorn balances the experts by itself: its default is no load-balancing loss (Megatron-LM's).
+  if (cfg.router == Router::Sinkhorn && app->count("--aux-loss") == 0) cfg.aux_loss = 0;
   if (router_dtype != "model" && router_dtype != "fp32")
     fail("unknown --router-dtype '{}'; allowed: model, fp32", router_dtype);
   cfg.router_fp32 = router_dtype == "fp32";

@@ -164,6 +164,12 @@ void check(const ModelConfig& c) {
   if (!(c.capacity_factor >= 0 && c.capacity_factor <= 1024))
     fail("ModelConfig.capacity_factor must be 0 (dropless) or in (0, 1024], got {}", c.capacity_factor);
   if (!(c.aux_loss >= 0 && c.aux_loss <= 1e3)) fail("ModelConfig.aux_loss must be in [0, 1000], got {}", c.aux_loss);
+  // Megatron-LM's routers balance one way each: sinkhorn by its choice, the others by the loss.
+  if (c.router == Router::Sinkhorn && c.aux_loss != 0)
+    fail(
+        "ModelConfig.aux_loss {} with ModelConfig.router sinkhorn: Sinkhorn's choice balances the experts itself, "
+        "with no load-balancing loss (Megatron-LM's); give ModelConfig.aux_loss 0",
+        c.aux_loss);
   // Megatron-LM's MoELayer refuses to train with tensor parallelism but no sequence parallelism
   // (moe_layer.py): each rank routes its own seq / tp tokens.
   if (c.tp > 1 && !c.sp)

@@ -269,6 +269,17 @@ at::Tensor prefer_expert_0(int64_t tokens, int64_t experts) {
   return z;
 }
 
+// Megatron-LM's routers balance one way each: a load-balancing loss beside the sinkhorn router is
+// refused, not added to a router that already balances.
+TEST(Moe, SinkhornRefusesALoadBalancingLoss) {
+  ModelConfig c = tiny("moe");
+  c.router = Router::Sinkhorn, c.top_k = 1, c.aux_loss = 0.01;
+  EXPECT_NE(testing::error_of([&] { validate(c); }).find("ModelConfig.aux_loss 0.01 with ModelConfig.router sinkhorn"),
+            std::string::npos);
+  c.aux_loss = 0;
+  EXPECT_EQ(testing::error_of([&] { validate(c); }), "");
+}
+
 // Sinkhorn balances the choice: where every token's top probability is expert 0's, the balanced
 // scores send each expert close to its share of the tokens.
 TEST(Moe, SinkhornSpreadsTokensThatAllPreferOneExpert) {

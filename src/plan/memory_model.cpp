@@ -377,15 +377,17 @@ namespace {
 // The micro-batch count whose pipeline order reaches the same levels as `micro`'s: in the steady
 // state of 1F1B each forward of one chunk is paired with a backward, and the chunks cycle with a
 // period of stages x chunks virtual micro-batches, every period returning to the level it began
-// at. Whole periods past the second are left out (keeping the count modulo the period, so the
-// cool-down runs the same chunks): a step of a million micro-batches folds in a few hundred.
-int periodic_micro(int stages, int stage, int chunks, int micro) {
+// at. Whole periods past the first `kept` are left out (keeping the count modulo the period, so
+// the cool-down runs the same chunks): a step of a million micro-batches folds in a few hundred.
+// `kept` is 2 where the first period leaves memory behind that the later ones keep (FSDP2's
+// sharded gradients, made by the first backward): the levels repeat from the second period on.
+int periodic_micro(int stages, int stage, int chunks, int micro, int kept) {
   const int64_t total = int64_t{micro} * chunks;
   const int64_t warmup =
       std::min<int64_t>(total, chunks == 1 ? stages - stage - 1 : (stages - stage - 1) * 2 + (chunks - 1) * stages);
   const int64_t period = int64_t{stages} * chunks, steady = total - warmup;
-  if (steady < 2 * period) return micro;
-  return micro - static_cast<int>((steady / period - 1) * stages);
+  if (steady / period <= kept) return micro;
+  return micro - static_cast<int>((steady / period - kept) * stages);
 }
 
 }  // namespace
@@ -559,7 +561,7 @@ class StepReplay {
       for (const ModelParam& p : plan_.params) persistent.alloc(p.spec->numel() * e_.weight);
     if (shape_.bucketed() && !shape_.fsdp) persistent.alloc(m.grads);
     persistent.alloc(m.data);
-    const int micro = periodic_micro(shape_.stages, shape_.stage, shape_.chunks, shape_.micro);
+    const int micro = periodic_micro(shape_.stages, shape_.stage, shape_.chunks, shape_.micro, shape_.fsdp ? 2 : 1);
     replay(micro, m);
     // The optimizer's state, per parameter's share: (an fp32 master copy,) m and v.
     for (const ModelParam& p : plan_.params) {
@@ -598,7 +600,7 @@ class StepReplay {
     }
     int64_t level = 0, highest = 0;
     Where at;
-    const int micro = periodic_micro(shape_.stages, shape_.stage, shape_.chunks, shape_.micro);
+    const int micro = periodic_micro(shape_.stages, shape_.stage, shape_.chunks, shape_.micro, shape_.fsdp ? 2 : 1);
     for (const PipelineStep& p : pipeline_order(shape_.stages, shape_.stage, shape_.chunks, micro)) {
       const Pass& pass = p.forward ? fwd[p.chunk] : bwd[p.chunk];
       if (level + pass.height > highest) highest = level + pass.height, at = pass.at;
@@ -958,7 +960,7 @@ StepMemory simulate_memory(const CompiledStep& plan, const ThreadConfig& ctx, Me
   else if (shape.op_by_op)
     step.replay(shape.micro, m);
   else if (shape.fsdp)  // FSDP2's gradients appear in the first backward only: no fold
-    step.replay(periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro), m);
+    step.replay(periodic_micro(shape.stages, shape.stage, shape.chunks, shape.micro, 2), m);
   else
     step.fold(m);  // (the gradients in their buffers, part of base(): the optimizer step starts from 0)
   if (!shape.cuda) step.optimizer_step(m);

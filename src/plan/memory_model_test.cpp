@@ -246,6 +246,24 @@ TEST(Fsdp, ForeachAdamHoldsTheGradientsAndSqrtVOfEveryParameter) {
   EXPECT_LT(fsdp_step(c, true).peak, 8 * n);
 }
 
+// Micro-batches accumulated under FSDP2: the first backward makes the sharded gradients, and every
+// later micro-batch's forward and backward run beside them. The replay keeps enough micro-batches
+// to see that: the same peak as replaying every op of every micro-batch.
+TEST(MemoryModel, FsdpAccumulationPeaksAsReplayingEveryMicroBatch) {
+  const ModelConfig c = fsdp_llama(64, 16, 512);
+  auto spec = std::make_shared<const ModelSpec>(make_model(c));
+  const CompiledStep plan = compile_step(spec, Policy::parse("none").resolve(spec->block, c.layers));
+  for (int micro : {2, 3, 6}) {
+    StepShape s;
+    s.fsdp = true, s.grad_buffers = true, s.world = 2, s.micro = micro, s.scaled_loss = true;
+    const StepMemory folded = simulate_memory(plan, {1, 1}, nullptr, s);
+    s.op_by_op = true;
+    const StepMemory all = simulate_memory(plan, {1, 1}, nullptr, s);
+    EXPECT_EQ(folded.total_peak(), all.total_peak()) << micro << " micro-batches";
+    EXPECT_EQ(folded.peak_at, all.peak_at) << micro << " micro-batches";
+  }
+}
+
 // Adam's traffic is adam_bytes_per_param of each parameter the rank updates: fp32 28 bytes; bf16
 // with fp32 gradient buffers and master weights 30 (the bf16 copy written too), over this rank's
 // share under ZeRO-1; pure bf16 (weights, gradients and moments in bf16) 14; FSDP's fp32 shards 28.

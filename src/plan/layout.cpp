@@ -139,6 +139,11 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
          l.micro_batches(), l.pp);
   if (l.fsdp && l.zero != 0)
     fail("Layout.fsdp shards the weights, gradients and optimizer state itself; Layout.zero must be 0, got {}", l.zero);
+  // torchtitan's pipeline stages keep weights and gradients unsharded until the last micro-batch's
+  // backward (set_reshard_after_backward, set_requires_gradient_sync); Megatron-LM's FSDP2 does not
+  // run with pipelines. Neither is replayed.
+  if (l.fsdp && l.pp > 1)
+    fail("Layout.fsdp with pp {}: FSDP2 under pipeline stages is not modelled; give pp 1, or plan without FSDP", l.pp);
   if (l.zero >= 2 && l.pp > 1)
     fail(
         "Layout.zero {} with pp {}: ZeRO-2 and -3 shard gradients that pipeline micro-batches still accumulate; use "
@@ -332,9 +337,10 @@ class Evaluator {
       shape.world = static_cast<int>(l.shards());
       shape.rank = largest_shard(numel, l.shards());
       shape.expert_world = static_cast<int>(l.expert_shards());
-      shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad;
+      // Under FSDP2 each weight gradient is a tensor autograd makes and FSDP reduce-scatters: no
+      // GEMM fills a main-gradient buffer.
+      shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad && !l.fsdp;
       shape.fsdp = l.fsdp;
-      shape.fsdp_reshard = l.pp == 1;  // torchtitan keeps a pipeline stage's weights gathered
       shape.fsdp_root_reshard = options_.fsdp_root_reshard;
       shape.fsdp_keep_last = options_.framework == Framework::Torchtitan;  // its apply_fsdp
       shape.foreach_adam = options_.framework == Framework::Torchtitan;    // torch.optim.AdamW, foreach

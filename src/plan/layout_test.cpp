@@ -12,6 +12,7 @@
 #include "remat/memory_model.h"
 #include "remat/policy.h"
 #include "remat/schedule.h"
+#include "test_util.h"
 
 namespace remat {
 namespace {
@@ -801,6 +802,35 @@ TEST(Frameworks, TorchtitanPlansNoMixtureOfExperts) {
   }
   o.framework = Framework::Megatron;
   EXPECT_NO_THROW(plan_layout(c, l, parse_device("h100-80gb"), "none", o));
+}
+
+// FSDP2 under pipeline stages (torchtitan's unsharded gradients until the last micro-batch,
+// Megatron-LM's FSDP2 not running at all) is not modelled: such a layout is refused.
+TEST(Frameworks, FsdpUnderPipelineStagesIsRefused) {
+  ModelConfig c = small_moe();
+  c.arch = "llama";
+  Layout l;
+  l.fsdp = true, l.dp = 2, l.micro_batch = 1, l.global_batch = 4;
+  EXPECT_NO_THROW(validate(l, c, parse_device("h100-80gb")));
+  l.pp = 2;
+  EXPECT_NE(remat::testing::error_of([&] {
+              validate(l, c, parse_device("h100-80gb"));
+            }).find("Layout.fsdp with pp 2: FSDP2 under pipeline stages is not modelled"),
+            std::string::npos);
+}
+
+// Under FSDP2 every weight gradient is autograd's tensor, which FSDP reduce-scatters: Megatron-LM's
+// fused weight-gradient buffers (PlanOptions::fused_wgrad) change nothing.
+TEST(Frameworks, FsdpKeepsTheWeightGradientsUnderMegatron) {
+  ModelConfig c = small_moe();
+  c.arch = "llama";
+  Layout l;
+  l.fsdp = true, l.dp = 2, l.micro_batch = 1, l.global_batch = 2;
+  PlanOptions fused, unfused;
+  unfused.fused_wgrad = false;
+  const Device d = parse_device("h100-80gb");
+  EXPECT_EQ(plan_layout(c, l, d, "none", fused).rank().memory.total_peak(),
+            plan_layout(c, l, d, "none", unfused).rank().memory.total_peak());
 }
 
 // A layout's text names the expert grid of a mixture of experts where it is not Megatron-LM's

@@ -230,13 +230,13 @@ int run(TrainFlags& f, CLI::App* app) {
   end_progress();
   if (!leader) return 0;
   print_summary(r);
-  if (!f.o.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", f.o.save_dir);
+  if (!r.options.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", r.options.save_dir);
   if (!f.csv.empty()) {
     write_file_atomic(f.csv, r.csv());
     fmt::print("wrote {}\n", f.csv);
   }
   for (const std::string& c : f.charts) {
-    r.write_chart(c, "remat train: " + describe(f.o.model) + ", policy " + f.o.policy);
+    r.write_chart(c, "remat train: " + describe(r.options.model) + ", policy " + r.options.policy);
     fmt::print("wrote {}\n", c);
   }
   return 0;

@@ -35,6 +35,8 @@ cp -r "$tmp/run" "$tmp/copy"
 head -1 "$tmp/bare.out" | grep -q "L=2 C=32 H=4 B=4 T=32 .* 600 steps" || fail "bare resume banner: $(head -1 "$tmp/bare.out")"
 grep -q "resuming the run saved in $tmp/copy at step $((step + 1))" "$tmp/bare.out" || fail "no resume line: $(head -3 "$tmp/bare.out")"
 [ "$(sed -n 's/.*weights digest: //p' "$tmp/bare.out")" = "$want" ] || fail "bare resume ended at other weights"
+grep -q "train state: $tmp/copy/state.bin" "$tmp/bare.out" && grep -aq '"step":600' "$tmp/copy/state.bin" ||
+  fail "a bare resume did not go on saving into the folder it resumed: $(grep -a -o '"step":[0-9]*' "$tmp/copy/state.bin" | head -1)"
 
 "$remat" train "${args[@]}" --save "$tmp/run" --save-every 10 --resume "$tmp/run" > "$tmp/resumed.out" 2> "$tmp/resumed.err" \
   || fail "resume: $(cat "$tmp/resumed.err")"

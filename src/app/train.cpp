@@ -420,6 +420,19 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
     const std::string path = id.substr(0, bytes);
     o.data = path == "fortunes" ? std::string() : path;
   }
+  // Left out, the settings that may change are the saved run's as well, and the run goes on saving
+  // into the folder it resumes from.
+  auto named = [&](const char* flag) {
+    return std::find(explicit_flags.begin(), explicit_flags.end(), flag) != explicit_flags.end();
+  };
+  if (!named("policy") && was.contains("policy")) o.policy = was.at("policy").get<std::string>();
+  if (!named("eval-every") && was.contains("eval-every")) o.eval_every = was.at("eval-every");
+  if (!named("eval-batches") && was.contains("eval-batches")) o.eval_batches = was.at("eval-batches");
+  if (!named("save-every") && was.contains("save-every")) o.save_every = was.at("save-every");
+  if (!named("zero") && was.contains("zero")) o.zero = was.at("zero");
+  if (!named("bucket-mb") && was.contains("bucket-mb"))
+    o.bucket_bytes = static_cast<int64_t>(was.at("bucket-mb").get<double>() * (1 << 20));
+  if (!named("save") && o.save_dir.empty()) o.save_dir = resume_dir;
   const Json now = options_json(given, was.at("data").get<std::string>());
   // A key a state of an earlier release lacks held its default then.
   const Json defaults = options_json(TrainOptions(), was.at("data").get<std::string>());
@@ -654,6 +667,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
 
   TrainResult result;
   result.policy_text = r.policy_text;
+  result.options = r.o;
   result.predicted_peak = r.predicted_peak;
   if (r.buckets) result.buckets = r.buckets->buckets();
   int64_t last_saved = saved ? r.step : -1;

@@ -93,6 +93,7 @@ struct TrainResult {
   std::vector<int64_t> rank_peaks;      // measured peak of each rank (its largest step), on rank 0
   std::vector<int64_t> rank_predicted;  // and predicted
   int buckets = 0;                      // gradient buckets (data parallelism)
+  TrainOptions options;                 // what ran: a resume's are the saved run's where the caller left them out
 
   std::string csv() const;
   // Training and validation loss against step (.png or .svg).

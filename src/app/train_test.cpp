@@ -182,6 +182,26 @@ TEST(Train, ResumeMayChangeThePolicyButNotTheTrajectory) {
   std::filesystem::remove_all(dir);
 }
 
+// A resume that leaves the settings out continues the saved run's: its policy, evaluation and save
+// settings, and saving into the folder it resumes from.
+TEST(Train, AResumeLeavingSettingsOutKeepsTheSavedOnes) {
+  const std::string dir = temp_dir("resume_settings");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 8, o.policy = "full", o.eval_every = 4, o.save_every = 2;
+  o.save_dir = dir + "/run";
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 3) throw std::runtime_error("stop");
+  };
+  EXPECT_THROW(train(o), std::runtime_error);
+  const TrainResult resumed = train(tiny(o.data), o.save_dir);
+  EXPECT_EQ(resumed.options.policy, "full");
+  EXPECT_EQ(resumed.options.eval_every, 4);
+  EXPECT_EQ(resumed.options.save_every, 2);
+  EXPECT_EQ(resumed.options.save_dir, o.save_dir);
+  EXPECT_EQ(load_train_state(o.save_dir).header.at("step").get<int64_t>(), 8);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Train, RefusesAMismatchedResume) {
   const std::string dir = temp_dir("mismatch");
   TrainOptions o = tiny(corpus_file(dir));

@@ -359,22 +359,22 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
   r.adam->set_steps(s.header.at("adam_steps").get<int64_t>());
 }
 
-// Global gradient-norm clip: the norm summed in float64 in parameter order, without allocating
-// (the step's memory is predicted to the byte). Every rank holds the same summed gradients, so
-// every rank computes the same norm.
-void clip_grads(const std::vector<at::Tensor>& grads, double clip) {
-  if (clip <= 0) return;
+// Global gradient-norm clip at `norm` (gradient_norm's).
+void clip_grads(const std::vector<at::Tensor>& grads, double clip, double norm) {
+  if (clip > 0 && norm > clip)
+    for (const at::Tensor& g : grads) g.mul_(clip / (norm + 1e-6));
+}
+
+}  // namespace
+
+double gradient_norm(const std::vector<at::Tensor>& grads) {
   double sq = 0;
   for (const at::Tensor& g : grads) {
     const float* p = g.data_ptr<float>();
     for (int64_t i = 0; i < g.numel(); ++i) sq += static_cast<double>(p[i]) * p[i];
   }
-  const double norm = std::sqrt(sq);
-  if (norm > clip)
-    for (const at::Tensor& g : grads) g.mul_(clip / (norm + 1e-6));
+  return std::sqrt(sq);
 }
-
-}  // namespace
 
 ModelConfig default_train_model() {
   ModelConfig m;
@@ -554,21 +554,27 @@ TrainRecord train_step(Run& r, int64_t outside, int64_t last_saved) {
   for (at::Tensor& p : r.params) p.mutable_grad() = at::Tensor();
   rec.loss = accumulate(r, outside);
   if (r.parallel()) rec.loss = all_reduce_step(r, rec.loss, rec);
-  if (!std::isfinite(rec.loss)) {
-    const std::string kept =
-        r.o.save_dir.empty() ? "no train state was being saved"
-        : last_saved >= 0    ? fmt::format("the last good state (step {}) is kept in '{}'", last_saved, r.o.save_dir)
-                             : "no state had been saved yet";
+  const std::string kept = r.o.save_dir.empty() ? "no train state was being saved"
+                           : last_saved >= 0
+                               ? fmt::format("the last good state (step {}) is kept in '{}'", last_saved, r.o.save_dir)
+                               : "no state had been saved yet";
+  if (!std::isfinite(rec.loss))
     fail_runtime("loss is {} at step {} (lr {:.3g}); stopped before the update; {}; lower --lr or set --clip", rec.loss,
                  r.step + 1, rec.lr, kept);
-  }
   std::vector<at::Tensor> grads;
   if (r.buckets) {
     grads = r.buckets->grads();
   } else {
     for (const at::Tensor& p : r.params) grads.push_back(p.grad());
   }
-  clip_grads(grads, r.o.clip);
+  // A finite loss may still come with an overflowed gradient, which the update would write into
+  // every weight it reaches (and a clip at an infinite norm would make NaN).
+  const double norm = gradient_norm(grads);
+  if (!std::isfinite(norm))
+    fail_runtime(
+        "the gradient norm is {} at step {} (lr {:.3g}, loss {:.4f}); stopped before the update; {}; lower --lr", norm,
+        r.step + 1, rec.lr, rec.loss, kept);
+  clip_grads(grads, r.o.clip, norm);
   r.adam->step(grads);
   if (r.parallel() && r.o.zero == 1) exchange_owned(r.params, *r.comm);
   ++r.step;

@@ -100,6 +100,12 @@ struct TrainResult {
   void write_chart(const std::string& path, const std::string& title) const;
 };
 
+// The global norm of the gradients: their squares summed in float64, in the order given (every
+// rank holds the same summed gradients, so every rank computes the same norm). Without allocating:
+// a step's memory is predicted to the byte. train() clips at it (--clip) and stops before an
+// update when it is not finite.
+double gradient_norm(const std::vector<at::Tensor>& grads);
+
 // Throws remat::Error naming the first bad option (a count, a rate, a policy that does not parse, a
 // float-data arch, a ZeRO stage for the world size, a --save folder this process cannot write or
 // that holds another saved run than `resume_dir`: checked before any step). train() calls it; the CLI also calls it

@@ -420,6 +420,17 @@ TEST(TrainState, MissingFolderNamesTheFile) {
   }
 }
 
+// The norm train() clips at and checks before each update: an overflowed gradient gives an
+// infinite norm (the step is stopped), not a finite one that an update would spread.
+TEST(Train, TheGradientNormSeesAnOverflowedGradient) {
+  std::vector<at::Tensor> grads = {at::tensor({3.0f, 0.0f}), at::tensor({4.0f})};
+  EXPECT_DOUBLE_EQ(gradient_norm(grads), 5.0);
+  grads[1][0] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(std::isfinite(gradient_norm(grads)));
+  grads[1][0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(std::isfinite(gradient_norm(grads)));
+}
+
 TEST(Train, NanLossStopsAndKeepsTheLastGoodState) {
   const std::string dir = temp_dir("nan");
   TrainOptions o = tiny(corpus_file(dir));

@@ -643,6 +643,9 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   if (!resume_dir.empty()) {
     saved = load_train_state(resume_dir);
     r.o = read_header([&] { return resumed_options(r.o, *saved, resume_dir, explicit_flags); });
+    // (Before the corpus and the model: the header says it.)
+    if (read_header([&] { return saved->header.at("step").get<int64_t>(); }) >= r.o.steps)
+      fail("the run in '{}' already finished its {} steps", resume_dir, r.o.steps);
   }
   check_train_options(r.o, resume_dir);
   apply_threads(r.o.threads);
@@ -660,7 +663,6 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       restore(r, *saved, resume_dir);
       return saved->header.at("step").get<int64_t>();
     });
-    if (r.step >= r.o.steps) fail("the run in '{}' already finished its {} steps", resume_dir, r.o.steps);
   }
 
   // One writer per run folder; a run saved there since the checks above is not written over.

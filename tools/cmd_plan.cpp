@@ -706,7 +706,9 @@ void add_layout_flags(CLI::App* a, PlanFlags* f) {
   a->add_option("--last-stage-layers", f->last_stage_layers,
                 "layers of the last pipeline stage (see --first-stage-layers)");
   a->add_option("--dp", f->dp, "data-parallel replicas (default: gpus / (tp pp))");
-  a->add_option("--zero", f->zero, "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: searched)")
+  a->add_option("--zero", f->zero,
+                "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: 0 and 1 searched; 2 and 3 are the "
+                "ZeRO paper's accounting, not checked against a measured run)")
       ->transform(decimal_integer<int>());
   a->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch (default: searched over 1, 2, 4, 8)");
   a->add_option("--global-batch", f->global_batch,

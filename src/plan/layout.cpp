@@ -715,8 +715,7 @@ void add_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device&
   for (int64_t vpp : vpps) {
     if (first > 0 ? vpp > 1 : cfg.layers % (l.pp * vpp) != 0) continue;
     for (int64_t mb : micro_batches)
-      for (int zero : space.zero) {
-        if (space.zero_fixed >= 0 && zero != space.zero_fixed) continue;
+      for (int zero : space.zero_fixed >= 0 ? std::vector<int>{space.zero_fixed} : space.zero) {
         if (zero > 0 && l.dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
         if (space.fsdp && zero != 0) continue;
         l.vpp = vpp, l.micro_batch = mb, l.zero = zero;

@@ -2,6 +2,7 @@
 // tensor and sequence parallelism and selective recompute), Megatron's and the ZeRO paper's bytes
 // per parameter, and the 1F1B schedule's micro-batches in flight.
 #include <cctype>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -316,6 +317,7 @@ TEST(Layouts, SearchEqualsPlanningEveryLayout) {
   SearchSpace space;
   space.gpus = 8, space.global_batch = 16;
   space.policies = {"none", "attn", "full"};
+  space.zero = {0, 1, 2, 3};  // every stage, as the loops below
   Layout probe;
   probe.dp = 8, probe.zero = 3, probe.micro_batch = 1, probe.global_batch = 16;
   PlanOptions o;
@@ -806,6 +808,25 @@ TEST(Frameworks, TorchtitanPlansNoMixtureOfExperts) {
 
 // FSDP2 under pipeline stages (torchtitan's unsharded gradients until the last micro-batch,
 // Megatron-LM's FSDP2 not running at all) is not modelled: such a layout is refused.
+// A search tries the ZeRO stages that measured runs check (0 and 1) unless told otherwise.
+TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
+  ModelConfig c = mixed_model();
+  c.layers = 8, c.seq = 512;
+  const Device d = parse_device("a100-80gb");
+  SearchSpace space;
+  space.gpus = 8, space.global_batch = 16, space.policies = {"none"}, space.tp = 1, space.pp = 1;
+  auto stages = [&] {
+    std::set<int> seen;
+    for (const LayoutPlan& p : search_layouts(c, space, d, 100).best) seen.insert(p.layout.zero);
+    return seen;
+  };
+  EXPECT_EQ(stages(), (std::set<int>{0, 1}));
+  space.zero_fixed = 3;
+  EXPECT_EQ(stages(), (std::set<int>{3}));
+  space.zero_fixed = -1, space.zero = {0, 1, 2, 3};
+  EXPECT_EQ(stages(), (std::set<int>{0, 1, 2, 3}));
+}
+
 TEST(Frameworks, FsdpUnderPipelineStagesIsRefused) {
   ModelConfig c = small_moe();
   c.arch = "llama";

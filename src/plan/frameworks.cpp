@@ -28,14 +28,15 @@ constexpr int64_t MiB = int64_t{1} << 20;
 
 // PyTorch's cuBLAS workspaces, allocated through the caching allocator at the first GEMM of each
 // cuBLAS handle and stream, and kept (aten/src/ATen/cuda/CublasHandlePool.cpp,
-// getChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG when set, else 4096 KiB x 8 on Hopper (sm 9.0)
-// and 4096 KiB x 2 + 16 KiB x 8 elsewhere. Handles are per thread, and the backward runs on
+// getChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG when set, else 4096 KiB x 8 on compute
+// capability 9.x to 12.x (Hopper and Blackwell; PyTorch 2.x before them gave it to 9.0 alone) and
+// 4096 KiB x 2 + 16 KiB x 8 elsewhere. Handles are per thread, and the backward runs on
 // autograd's own device thread: two workspaces (the forward's and the backward's; seen as two
 // blocks of the size on an H200, tools/gpu_memory.py --trace).
 Allocation torch_cublas(const PlanOptions& o, const Device& d) {
-  const int64_t bytes = o.cublas_workspace > 0 ? o.cublas_workspace
-                        : d.sm == 90           ? 8 * 4 * MiB
-                                               : 2 * 4 * MiB + 8 * 16 * 1024;
+  const int64_t bytes = o.cublas_workspace > 0     ? o.cublas_workspace
+                        : d.sm >= 90 && d.sm < 130 ? 8 * 4 * MiB
+                                                   : 2 * 4 * MiB + 8 * 16 * 1024;
   return {"cuBLAS workspaces (PyTorch)", 2 * bytes,
           "PyTorch's workspace for its cuBLAS GEMMs, one per thread that runs them (the forward's, autograd's "
           "backward thread), kept from the first GEMM on"};

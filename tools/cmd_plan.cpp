@@ -751,7 +751,9 @@ void add_framework_flags(CLI::App* a, PlanFlags* f) {
                 "FSDP2's root unit (embedding, final norm, head) after the forward: reshard (PyTorch 2.8 and later, "
                 "given reshard_after_forward=True as torchtitan passes) or keep (PyTorch before 2.8)")
       ->capture_default_str();
-  a->add_flag("--pure-bf16", f->pure_bf16, "no fp32 copies: weights, gradients and Adam state in bf16 (torchtune)");
+  a->add_flag("--pure-bf16", f->pure_bf16,
+              "no fp32 copies: weights, gradients and Adam state in bf16 (as torchtune keeps them; its trainer itself "
+              "is not modelled)");
   a->add_flag("--expandable-segments", f->expandable_segments,
               "PyTorch's allocator runs with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)");
   a->add_option("--cublas-workspace", f->cublas_workspace,

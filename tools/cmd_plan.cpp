@@ -514,7 +514,9 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
         100 * device.matmul_efficiency, 100 * device.memory_efficiency, 100 * device.link_efficiency,
         space.grad_bytes == 4 ? "fp32" : "16-bit");
   else
-    fmt::print("  remat's own engine and trainer (remat train --nproc): exact to the byte against its tracker\n");
+    fmt::print(
+        "  remat's own engine and trainer (remat train --nproc): exact to the byte against its tracker; step times "
+        "leave out the data-parallel all-reduce (Gloo's rate here is not measured)\n");
   if (opt.budget > 0)
     fmt::print("  per {}: {} usable (given --budget)\n", device.engine ? "rank" : "GPU", bytes_str(opt.budget));
   else if (opt.reserve >= 0 || device.engine)

@@ -110,8 +110,11 @@ struct ModelConfig {
   int64_t top_k = 2;                // experts each token goes to
   int64_t shared_ffn = 0;           // width of a shared expert every token also passes (DeepSeek, Qwen2-MoE); 0 = none
   double capacity_factor = 0;       // 0: dropless; c > 0: each expert takes ceil(c * tokens * top_k / E) rows of
-                                    // each rank's tokens, and the tokens past them are dropped, in token order
-                                    // (GShard, Switch; per rank as Megatron-LM counts them)
+                                    // each rank's tokens, and the copies past them are dropped first come,
+                                    // first served in (batch, position) order (Switch; Megatron-LM's
+                                    // --moe-token-drop-policy position, whose tokens come in (position,
+                                    // batch) order; its default, probs, keeps the highest-weight copies
+                                    // and is not modelled)
   Router router = Router::Softmax;  // moe: how scores become each token's experts (Router above)
   bool norm_topk = true;            // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
   double aux_loss = 0.01;           // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off

@@ -2,9 +2,10 @@
 // blocks/decoder.h), then instead of one MLP a router sends each token to top_k of E SwiGLU experts
 // (ModelConfig.experts, .top_k, .ffn each) and weights their outputs back together; an optional shared expert
 // (.shared_ffn) every token passes too (DeepSeek, Qwen2-MoE). Routing is dropless, or capped at a capacity per expert
-// (.capacity_factor, GShard/Switch). Every size is known before the step, whatever the routing: the
-// dispatch buffer has ModelConfig::dispatch_rows() rows (dropless: the rank's tokens x top_k, times
-// the expert imbalance under expert parallelism; capped: the rank's experts x expert_capacity() x etp).
+// (.capacity_factor: first come, first served, as Switch and Megatron-LM's "position" drop policy). Every size is known
+// before the step, whatever the routing: the dispatch buffer has ModelConfig::dispatch_rows() rows (dropless: the
+// rank's tokens x top_k, times the expert imbalance under expert parallelism; capped: the rank's experts x
+// expert_capacity() x etp).
 //   stem   x = drop(wte[tokens])
 //   block  x2 = x + drop(proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))), n1 = rms1(x), n2 = rms2(x2)
 //          (weights, experts, probs) = route(router(n2))

@@ -170,6 +170,9 @@ class ConfigReader {
   void moe() {
     c.arch = "moe";
     llama_fields(1e6);
+    // As given. Hugging Face's load-balancing loss is one term over every layer's tokens, its f
+    // per token (not per copy): at one coefficient it pulls about k / L as hard as remat's per-layer
+    // loss (Megatron-LM's). Only training feels it, and remat train reads no config.json.
     c.aux_loss = get<double>("router_aux_loss_coef", 0.001);
     c.top_k = get<int64_t>("num_experts_per_tok", 2);
     if (arch_ == "MixtralForCausalLM") {

@@ -107,12 +107,14 @@ BlockSpec example() {
 
 std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
   const at::Tensor &ys = in[n.in[0]], &w = in[n.in[1]], &slots = in[n.in[2]];
+  const at::Tensor kept = (slots >= 0).to(w.scalar_type());  // a dropped copy (-1) adds nothing
   const at::Tensor picked =
-      ys.index_select(0, slots.reshape({-1})).reshape({slots.size(0), slots.size(1), slots.size(2), -1});
-  return {(picked * w.unsqueeze(-1)).sum(2)};
+      ys.index_select(0, slots.clamp_min(0).reshape({-1})).reshape({slots.size(0), slots.size(1), slots.size(2), -1});
+  return {(picked * (w * kept).unsqueeze(-1)).sum(2)};
 }
 
-const detail::OpTestCase kTest{example, reference, /*index_range=*/6};
+const detail::OpTestCase kTest{example,         reference, /*index_range=*/6, /*float64=*/true, /*example2=*/nullptr,
+                               /*index_low=*/-1};
 
 }  // namespace
 

@@ -83,11 +83,14 @@ BlockSpec example() {
 
 std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in,
                                   const std::vector<at::Tensor>& p) {
-  const at::Tensor w = p[0].index_select(0, in[n.in[1]]);  // (R, N, K)
-  return {at::bmm(w, in[n.in[0]].unsqueeze(2)).squeeze(2)};
+  const at::Tensor& rows = in[n.in[1]];
+  const at::Tensor w = p[0].index_select(0, rows.clamp_min(0));             // (R, N, K)
+  const at::Tensor kept = (rows >= 0).to(p[0].scalar_type()).unsqueeze(1);  // an empty row (-1) gives zeros
+  return {at::bmm(w, in[n.in[0]].unsqueeze(2)).squeeze(2) * kept};
 }
 
-const detail::OpTestCase kTest{example, reference, /*index_range=*/3};
+const detail::OpTestCase kTest{example,         reference, /*index_range=*/3, /*float64=*/true, /*example2=*/nullptr,
+                               /*index_low=*/-1};
 
 }  // namespace
 

@@ -21,11 +21,12 @@ struct OpTestCase {
   // that are not float (masks) may be returned as the op computes them.
   std::vector<at::Tensor> (*reference)(const OpNode& node, const std::vector<at::Tensor>& in,
                                        const std::vector<at::Tensor>& params) = nullptr;
-  int64_t index_range = 0;  // int64 inputs are drawn from [0, index_range)
+  int64_t index_range = 0;  // int64 inputs are drawn from [index_low, index_range)
   bool float64 = true;      // the op runs float64 too (the tests then hold it to 1e-12)
   // A second example, when the op takes its inputs in two forms (q and k in separate tensors or
   // in one fused projection; rope on all of its input or on a slice). May be null.
   BlockSpec (*example2)() = nullptr;
+  int64_t index_low = 0;  // -1: a dropped copy or an empty row among the int64 inputs (their first element is it)
 };
 
 }  // namespace remat::detail

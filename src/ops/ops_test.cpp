@@ -50,12 +50,15 @@ Case make_case(OpKind kind, at::ScalarType dtype, bool second = false) {
   at::manual_seed(17 + static_cast<int>(kind));
   for (int in : c.spec.inputs) {
     const TensorSpec& t = c.spec.tensors[in];
-    if (t.dtype == DType::I64)
-      c.inputs.push_back(at::randint(0, c.def->test->index_range, t.shape, at::kLong));
-    else if (t.dtype == DType::Bool)
+    if (t.dtype == DType::I64) {
+      const detail::OpTestCase& test = *c.def->test;
+      c.inputs.push_back(at::randint(test.index_low, test.index_range, t.shape, at::kLong));
+      if (test.index_low < 0) c.inputs.back().view({-1})[0] = test.index_low;
+    } else if (t.dtype == DType::Bool) {
       c.inputs.push_back(at::randint(0, 2, t.shape, at::kLong).to(at::kBool));
-    else
+    } else {
       c.inputs.push_back(at::randn(t.shape, at::kDouble).to(dtype));
+    }
   }
   for (const ParamSpec& p : c.spec.params) c.params.push_back(at::randn(p.shape, at::kDouble).to(dtype));
   return c;

@@ -131,11 +131,14 @@ BlockSpec example() {
 
 std::vector<at::Tensor> reference(const OpNode& n, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
   const at::Tensor &x = in[n.in[0]], &w = in[n.in[1]], &slots = in[n.in[2]];
-  const at::Tensor s = at::zeros({x.size(0)}, w.options()).index_add(0, slots.reshape({-1}), w.reshape({-1}));
+  const at::Tensor kept = (slots >= 0).to(w.scalar_type());  // a dropped copy (-1) weighs no row
+  const at::Tensor s =
+      at::zeros({x.size(0)}, w.options()).index_add(0, slots.clamp_min(0).reshape({-1}), (w * kept).reshape({-1}));
   return {x * s.unsqueeze(1)};
 }
 
-const detail::OpTestCase kTest{example, reference, /*index_range=*/6};
+const detail::OpTestCase kTest{example,         reference, /*index_range=*/6, /*float64=*/true, /*example2=*/nullptr,
+                               /*index_low=*/-1};
 
 }  // namespace
 

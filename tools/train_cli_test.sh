@@ -38,8 +38,11 @@ grep -q "resuming the run saved in $tmp/copy at step $((step + 1))" "$tmp/bare.o
 grep -q "train state: $tmp/copy/state.bin" "$tmp/bare.out" && grep -aq '"step":600' "$tmp/copy/state.bin" ||
   fail "a bare resume did not go on saving into the folder it resumed: $(grep -a -o '"step":[0-9]*' "$tmp/copy/state.bin" | head -1)"
 
-"$remat" train "${args[@]}" --save "$tmp/run" --save-every 10 --resume "$tmp/run" > "$tmp/resumed.out" 2> "$tmp/resumed.err" \
-  || fail "resume: $(cat "$tmp/resumed.err")"
+"$remat" train "${args[@]}" --save "$tmp/run" --save-every 10 --resume "$tmp/run" --csv "$tmp/resumed.csv" \
+  > "$tmp/resumed.out" 2> "$tmp/resumed.err" || fail "resume: $(cat "$tmp/resumed.err")"
+# The resumed run's CSV is the whole run's: a header and steps 1 to 600.
+[ "$(sed -n 2p "$tmp/resumed.csv" | cut -d, -f1)" = 1 ] && [ "$(tail -1 "$tmp/resumed.csv" | cut -d, -f1)" = 600 ] &&
+  [ "$(wc -l < "$tmp/resumed.csv")" -eq 601 ] || fail "the resumed run's CSV: $(sed -n 2p "$tmp/resumed.csv") ... $(tail -1 "$tmp/resumed.csv")"
 got=$(sed -n 's/.*weights digest: //p' "$tmp/resumed.out")
 [ "$got" = "$want" ] || fail "killed at step $step and resumed: weights digest $got, uninterrupted $want"
 [ ! -e "$tmp/run/state.bin.tmp.999999" ] || fail "a stale temporary file in the run folder was left there"

@@ -247,6 +247,7 @@ struct Run {
   ResolvedPolicy policy;
   std::string policy_text;
   int64_t predicted_peak = 0;
+  std::vector<TrainRecord> log;  // every step's record so far, a resumed run's saved ones first
   bool parallel() const { return o.dist.world > 1; }
   bool leader() const { return o.dist.rank == 0; }
 };
@@ -322,6 +323,9 @@ std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> full_moments(Run& r)
   return {m, v};
 }
 
+// The columns of a saved state's "metrics": TrainRecord's fields, in its order.
+constexpr int64_t kMetrics = 9;
+
 void save(Run& r) {
   auto [m, v] = full_moments(r);
   if (!r.leader()) return;
@@ -336,6 +340,17 @@ void save(Run& r) {
     s.tensors.emplace_back("adam.m:" + r.names[i], m[i]);
     s.tensors.emplace_back("adam.v:" + r.names[i], v[i]);
   }
+  // The run's metrics so far, a row per step (kMetrics), so that a resumed run's log, CSV and chart
+  // cover it from its first step.
+  at::Tensor metrics = at::empty({static_cast<int64_t>(r.log.size()), kMetrics}, at::kDouble);
+  for (size_t i = 0; i < r.log.size(); ++i) {
+    const TrainRecord& t = r.log[i];
+    const double row[kMetrics] = {
+        static_cast<double>(t.step),       t.lr,        t.loss,     t.val_loss, t.tokens_per_s,
+        static_cast<double>(t.peak_bytes), t.elapsed_s, t.reduce_s, t.exposed_s};
+    std::copy(row, row + kMetrics, metrics.data_ptr<double>() + i * kMetrics);
+  }
+  s.tensors.emplace_back("metrics", metrics);
   s.header["weights_digest"] = digest(r.params);
   save_train_state(r.o.save_dir, s);
 }
@@ -357,6 +372,22 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
         s.tensor("adam.v:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
   }
   r.adam->set_steps(s.header.at("adam_steps").get<int64_t>());
+  // The steps' metrics (states before 0.12 have none: the log starts at the resumed step).
+  const int64_t step = s.header.at("step").get<int64_t>();
+  for (const auto& [name, t] : s.tensors) {
+    if (name != "metrics") continue;
+    if (t.dim() != 2 || t.size(0) != step || t.size(1) != kMetrics || t.scalar_type() != at::kDouble)
+      fail("train state in '{}' is corrupt: its metrics are {} of {}, not {} steps of {} float64 columns", dir,
+           shape_str(t.sizes().vec()), c10::toString(t.scalar_type()), step, kMetrics);
+    const double* m = t.data_ptr<double>();
+    for (int64_t i = 0; i < step; ++i, m += kMetrics) {
+      TrainRecord rec;
+      rec.step = static_cast<int64_t>(m[0]), rec.lr = m[1], rec.loss = m[2], rec.val_loss = m[3];
+      rec.tokens_per_s = m[4], rec.peak_bytes = static_cast<int64_t>(m[5]), rec.elapsed_s = m[6];
+      rec.reduce_s = m[7], rec.exposed_s = m[8];
+      r.log.push_back(rec);
+    }
+  }
 }
 
 // Global gradient-norm clip at `norm` (gradient_norm's).
@@ -586,7 +617,8 @@ TrainRecord train_step(Run& r, int64_t outside, int64_t last_saved) {
   return rec;
 }
 
-void report_progress(const Run& r, const TrainRecord& rec, double last_val, size_t steps_run) {
+// steps_run and seconds: this call's (a resumed run's earlier steps took another process's time).
+void report_progress(const Run& r, const TrainRecord& rec, double last_val, size_t steps_run, double seconds) {
   TrainProgress p;
   p.step = r.step;
   p.steps = r.o.steps;
@@ -594,7 +626,7 @@ void report_progress(const Run& r, const TrainRecord& rec, double last_val, size
   p.val_loss = last_val;
   p.tokens_per_s = rec.tokens_per_s;
   p.peak_bytes = rec.peak_bytes;
-  p.eta_s = rec.elapsed_s / static_cast<double>(steps_run) * static_cast<double>(r.o.steps - r.step);
+  p.eta_s = seconds / static_cast<double>(steps_run) * static_cast<double>(r.o.steps - r.step);
   r.o.progress(p);
 }
 
@@ -682,20 +714,24 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   int64_t my_peak = 0;
   double last_val = std::numeric_limits<double>::quiet_NaN();
   const auto t_start = Clock::now();
+  const size_t restored = r.log.size();
+  const double elapsed_before = r.log.empty() ? 0.0 : r.log.back().elapsed_s;  // a resumed run's clock goes on
   while (r.step < r.o.steps) {
     TrainRecord rec = train_step(r, outside, last_saved);
     my_peak = std::max(my_peak, rec.peak_bytes);
     const bool last = r.step == r.o.steps;
     if (r.leader() && (last || (r.o.eval_every > 0 && r.step % r.o.eval_every == 0)))
       last_val = rec.val_loss = val_loss(r);
-    rec.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-    result.log.push_back(rec);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+    rec.elapsed_s = elapsed_before + seconds;
+    r.log.push_back(rec);
     if (!r.o.save_dir.empty() && (last || (r.o.save_every > 0 && r.step % r.o.save_every == 0))) {
       save(r);
       last_saved = r.step;
     }
-    if (r.o.progress && r.leader()) report_progress(r, rec, last_val, result.log.size());
+    if (r.o.progress && r.leader()) report_progress(r, rec, last_val, r.log.size() - restored, seconds);
   }
+  result.log = std::move(r.log);
   result.final_val_loss = last_val;
   result.weights_digest = digest(r.params);
   gather_peaks(r, my_peak, result);

@@ -85,7 +85,7 @@ struct TrainRecord {
 };
 
 struct TrainResult {
-  std::vector<TrainRecord> log;  // one record per step run in this call
+  std::vector<TrainRecord> log;  // one record per step of the run: a resumed run's saved ones first
   double final_val_loss = 0;
   std::string weights_digest;           // remat::digest of the final weights
   std::string policy_text;              // the policy as resolved (a budget shows the plan)

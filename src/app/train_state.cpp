@@ -40,6 +40,7 @@ uint64_t get_u64(const std::string& in, size_t at) {
 
 at::ScalarType dtype_of(const std::string& name, const std::string& file) {
   if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
   if (name == "uint8") return at::kByte;
   if (name == "int64") return at::kLong;
   fail("train state '{}' is corrupt: unknown tensor dtype '{}'", file, name);
@@ -49,6 +50,8 @@ std::string dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat:
       return "float32";
+    case at::kDouble:
+      return "float64";
     case at::kByte:
       return "uint8";
     case at::kLong:

@@ -8,7 +8,8 @@
 #   - kill -9 of a rank stops the run within seconds with one line naming it, keeps the last saved
 #     state, and resuming every rank reaches the uninterrupted run's weights; a SIGTERM sent to a
 #     rank from outside fails the run the same way;
-#   - a different world size on resume is refused.
+#   - a different world size on resume is refused, and so are ranks started by hand (as on several
+#     hosts) whose flags differ.
 # Usage: dp_test.sh path/to/remat
 set -u
 remat=$(realpath "$1")
@@ -115,6 +116,22 @@ for _ in $(seq 1 500); do
   sleep 0.01
 done
 [ "$alive" -eq 0 ] || fail "ranks $(echo $ranks) outlived their launcher (kill -9)"
+
+# Ranks started by hand (as on several hosts) with another --lr on one: all refuse before a step.
+port=$((20000 + RANDOM % 20000))
+"$remat" train "${args[@]}" --steps 5 --threads 1/1 --rank 0 --world-size 2 --master "127.0.0.1:$port" \
+  > /dev/null 2> "$tmp/agree0.err" &
+first=$!
+"$remat" train "${args[@]}" --steps 5 --threads 1/1 --rank 1 --world-size 2 --master "127.0.0.1:$port" --lr 0.002 \
+  > /dev/null 2> "$tmp/agree1.err"
+rc1=$?
+wait "$first"
+rc0=$?
+for r in 0 1; do
+  grep -q "1 of the 2 ranks start from other flags, data or saved state than rank 0" "$tmp/agree$r.err" ||
+    fail "rank $r with another --lr than its peer: $(cat "$tmp/agree$r.err")"
+done
+[ "$rc0" -eq 2 ] && [ "$rc1" -eq 2 ] || fail "ranks that differ exited $rc0 and $rc1, not 2"
 
 "$remat" train "${args[@]}" --steps 300 --resume "$tmp/run" > /dev/null 2> "$tmp/world.err"
 rc=$?

@@ -29,6 +29,7 @@
 #include "remat/resolve.h"
 #include "remat/units.h"
 #include "util/gemm.h"
+#include "util/hash.h"
 
 namespace remat {
 
@@ -390,6 +391,31 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
   }
 }
 
+// Ranks on several hosts each read their own flags and saved run: a stale state.bin on one host, or
+// another --lr, would still pair up in the collectives and train apart. Before the first step every
+// rank compares what sets its trajectory (its step, its weights, and the options that change them
+// or the exchange: all but the policy, evaluation and save settings) with rank 0's, and all stop
+// when one differs.
+void check_ranks_agree(Run& r) {
+  Json opts = options_json(r.o, "");
+  for (const char* free : {"policy", "eval-every", "eval-batches", "save-every"}) opts.erase(free);
+  const size_t hash = r.corpus.id.rfind(':'),
+               bytes = hash == std::string::npos || hash == 0 ? hash : r.corpus.id.rfind(':', hash - 1);
+  opts["data"] =
+      bytes == std::string::npos ? r.corpus.id : r.corpus.id.substr(bytes + 1);  // its size and hash, not its path
+  const std::string text = fmt::format("{} {} {}", r.step, digest(r.params), opts.dump());
+  at::Tensor mine = at::tensor({static_cast<int64_t>(detail::fnv1a(text.data(), text.size())), r.step}, at::kLong);
+  at::Tensor first = mine.clone();
+  r.comm->broadcast(first, 0, "the ranks' start check");
+  at::Tensor differ = at::tensor({static_cast<int64_t>(!at::equal(mine, first))}, at::kLong);
+  r.comm->all_reduce(differ, "the ranks' start check").wait();
+  if (const int64_t n = differ.item<int64_t>(); n > 0)
+    fail(
+        "{} of the {} ranks start from other flags, data or saved state than rank 0 (rank 0 at step {}, rank {} at "
+        "step {}): give every rank the same flags, data and --resume folder",
+        n, r.o.dist.world, first[1].item<int64_t>(), r.o.dist.rank, r.step);
+}
+
 // Global gradient-norm clip at `norm` (gradient_norm's).
 void clip_grads(const std::vector<at::Tensor>& grads, double clip, double norm) {
   if (clip > 0 && norm > clip)
@@ -696,6 +722,8 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       return saved->header.at("step").get<int64_t>();
     });
   }
+
+  if (r.parallel()) check_ranks_agree(r);
 
   // One writer per run folder; a run saved there since the checks above is not written over.
   std::optional<RunLock> lock;

@@ -166,13 +166,14 @@ std::function<void(const TrainProgress&)> progress_printer() {
 
 // The header, once the run has started (after its checks, on the leader).
 std::function<void(const TrainOptions&, int64_t)> header_printer(const TrainFlags& f, const GemmMeasurement& gemm) {
-  return [resume = f.resume, bucket_mb = f.bucket_mb, gemm](const TrainOptions& o, int64_t first_step) {
+  return [resume = f.resume, gemm](const TrainOptions& o, int64_t first_step) {
     fmt::print("remat train: {} | policy {} | {} steps x {} tokens | seed {}\n", describe(o.model), o.policy, o.steps,
                o.model.batch * o.model.seq * o.accum * o.dist.world, o.seed);
     if (o.dist.world > 1)
       fmt::print(
           "  data parallel: {} ranks x {} micro-batch(es) of {} | ZeRO-{} | buckets of {} MiB | c10d Gloo at {}:{}\n",
-          o.dist.world, o.accum, o.model.batch, o.zero, bucket_mb, o.dist.master_addr, o.dist.master_port);
+          o.dist.world, o.accum, o.model.batch, o.zero, static_cast<double>(o.bucket_bytes) / (1 << 20),
+          o.dist.master_addr, o.dist.master_port);
     fmt::print("  BLAS: {}\n  GEMM: {}\n{}", blas_name(), gemm_name(), describe(gemm));
     if (!resume.empty()) fmt::print("  resuming the run saved in {} at step {}\n", resume, first_step + 1);
     std::fflush(stdout);
@@ -188,16 +189,18 @@ double median_of(const std::vector<TrainRecord>& log, Field field) {
 
 // What a finished run prints: the policy, loss, speed and peak against the prediction, per rank.
 void print_summary(const TrainResult& r) {
+  // This process's steps: a resumed run's earlier ones ran under the saved policy and settings.
+  const std::vector<TrainRecord> log(r.log.begin() + static_cast<std::ptrdiff_t>(r.restored), r.log.end());
   int64_t peak = 0;
-  for (const TrainRecord& rec : r.log) peak = std::max(peak, rec.peak_bytes);
+  for (const TrainRecord& rec : log) peak = std::max(peak, rec.peak_bytes);
   fmt::print("  policy as run: {}\n", r.policy_text);
   const std::string against =
       fmt::format("predicted {}{}", bytes_str(r.predicted_peak),
                   peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
   fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} ({})\n", r.final_val_loss,
-             median_of(r.log, &TrainRecord::tokens_per_s) / 1000, bytes_str(peak), against);
+             median_of(log, &TrainRecord::tokens_per_s) / 1000, bytes_str(peak), against);
   if (r.rank_peaks.size() > 1) {
-    const double red = median_of(r.log, &TrainRecord::reduce_s), exp = median_of(r.log, &TrainRecord::exposed_s);
+    const double red = median_of(log, &TrainRecord::reduce_s), exp = median_of(log, &TrainRecord::exposed_s);
     fmt::print(
         "  all-reduce: {} buckets, {:.1f} ms per step (median), {:.1f} ms not hidden by the backward ({:.0f}% "
         "hidden)\n",
@@ -268,9 +271,10 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--eval-every", o.eval_every, "validation every N steps; 0 = at the end")->capture_default_str();
   a->add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
   a->add_option("--seed", o.seed, "weights, batches, dropout")->capture_default_str();
-  a->add_option("--save", o.save_dir, "write the train state to this folder");
+  a->add_option("--save", o.save_dir, "write the train state to this folder (a resume: the folder it resumes from)");
   a->add_option("--save-every", o.save_every, "steps between saves; 0 = at the end")->capture_default_str();
-  a->add_option("--resume", f->resume, "continue the run saved in this folder");
+  a->add_option("--resume", f->resume,
+                "continue the run saved in this folder; flags left out (policy, evaluation, saving too) are its own");
   a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (--nproc: 1/(cores / N) per rank)");
   a->add_option("--nproc", f->nproc, "data parallel: start N local ranks (c10d Gloo)")
       ->transform(decimal_integer<int>())

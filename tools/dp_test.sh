@@ -80,7 +80,7 @@ rc=$?
 took=$(( ($(date +%s%N) - start) / 1000000 ))
 [ "$rc" -ne 0 ] || fail "the launcher exited 0 after a rank was killed"
 [ "$took" -lt 10000 ] || fail "the launcher took $took ms to stop after a rank was killed"
-grep -q "remat: error: rank 1 (pid $victim) was killed by signal 9" "$tmp/kill.err" || fail "no line naming the lost rank: $(cat "$tmp/kill.err")"
+grep -q "remat: error: rank [01] (pid $victim) was killed by signal 9" "$tmp/kill.err" || fail "no line naming the lost rank: $(cat "$tmp/kill.err")"
 [ "$(grep -c '^remat: error:' "$tmp/kill.err")" -eq 1 ] || fail "the lost rank was reported in more than one line: $(cat "$tmp/kill.err")"
 step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 [ -n "$step" ] && [ "$step" -lt 300 ] || fail "the run finished (step $step) before kill -9"
@@ -96,8 +96,8 @@ victim=$(pgrep -P "$launcher" | sort -n | tail -1)
 kill -TERM "$victim"
 wait "$launcher"
 rc=$?
-[ "$rc" -ne 0 ] && grep -q "remat: error: rank 1 (pid $victim) was killed by signal 15" "$tmp/term.err" ||
-  fail "SIGTERM of rank 1: the launcher exited $rc: $(cat "$tmp/term.err")"
+[ "$rc" -ne 0 ] && grep -q "remat: error: rank [01] (pid $victim) was killed by signal 15" "$tmp/term.err" ||
+  fail "SIGTERM of a rank: the launcher exited $rc: $(cat "$tmp/term.err")"
 
 # kill -9 of the launcher: its ranks die with it (a parent-death signal); none is left training.
 "$remat" train "${args[@]}" --steps 3000 --nproc 2 > /dev/null 2>&1 &
@@ -117,7 +117,16 @@ for _ in $(seq 1 500); do
 done
 [ "$alive" -eq 0 ] || fail "ranks $(echo $ranks) outlived their launcher (kill -9)"
 
-# Ranks started by hand (as on several hosts) with another --lr on one: all refuse before a step.
+# Ranks started by hand (as on several hosts) with the same flags train; with another --lr on one,
+# all refuse before a step.
+port=$((20000 + RANDOM % 20000))
+"$remat" train "${args[@]}" --steps 5 --threads 1/1 --rank 0 --world-size 2 --master "127.0.0.1:$port" \
+  > "$tmp/hand0.out" 2> "$tmp/hand0.err" &
+first=$!
+"$remat" train "${args[@]}" --steps 5 --threads 1/1 --rank 1 --world-size 2 --master "127.0.0.1:$port" \
+  > /dev/null 2> "$tmp/hand1.err" || fail "rank 1 started by hand: $(cat "$tmp/hand1.err")"
+wait "$first" || fail "rank 0 started by hand: $(cat "$tmp/hand0.err")"
+grep -q "weights digest" "$tmp/hand0.out" || fail "rank 0 started by hand printed no digest"
 port=$((20000 + RANDOM % 20000))
 "$remat" train "${args[@]}" --steps 5 --threads 1/1 --rank 0 --world-size 2 --master "127.0.0.1:$port" \
   > /dev/null 2> "$tmp/agree0.err" &

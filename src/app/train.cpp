@@ -1,5 +1,7 @@
 #include "app/train.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -373,15 +375,21 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
         s.tensor("adam.v:" + r.names[sl.param]).view({-1}).narrow(0, sl.begin, n));
   }
   r.adam->set_steps(s.header.at("adam_steps").get<int64_t>());
-  // The steps' metrics (states before 0.12 have none: the log starts at the resumed step).
+  // The steps' metrics: states of 0.12 and earlier have none, and a run resumed from one logs from
+  // its resumed step on. The rows are the last steps up to the saved one, one each, in order.
   const int64_t step = s.header.at("step").get<int64_t>();
   for (const auto& [name, t] : s.tensors) {
     if (name != "metrics") continue;
-    if (t.dim() != 2 || t.size(0) != step || t.size(1) != kMetrics || t.scalar_type() != at::kDouble)
-      fail("train state in '{}' is corrupt: its metrics are {} of {}, not {} steps of {} float64 columns", dir,
-           shape_str(t.sizes().vec()), c10::toString(t.scalar_type()), step, kMetrics);
+    bool rows_ok = t.dim() == 2 && t.size(0) <= step && t.size(1) == kMetrics && t.scalar_type() == at::kDouble;
+    for (int64_t i = 0; rows_ok && i < t.size(0); ++i)
+      rows_ok = t.data_ptr<double>()[i * kMetrics] == static_cast<double>(step - t.size(0) + 1 + i);
+    if (!rows_ok)
+      fail(
+          "train state in '{}' is corrupt: its metrics ({} of {}) are not one row of {} float64 columns for each of "
+          "the last steps up to step {}",
+          dir, shape_str(t.sizes().vec()), c10::toString(t.scalar_type()), kMetrics, step);
     const double* m = t.data_ptr<double>();
-    for (int64_t i = 0; i < step; ++i, m += kMetrics) {
+    for (int64_t i = 0; i < t.size(0); ++i, m += kMetrics) {
       TrainRecord rec;
       rec.step = static_cast<int64_t>(m[0]), rec.lr = m[1], rec.loss = m[2], rec.val_loss = m[3];
       rec.tokens_per_s = m[4], rec.peak_bytes = static_cast<int64_t>(m[5]), rec.elapsed_s = m[6];
@@ -394,11 +402,13 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
 // Ranks on several hosts each read their own flags and saved run: a stale state.bin on one host, or
 // another --lr, would still pair up in the collectives and train apart. Before the first step every
 // rank compares what sets its trajectory (its step, its weights, and the options that change them
-// or the exchange: all but the policy, evaluation and save settings) with rank 0's, and all stop
-// when one differs.
+// or the exchange) with rank 0's, and all stop when one differs. Left out: the policy, evaluation
+// and save settings, and each host's arithmetic (its ATen threads, GEMM and BLAS kernel, which
+// change the last bits of a rank's gradients, not what it trains).
 void check_ranks_agree(Run& r) {
   Json opts = options_json(r.o, "");
-  for (const char* free : {"policy", "eval-every", "eval-batches", "save-every"}) opts.erase(free);
+  for (const char* free : {"policy", "eval-every", "eval-batches", "save-every", "aten-threads", "gemm", "blas-kernel"})
+    opts.erase(free);
   const size_t hash = r.corpus.id.rfind(':'),
                bytes = hash == std::string::npos || hash == 0 ? hash : r.corpus.id.rfind(':', hash - 1);
   opts["data"] =
@@ -489,7 +499,14 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
   if (!named("zero") && was.contains("zero")) o.zero = was.at("zero");
   if (!named("bucket-mb") && was.contains("bucket-mb"))
     o.bucket_bytes = static_cast<int64_t>(was.at("bucket-mb").get<double>() * (1 << 20));
-  if (!named("save") && o.save_dir.empty()) o.save_dir = resume_dir;
+  if (!named("save") && o.save_dir.empty()) {
+    if (::access(resume_dir.c_str(), W_OK) != 0)
+      fail(
+          "a resumed run saves into the folder it resumes from, and '{}' cannot be written ({}); give --save with "
+          "another folder",
+          resume_dir, std::strerror(errno));
+    o.save_dir = resume_dir;
+  }
   const Json now = options_json(given, was.at("data").get<std::string>());
   // A key a state of an earlier release lacks held its default then.
   const Json defaults = options_json(TrainOptions(), was.at("data").get<std::string>());
@@ -760,6 +777,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     if (r.o.progress && r.leader()) report_progress(r, rec, last_val, r.log.size() - restored, seconds);
   }
   result.log = std::move(r.log);
+  result.restored = restored;
   result.final_val_loss = last_val;
   result.weights_digest = digest(r.params);
   gather_peaks(r, my_peak, result);

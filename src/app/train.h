@@ -86,6 +86,7 @@ struct TrainRecord {
 
 struct TrainResult {
   std::vector<TrainRecord> log;  // one record per step of the run: a resumed run's saved ones first
+  size_t restored = 0;           // how many of them came from the saved run (measured by another process)
   double final_val_loss = 0;
   std::string weights_digest;           // remat::digest of the final weights
   std::string policy_text;              // the policy as resolved (a budget shows the plan)

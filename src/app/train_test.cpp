@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -163,6 +164,37 @@ TEST(Train, ResumeAfterACrashContinuesBitwise) {
     EXPECT_EQ(std::isnan(resumed.log[i].val_loss), std::isnan(straight.log[i].val_loss)) << "step " << i + 1;
   }
   EXPECT_GE(resumed.log[10].elapsed_s, resumed.log[9].elapsed_s);  // the clock goes on
+  std::filesystem::remove_all(dir);
+}
+
+// A state saved without the earlier steps' metrics (by release 0.12 or earlier) resumes with a log
+// from its step on; saved again it holds those rows only, and a second resume reads them.
+TEST(Train, AStateWithoutTheEarlierStepsMetricsResumesTwice) {
+  const std::string dir = temp_dir("resume_metrics");
+  TrainOptions o = tiny(corpus_file(dir));
+  const TrainResult straight = train(o);
+  o.save_dir = dir + "/run";
+  o.save_every = 10;
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 17) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(train(o), std::runtime_error);
+  TrainState older = load_train_state(o.save_dir);
+  older.tensors.erase(
+      std::remove_if(older.tensors.begin(), older.tensors.end(), [](const auto& t) { return t.first == "metrics"; }),
+      older.tensors.end());
+  save_train_state(o.save_dir, older);
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 25) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(train(o, o.save_dir), std::runtime_error);
+  o.progress = nullptr;
+  const TrainResult resumed = train(o, o.save_dir);
+  EXPECT_EQ(resumed.weights_digest, straight.weights_digest);
+  ASSERT_EQ(resumed.log.size(), 20u);
+  EXPECT_EQ(resumed.restored, 10u);
+  EXPECT_EQ(resumed.log.front().step, 11);
+  EXPECT_EQ(resumed.log.front().loss, straight.log[10].loss);
   std::filesystem::remove_all(dir);
 }
 

@@ -806,8 +806,6 @@ TEST(Frameworks, TorchtitanPlansNoMixtureOfExperts) {
   EXPECT_NO_THROW(plan_layout(c, l, parse_device("h100-80gb"), "none", o));
 }
 
-// FSDP2 under pipeline stages (torchtitan's unsharded gradients until the last micro-batch,
-// Megatron-LM's FSDP2 not running at all) is not modelled: such a layout is refused.
 // A search tries the ZeRO stages that measured runs check (0 and 1) unless told otherwise.
 TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
   ModelConfig c = mixed_model();
@@ -827,6 +825,8 @@ TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
   EXPECT_EQ(stages(), (std::set<int>{0, 1, 2, 3}));
 }
 
+// FSDP2 under pipeline stages (torchtitan's unsharded gradients until the last micro-batch,
+// Megatron-LM's FSDP2 not running at all) is not modelled: such a layout is refused.
 TEST(Frameworks, FsdpUnderPipelineStagesIsRefused) {
   ModelConfig c = small_moe();
   c.arch = "llama";

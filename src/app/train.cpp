@@ -733,11 +733,13 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   build_model(r);
   guard_memory(r, outside);
   const ScopedLimit limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
+  const bool resumed = saved.has_value();
   if (saved) {
     r.step = read_header([&] {
       restore(r, *saved, resume_dir);
       return saved->header.at("step").get<int64_t>();
     });
+    saved.reset();  // restored: the file's tensors (weights, moments) would be held through every step
   }
 
   if (r.parallel()) check_ranks_agree(r);
@@ -755,7 +757,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   result.options = r.o;
   result.predicted_peak = r.predicted_peak;
   if (r.buckets) result.buckets = r.buckets->buckets();
-  int64_t last_saved = saved ? r.step : -1;
+  int64_t last_saved = resumed ? r.step : -1;
   int64_t my_peak = 0;
   double last_val = std::numeric_limits<double>::quiet_NaN();
   const auto t_start = Clock::now();

@@ -198,6 +198,25 @@ TEST(Train, AStateWithoutTheEarlierStepsMetricsResumesTwice) {
   std::filesystem::remove_all(dir);
 }
 
+// A resumed run holds what a new one holds: the state it was read from is let go once restored,
+// and its steps peak at the memory model's prediction.
+TEST(Train, AResumedRunPeaksAsPredicted) {
+  const std::string dir = temp_dir("resume_peak");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 6, o.save_dir = dir + "/run", o.save_every = 2;
+  o.progress = [](const TrainProgress& p) {
+    if (p.step == 3) throw std::runtime_error("stop");
+  };
+  EXPECT_THROW(train(o), std::runtime_error);
+  o.progress = nullptr;
+  const int64_t before = MemoryTracker::live();
+  const TrainResult resumed = train(o, o.save_dir);
+  int64_t peak = 0;
+  for (size_t i = resumed.restored; i < resumed.log.size(); ++i) peak = std::max(peak, resumed.log[i].peak_bytes);
+  EXPECT_EQ(peak - before, resumed.predicted_peak);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Train, ResumeMayChangeThePolicyButNotTheTrajectory) {
   const std::string dir = temp_dir("resume_policy");
   TrainOptions o = tiny(corpus_file(dir));

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 
@@ -197,7 +199,10 @@ void print_summary(const TrainResult& r) {
   const std::string against =
       fmt::format("predicted {}{}", bytes_str(r.predicted_peak),
                   peak == r.predicted_peak ? ", equal" : fmt::format(", {:+d} B", peak - r.predicted_peak));
-  fmt::print("  final validation loss {:.4f} nats/byte | {:.1f}k tokens/s (median) | peak {} ({})\n", r.final_val_loss,
+  const std::string val = std::isnan(r.final_val_loss)
+                              ? std::string("no validation ran")  // a run stopped before its first
+                              : fmt::format("final validation loss {:.4f} nats/byte", r.final_val_loss);
+  fmt::print("  {} | {:.1f}k tokens/s (median) | peak {} ({})\n", val,
              median_of(log, &TrainRecord::tokens_per_s) / 1000, bytes_str(peak), against);
   if (r.rank_peaks.size() > 1) {
     const double red = median_of(log, &TrainRecord::reduce_s), exp = median_of(log, &TrainRecord::exposed_s);
@@ -215,6 +220,18 @@ void print_summary(const TrainResult& r) {
   fmt::print("  weights digest: {}\n", r.weights_digest);
 }
 
+// Ctrl-C, kill and a closed terminal during a single-process run: the first ends it after the step
+// under way, saving the state (--save); a second ends the process at once. (Ranks of --nproc stop
+// with their launcher, from the last saved state.)
+volatile std::sig_atomic_t g_stop = 0;
+void on_stop(int sig) {
+  if (g_stop != 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+  g_stop = sig;
+}
+
 int run(TrainFlags& f, CLI::App* app) {
   if (!f.checked) check(f);
   if (launches(f)) return launch(f);
@@ -229,6 +246,14 @@ int run(TrainFlags& f, CLI::App* app) {
   const GemmMeasurement gemm_choice = f.resume.empty() ? settle_gemm(f.o.threads) : GemmMeasurement{};
   f.o.progress = progress_printer();
   f.o.started = header_printer(f, gemm_choice);
+  if (f.o.dist.world == 1) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      // A signal the process was started ignoring (nohup's SIGHUP, a background job's SIGINT) stays ignored.
+      struct sigaction was {};
+      if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) std::signal(sig, on_stop);
+    }
+    f.o.should_stop = [] { return g_stop != 0; };
+  }
   const TrainResult r = train(f.o, f.resume, given);
   end_progress();
   if (!leader) return 0;
@@ -241,6 +266,15 @@ int run(TrainFlags& f, CLI::App* app) {
   for (const std::string& c : f.charts) {
     r.write_chart(c, "remat train: " + describe(r.options.model) + ", policy " + r.options.policy);
     fmt::print("wrote {}\n", c);
+  }
+  if (r.stopped) {
+    const int64_t at = r.log.empty() ? 0 : r.log.back().step;
+    fmt::print(stderr, "remat: stopped by signal {} ({}) after step {} of {}; {}\n", g_stop, strsignal(g_stop), at,
+               r.options.steps,
+               r.options.save_dir.empty()
+                   ? std::string("nothing was saved (no --save)")
+                   : fmt::format("its state is saved: continue with --resume {}", r.options.save_dir));
+    return 128 + g_stop;
   }
   return 0;
 }

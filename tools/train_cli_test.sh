@@ -25,6 +25,20 @@ wait "$pid" 2>/dev/null
 step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 [ -n "$step" ] && [ "$step" -lt 600 ] || fail "the run finished (step $step) before kill -9; the test needs a longer run"
 
+# SIGTERM (as Ctrl-C, a scheduler's stop) ends a run with --save and no --save-every after the step
+# under way, saving it first: exit 128 + 15, and the run resumes to the uninterrupted weights.
+"$remat" train "${args[@]}" --save "$tmp/stopped" > /dev/null 2> "$tmp/stopped.err" &
+pid=$!
+for _ in $(seq 1 3000); do grep -q '^step [0-9]' "$tmp/stopped.err" 2>/dev/null && break; sleep 0.01; done
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+at=$(grep -a -o '"step":[0-9]*' "$tmp/stopped/state.bin" 2>/dev/null | head -1 | cut -d: -f2)
+[ "$rc" -eq 143 ] && [ -n "$at" ] && [ "$at" -lt 600 ] && grep -q "stopped by signal 15 .* after step $at of 600; its state is saved" "$tmp/stopped.err" ||
+  fail "SIGTERM with --save: exit $rc, state at step '$at', $(tail -1 "$tmp/stopped.err")"
+"$remat" train --resume "$tmp/stopped" --threads 1/1 > "$tmp/stopped.out" 2>&1 || fail "resuming the stopped run: $(tail -1 "$tmp/stopped.out")"
+[ "$(sed -n 's/.*weights digest: //p' "$tmp/stopped.out")" = "$want" ] || fail "the stopped run resumed to other weights"
+
 # A writer killed mid-save leaves its temporary file; the next start removes it.
 touch "$tmp/run/state.bin.tmp.999999"
 

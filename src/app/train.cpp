@@ -777,6 +777,11 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       last_saved = r.step;
     }
     if (r.o.progress && r.leader()) report_progress(r, rec, last_val, r.log.size() - restored, seconds);
+    if (!last && !r.parallel() && r.o.should_stop && r.o.should_stop()) {
+      if (!r.o.save_dir.empty() && last_saved != r.step) save(r);
+      result.stopped = true;
+      break;
+    }
   }
   result.log = std::move(r.log);
   result.restored = restored;

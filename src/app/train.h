@@ -66,6 +66,9 @@ struct TrainOptions {
   // Called once on rank 0 before the first step, with the options the run trains with (on --resume,
   // the saved run's, not the defaults of the flags left out) and the step it starts at. May be empty.
   std::function<void(const TrainOptions&, int64_t first_step)> started;
+  // Polled after every step of a single-process run (ranks stop with their launcher): true ends the
+  // run there, saving its state first when save_dir is set (TrainResult::stopped). May be empty.
+  std::function<bool()> should_stop;
 };
 
 // The default shape for `remat train`: 4 layers, dim 256, 8 heads, batch 16, seq 128.
@@ -87,6 +90,7 @@ struct TrainRecord {
 struct TrainResult {
   std::vector<TrainRecord> log;  // one record per step of the run: a resumed run's saved ones first
   size_t restored = 0;           // how many of them came from the saved run (measured by another process)
+  bool stopped = false;          // ended early by TrainOptions::should_stop (its state saved with save_dir)
   double final_val_loss = 0;
   std::string weights_digest;           // remat::digest of the final weights
   std::string policy_text;              // the policy as resolved (a budget shows the plan)

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <memory>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -214,6 +215,21 @@ TEST(Train, AResumedRunPeaksAsPredicted) {
   int64_t peak = 0;
   for (size_t i = resumed.restored; i < resumed.log.size(); ++i) peak = std::max(peak, resumed.log[i].peak_bytes);
   EXPECT_EQ(peak - before, resumed.predicted_peak);
+  std::filesystem::remove_all(dir);
+}
+
+// A stop request (TrainOptions::should_stop, the CLI's Ctrl-C) ends the run after the step under
+// way and saves it, with no --save-every.
+TEST(Train, AStopRequestSavesTheStepAndEnds) {
+  const std::string dir = temp_dir("stop");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.save_dir = dir + "/run";
+  auto polls = std::make_shared<int>(0);
+  o.should_stop = [polls] { return ++*polls == 7; };
+  const TrainResult r = train(o);
+  EXPECT_TRUE(r.stopped);
+  ASSERT_EQ(r.log.size(), 7u);
+  EXPECT_EQ(load_train_state(o.save_dir).header.at("step").get<int64_t>(), 7);
   std::filesystem::remove_all(dir);
 }
 

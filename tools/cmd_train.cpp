@@ -306,7 +306,9 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
   a->add_option("--seed", o.seed, "weights, batches, dropout")->capture_default_str();
   a->add_option("--save", o.save_dir, "write the train state to this folder (a resume: the folder it resumes from)");
-  a->add_option("--save-every", o.save_every, "steps between saves; 0 = at the end")->capture_default_str();
+  a->add_option("--save-every", o.save_every,
+                "steps between saves; 0 = at the end (and at Ctrl-C or SIGTERM, in one process)")
+      ->capture_default_str();
   a->add_option("--resume", f->resume,
                 "continue the run saved in this folder; flags left out (policy, evaluation, saving too) are its own");
   a->add_option("--threads", f->threads, "ATen/BLAS threads, e.g. 1/2 (--nproc: 1/(cores / N) per rank)");

@@ -599,11 +599,14 @@ class Evaluator {
       if (!device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
     }
-    // A word embedding tied across the first and last stage: its gradient all-reduced between them.
+    // A word embedding tied across the first and last stage: its gradient all-reduced between them,
+    // (pp - 1) tp cp dp ranks apart: in one node while the whole grid fits in one.
+    const double tied_gbps =
+        (l.tp * l.cp * l.dp * l.pp > device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) *
+        device_.link_efficiency;
     for (const ParamSpec& ps : spec.head.params)
       if (!ps.tied_to.empty() && l.pp > 1)
-        t.p2p_s +=
-            static_cast<double>(ps.numel() * l.grad_bytes) / (device_.inter_gbps * device_.link_efficiency * 1e9);
+        t.p2p_s += static_cast<double>(ps.numel() * l.grad_bytes) / (tied_gbps * 1e9);
     // Adam over this rank's share, at the memory rate.
     t.optimizer_s = static_cast<double>(worst.optimizer_traffic) / (sh.rates.memory_gbps * 1e9);
     t.step_s = t.compute_s + t.bubble_s + t.p2p_s + t.dp_exposed_s + t.optimizer_s;

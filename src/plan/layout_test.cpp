@@ -806,6 +806,24 @@ TEST(Frameworks, TorchtitanPlansNoMixtureOfExperts) {
   EXPECT_NO_THROW(plan_layout(c, l, parse_device("h100-80gb"), "none", o));
 }
 
+// A tied word embedding's gradient crosses from the last stage to the first: over NVLink while the
+// whole grid fits in one node, over the network once it does not.
+TEST(Layouts, ATiedEmbeddingsAllReduceCrossesNodesOnlyWhenTheStagesDo) {
+  ModelConfig c = mixed_model();
+  c.layers = 8, c.seq = 512;
+  const Device d = parse_device("h100-80gb");  // 8 per node
+  auto tied_s = [&](int64_t dp) {
+    Layout l;
+    l.pp = 2, l.dp = dp, l.micro_batch = 1, l.global_batch = 4 * dp;
+    ModelConfig tied = c, untied = c;
+    tied.tied = Switch::On, untied.tied = Switch::Off;
+    return plan_layout(tied, l, d, "none").time.p2p_s - plan_layout(untied, l, d, "none").time.p2p_s;
+  };
+  const double bytes = static_cast<double>(c.vocab * c.dim * 4);                    // fp32 gradient buffers
+  EXPECT_NEAR(tied_s(4), bytes / (d.intra_gbps * d.link_efficiency * 1e9), 1e-12);  // 8 ranks: one node
+  EXPECT_NEAR(tied_s(8), bytes / (d.inter_gbps * d.link_efficiency * 1e9), 1e-12);  // 16 ranks: two
+}
+
 // A search tries the ZeRO stages that measured runs check (0 and 1) unless told otherwise.
 TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
   ModelConfig c = mixed_model();

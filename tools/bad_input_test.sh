@@ -105,6 +105,7 @@ bad "--tp 2 without sp: a mixture of experts routes each rank's share" plan "${m
 bad "--etp must be in 1..1048576, got 0" plan "${moe[@]}" --global-batch 8 --gpus 2 --etp 0
 bad "--framework torchtitan is torchtitan at 9dec370 (December 2024), which has no mixture of experts; plan --arch moe with --framework megatron" plan "${moe[@]}" --global-batch 8 --gpus 2 --framework torchtitan
 bad "--etp 1 with FSDP is not modelled" plan "${moe[@]}" --global-batch 8 --gpus 4 --tp 2 --sp --dp 2 --pp 1 --fsdp --etp 1
+bad "--fsdp with pp 2: FSDP2 under pipeline stages is not modelled" plan --arch llama --layers 4 --dim 256 --heads 4 --seq 256 --vocab 1024 --dtype bf16 --device h100-80gb --gpus 8 --framework torchtitan --pp 2 --global-batch 16
 bad "unknown --router-dtype 'fp16'; allowed: model, fp32" plan "${moe[@]}" --global-batch 8 --gpus 2 --router-dtype fp16
 bad "--expert-imbalance must be in [1, 1024]" plan "${moe[@]}" --global-batch 8 --gpus 2 --expert-imbalance 0.5
 bad "model 'deepseek-v3' is not modelled: its multi-head latent attention" plan --model deepseek-v3 --gpus 256 --device h100-80gb

@@ -48,6 +48,13 @@ std::string fortunes() {
 
 }  // namespace
 
+std::optional<std::pair<std::string, std::string>> split_corpus_id(const std::string& id) {
+  const size_t hash = id.rfind(':');
+  const size_t size = hash == std::string::npos || hash == 0 ? std::string::npos : id.rfind(':', hash - 1);
+  if (size == std::string::npos) return std::nullopt;
+  return std::make_pair(id.substr(0, size), id.substr(size + 1));
+}
+
 Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   if (!(val_fraction > 0 && val_fraction < 0.5))
     fail("TrainOptions.val_fraction must be in (0, 0.5), got {}", val_fraction);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,10 @@ struct Corpus {
 // remat::Error for a missing or unreadable file, one too short for windows of `seq` bytes, or
 // val_fraction outside (0, 0.5).
 Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq);
+
+// A Corpus::id ("PATH:SIZE:HASH") split into its source and its content ("SIZE:HASH"), at its last
+// two colons (a path may hold colons); nullopt when it has fewer.
+std::optional<std::pair<std::string, std::string>> split_corpus_id(const std::string& id);
 
 // (B, T) inputs and next-byte targets from windows of `text` starting at `starts`.
 std::pair<at::Tensor, at::Tensor> windows(const std::string& text, const std::vector<int64_t>& starts, int64_t seq);

@@ -409,10 +409,8 @@ void check_ranks_agree(Run& r) {
   Json opts = options_json(r.o, "");
   for (const char* free : {"policy", "eval-every", "eval-batches", "save-every", "aten-threads", "gemm", "blas-kernel"})
     opts.erase(free);
-  const size_t hash = r.corpus.id.rfind(':'),
-               bytes = hash == std::string::npos || hash == 0 ? hash : r.corpus.id.rfind(':', hash - 1);
-  opts["data"] =
-      bytes == std::string::npos ? r.corpus.id : r.corpus.id.substr(bytes + 1);  // its size and hash, not its path
+  const auto data = split_corpus_id(r.corpus.id);
+  opts["data"] = data ? data->second : r.corpus.id;  // its size and hash, not its path
   const std::string text = fmt::format("{} {} {}", r.step, digest(r.params), opts.dump());
   at::Tensor mine = at::tensor({static_cast<int64_t>(detail::fnv1a(text.data(), text.size())), r.step}, at::kLong);
   at::Tensor first = mine.clone();
@@ -482,10 +480,9 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
   // Without --data, the saved run's text: its id is "PATH:BYTES:HASH" ("fortunes:..." for the default).
   if (std::find(explicit_flags.begin(), explicit_flags.end(), "data") == explicit_flags.end()) {
     const std::string id = was.at("data").get<std::string>();
-    const size_t hash = id.rfind(':'), bytes = hash == std::string::npos || hash == 0 ? hash : id.rfind(':', hash - 1);
-    if (bytes == std::string::npos) fail("train state '{}' names no data ('{}'); give --data", resume_dir, id);
-    const std::string path = id.substr(0, bytes);
-    o.data = path == "fortunes" ? std::string() : path;
+    const auto data = split_corpus_id(id);
+    if (!data) fail("train state '{}' names no data ('{}'); give --data", resume_dir, id);
+    o.data = data->first == "fortunes" ? std::string() : data->first;
   }
   // Left out, the settings that may change are the saved run's as well, and the run goes on saving
   // into the folder it resumes from.

@@ -64,6 +64,16 @@ TrainOptions tiny(const std::string& data) {
   return o;
 }
 
+// Trains `o` (saving into o.save_dir) until a simulated crash after step `at`, resuming
+// `resume_dir` when one is given; returns with `o` rid of the crash.
+void crash_after(TrainOptions& o, int64_t at, const std::string& resume_dir = "") {
+  o.progress = [at](const TrainProgress& p) {
+    if (p.step == at) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(train(o, resume_dir), std::runtime_error);
+  o.progress = nullptr;
+}
+
 std::vector<double> losses(const TrainResult& r) {
   std::vector<double> v;
   for (const TrainRecord& rec : r.log) v.push_back(rec.loss);
@@ -132,11 +142,7 @@ TEST(Train, MoeResumesBitwise) {
   const TrainResult straight = train(o);
   o.save_dir = dir + "/run";
   o.save_every = 5;
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 8) throw std::runtime_error("simulated crash");
-  };
-  EXPECT_THROW(train(o), std::runtime_error);
-  o.progress = nullptr;
+  crash_after(o, 8);
   EXPECT_EQ(train(o, o.save_dir).weights_digest, straight.weights_digest);
   std::filesystem::remove_all(dir);
 }
@@ -149,12 +155,8 @@ TEST(Train, ResumeAfterACrashContinuesBitwise) {
 
   o.save_dir = dir + "/run";
   o.save_every = 10;
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 17) throw std::runtime_error("simulated crash");
-  };
-  EXPECT_THROW(train(o), std::runtime_error);
+  crash_after(o, 17);
   EXPECT_EQ(load_train_state(o.save_dir).header.at("step").get<int64_t>(), 10);
-  o.progress = nullptr;
   const TrainResult resumed = train(o, o.save_dir);
   EXPECT_EQ(resumed.weights_digest, straight.weights_digest);
   // Its log is the whole run's: the 10 steps saved, then the 20 resumed.
@@ -176,20 +178,13 @@ TEST(Train, AStateWithoutTheEarlierStepsMetricsResumesTwice) {
   const TrainResult straight = train(o);
   o.save_dir = dir + "/run";
   o.save_every = 10;
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 17) throw std::runtime_error("simulated crash");
-  };
-  EXPECT_THROW(train(o), std::runtime_error);
+  crash_after(o, 17);
   TrainState older = load_train_state(o.save_dir);
   older.tensors.erase(
       std::remove_if(older.tensors.begin(), older.tensors.end(), [](const auto& t) { return t.first == "metrics"; }),
       older.tensors.end());
   save_train_state(o.save_dir, older);
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 25) throw std::runtime_error("simulated crash");
-  };
-  EXPECT_THROW(train(o, o.save_dir), std::runtime_error);
-  o.progress = nullptr;
+  crash_after(o, 25, o.save_dir);
   const TrainResult resumed = train(o, o.save_dir);
   EXPECT_EQ(resumed.weights_digest, straight.weights_digest);
   ASSERT_EQ(resumed.log.size(), 20u);
@@ -205,11 +200,7 @@ TEST(Train, AResumedRunPeaksAsPredicted) {
   const std::string dir = temp_dir("resume_peak");
   TrainOptions o = tiny(corpus_file(dir));
   o.steps = 6, o.save_dir = dir + "/run", o.save_every = 2;
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 3) throw std::runtime_error("stop");
-  };
-  EXPECT_THROW(train(o), std::runtime_error);
-  o.progress = nullptr;
+  crash_after(o, 3);
   const int64_t before = MemoryTracker::live();
   const TrainResult resumed = train(o, o.save_dir);
   int64_t peak = 0;
@@ -239,17 +230,12 @@ TEST(Train, ResumeMayChangeThePolicyButNotTheTrajectory) {
   o.steps = 20;
   o.save_dir = dir + "/run";
   o.save_every = 10;
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 12) throw std::runtime_error("stop");
-  };
   const TrainResult straight = [&] {
     TrainOptions s = o;
     s.save_dir.clear();
-    s.progress = nullptr;
     return train(s);
   }();
-  EXPECT_THROW(train(o), std::runtime_error);
-  o.progress = nullptr;
+  crash_after(o, 12);
   o.policy = "full";
   EXPECT_EQ(train(o, o.save_dir, {"policy"}).weights_digest, straight.weights_digest);
   std::filesystem::remove_all(dir);
@@ -262,10 +248,7 @@ TEST(Train, AResumeLeavingSettingsOutKeepsTheSavedOnes) {
   TrainOptions o = tiny(corpus_file(dir));
   o.steps = 8, o.policy = "full", o.eval_every = 4, o.save_every = 2;
   o.save_dir = dir + "/run";
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 3) throw std::runtime_error("stop");
-  };
-  EXPECT_THROW(train(o), std::runtime_error);
+  crash_after(o, 3);
   const TrainResult resumed = train(tiny(o.data), o.save_dir);
   EXPECT_EQ(resumed.options.policy, "full");
   EXPECT_EQ(resumed.options.eval_every, 4);
@@ -281,11 +264,7 @@ TEST(Train, RefusesAMismatchedResume) {
   o.steps = 5;
   o.save_dir = dir + "/run";
   o.save_every = 2;
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 3) throw std::runtime_error("stop");
-  };
-  EXPECT_THROW(train(o), std::runtime_error);
-  o.progress = nullptr;
+  crash_after(o, 3);
   TrainOptions other = o;
   other.model.dim = 64;
   try {
@@ -363,11 +342,7 @@ TEST(Train, AResumeComparesAFlagTheSavedRunPredatesWithItsDefault) {
   const std::string dir = temp_dir("older");
   TrainOptions o = tiny(corpus_file(dir));
   o.steps = 4, o.save_dir = dir + "/run", o.save_every = 2;
-  o.progress = [](const TrainProgress& p) {
-    if (p.step == 3) throw std::runtime_error("stop");
-  };
-  EXPECT_THROW(train(o), std::runtime_error);  // saved at step 2 of 4
-  o.progress = nullptr;
+  crash_after(o, 3);  // saved at step 2 of 4
   forge(o.save_dir + "/state.bin", [](nlohmann::json& h) { h["options"].erase("expert-weights"); });
   TrainOptions other = o;
   other.model.expert_weights = ExpertWeights::Activation;

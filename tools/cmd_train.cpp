@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -247,10 +248,20 @@ int run(TrainFlags& f, CLI::App* app) {
   f.o.progress = progress_printer();
   f.o.started = header_printer(f, gemm_choice);
   if (f.o.dist.world == 1) {
+    // The handler runs on a stack of its own: oneDNN's JIT GEMMs move the stack pointer into heap
+    // buffers, below which a signal frame on the thread's own stack would overwrite the heap.
+    static std::vector<char> handler_stack(size_t{256} << 10);
+    stack_t alt{};
+    alt.ss_sp = handler_stack.data(), alt.ss_size = handler_stack.size();
+    ::sigaltstack(&alt, nullptr);
+    struct sigaction stop {};
+    stop.sa_handler = on_stop;
+    stop.sa_flags = SA_ONSTACK | SA_RESTART;
+    sigemptyset(&stop.sa_mask);
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
       // A signal the process was started ignoring (nohup's SIGHUP, a background job's SIGINT) stays ignored.
       struct sigaction was {};
-      if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) std::signal(sig, on_stop);
+      if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) ::sigaction(sig, &stop, nullptr);
     }
     f.o.should_stop = [] { return g_stop != 0; };
   }

@@ -1,9 +1,12 @@
 #include "util/parallel.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -46,6 +49,13 @@ class Pool {
     stop_ = false;
     for (int i = 1; i < std::max(1, threads); ++i)
       workers_.emplace_back([this, i] {
+        // A process's asynchronous signals (Ctrl-C, kill) are handled on the application's
+        // threads, never here: a worker runs oneDNN's JIT GEMMs, which move the stack pointer into
+        // a heap buffer, and the frame a handler gets would be written below it, into the heap.
+        sigset_t async;
+        sigfillset(&async);
+        for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigdelset(&async, fault);
+        pthread_sigmask(SIG_BLOCK, &async, nullptr);
         t_worker = i;
         work();
       });

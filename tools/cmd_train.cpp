@@ -221,9 +221,9 @@ void print_summary(const TrainResult& r) {
   fmt::print("  weights digest: {}\n", r.weights_digest);
 }
 
-// Ctrl-C, kill and a closed terminal during a single-process run: the first ends it after the step
-// under way, saving the state (--save); a second ends the process at once. (Ranks of --nproc stop
-// with their launcher, from the last saved state.)
+// Ctrl-C, kill and a closed terminal: the first ends the run after the step under way, saving the
+// state (--save); a second ends the process at once. The ranks of a parallel run all stop after
+// the same step (TrainOptions::should_stop); --nproc's launcher passes its signal on to each.
 volatile std::sig_atomic_t g_stop = 0;
 void on_stop(int sig) {
   if (g_stop != 0) {
@@ -247,7 +247,7 @@ int run(TrainFlags& f, CLI::App* app) {
   const GemmMeasurement gemm_choice = f.resume.empty() ? settle_gemm(f.o.threads) : GemmMeasurement{};
   f.o.progress = progress_printer();
   f.o.started = header_printer(f, gemm_choice);
-  if (f.o.dist.world == 1) {
+  {
     // The handler runs on a stack of its own: oneDNN's JIT GEMMs move the stack pointer into heap
     // buffers, below which a signal frame on the thread's own stack would overwrite the heap.
     static std::vector<char> handler_stack(size_t{256} << 10);
@@ -263,11 +263,11 @@ int run(TrainFlags& f, CLI::App* app) {
       struct sigaction was {};
       if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) ::sigaction(sig, &stop, nullptr);
     }
-    f.o.should_stop = [] { return g_stop != 0; };
+    f.o.should_stop = [] { return static_cast<int>(g_stop); };
   }
   const TrainResult r = train(f.o, f.resume, given);
   end_progress();
-  if (!leader) return 0;
+  if (!leader) return r.stopped != 0 ? 128 + r.stopped : 0;
   print_summary(r);
   if (!r.options.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", r.options.save_dir);
   if (!f.csv.empty()) {
@@ -280,12 +280,12 @@ int run(TrainFlags& f, CLI::App* app) {
   }
   if (r.stopped) {
     const int64_t at = r.log.empty() ? 0 : r.log.back().step;
-    fmt::print(stderr, "remat: stopped by signal {} ({}) after step {} of {}; {}\n", g_stop, strsignal(g_stop), at,
-               r.options.steps,
+    fmt::print(stderr, "remat: stopped by signal {} ({}) after step {} of {}; {}\n", r.stopped, strsignal(r.stopped),
+               at, r.options.steps,
                r.options.save_dir.empty()
                    ? std::string("nothing was saved (no --save)")
                    : fmt::format("its state is saved: continue with --resume {}", r.options.save_dir));
-    return 128 + g_stop;
+    return 128 + r.stopped;
   }
   return 0;
 }

@@ -6,8 +6,10 @@
 #   - 3 and 4 ranks match one process with --accum 3 and 4 within a stated tolerance;
 #   - every rank's peak memory is predicted to the byte, with and without ZeRO-1;
 #   - kill -9 of a rank stops the run within seconds with one line naming it, keeps the last saved
-#     state, and resuming every rank reaches the uninterrupted run's weights; a SIGTERM sent to a
-#     rank from outside fails the run the same way;
+#     state, and resuming every rank reaches the uninterrupted run's weights;
+#   - SIGTERM to the launcher (Ctrl-C's SIGINT goes the same way), or to one rank from outside,
+#     stops every rank after the same step with the state saved there, and resuming reaches the
+#     uninterrupted run's weights;
 #   - a different world size on resume is refused, and so are ranks started by hand (as on several
 #     hosts) whose flags differ.
 # Usage: dp_test.sh path/to/remat
@@ -87,17 +89,29 @@ step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 run resumed --steps 300 --nproc 2 --save "$tmp/run" --save-every 10 --resume "$tmp/run"
 [ "$(digest resumed)" = "$(digest straight)" ] || fail "killed at step $step and resumed: $(digest resumed), uninterrupted $(digest straight)"
 
-# SIGTERM of a rank from outside (a scheduler, a user): a failure as well, named in one line.
-"$remat" train "${args[@]}" --steps 3000 --nproc 2 > /dev/null 2> "$tmp/term.err" &
-launcher=$!
-for _ in $(seq 1 500); do [ "$(pgrep -P "$launcher" | wc -l)" -eq 2 ] && break; sleep 0.01; done
-victim=$(pgrep -P "$launcher" | sort -n | tail -1)
-[ -n "$victim" ] || fail "no rank to stop"
-kill -TERM "$victim"
-wait "$launcher"
-rc=$?
-[ "$rc" -ne 0 ] && grep -q "remat: error: rank [01] (pid $victim) was killed by signal 15" "$tmp/term.err" ||
-  fail "SIGTERM of a rank: the launcher exited $rc: $(cat "$tmp/term.err")"
+# SIGTERM to the launcher (a scheduler, kill) or to one rank from outside: every rank finishes the
+# step under way and the state is saved there; the launcher exits 143 with the leader's line.
+for target in launcher rank; do
+  rm -rf "$tmp/stop"
+  "$remat" train "${args[@]}" --steps 300 --nproc 2 --save "$tmp/stop" --save-every 10 > /dev/null 2> "$tmp/stop.err" &
+  launcher=$!
+  for _ in $(seq 1 1000); do [ -f "$tmp/stop/state.bin" ] && break; sleep 0.01; done
+  victim=$launcher
+  [ "$target" = rank ] && victim=$(pgrep -P "$launcher" | sort -n | tail -1)
+  [ -n "$victim" ] || fail "no rank to stop"
+  kill -TERM "$victim"
+  wait "$launcher"
+  rc=$?
+  said=$(grep -v '^step' "$tmp/stop.err")
+  [ "$rc" -eq 143 ] || fail "SIGTERM to the $target: the launcher exited $rc: $said"
+  at=$(sed -n 's/^remat: stopped by signal 15 (Terminated) after step \([0-9]*\) of 300; its state is saved.*/\1/p' "$tmp/stop.err")
+  [ -n "$at" ] && ! grep -q '^remat: error:' "$tmp/stop.err" || fail "SIGTERM to the $target: $said"
+  step=$(grep -a -o '"step":[0-9]*' "$tmp/stop/state.bin" | head -1 | cut -d: -f2)
+  [ "$step" = "$at" ] && [ "$step" -lt 300 ] || fail "SIGTERM to the $target: stopped after step $at, state saved at $step"
+  run "stopped_$target" --steps 300 --nproc 2 --save "$tmp/stop" --save-every 10 --resume "$tmp/stop"
+  [ "$(digest "stopped_$target")" = "$(digest straight)" ] ||
+    fail "SIGTERM to the $target at step $step, resumed: $(digest "stopped_$target"), uninterrupted $(digest straight)"
+done
 
 # kill -9 of the launcher: its ranks die with it (a parent-death signal); none is left training.
 "$remat" train "${args[@]}" --steps 3000 --nproc 2 > /dev/null 2>&1 &

@@ -50,9 +50,13 @@ std::string how_it_ended(int status) {
   return fmt::format("exited with code {}", WEXITSTATUS(status));
 }
 
-// The signal that asked the launcher to stop (SIGINT, SIGTERM, SIGHUP), or 0.
+// The signal that asked the launcher to stop (SIGINT, SIGTERM, SIGHUP), or 0, and how many came.
 volatile std::sig_atomic_t g_stop = 0;
-void on_stop(int sig) { g_stop = sig; }
+volatile std::sig_atomic_t g_signals = 0;
+void on_stop(int sig) {
+  g_stop = sig;
+  g_signals = g_signals + 1;
+}
 
 // One rank as the launcher sees it: its process, its stderr, and how it ended.
 struct Rank {
@@ -61,21 +65,25 @@ struct Rank {
   std::string partial;     // a line not yet ended
   std::string last_error;  // its last "remat: error: ..." line, held back until its end is known
   std::optional<int> status;
-  bool stopped = false;  // the launcher signalled it (its SIGTERM or SIGKILL end is then no failure of its own)
+  bool stopped = false;    // the launcher signalled it (its SIGTERM or SIGKILL end is then no failure of its own)
+  bool told_stop = false;  // it wrote where a stop left the run (the leader)
 };
 
-constexpr std::string_view kError = "remat: error: ";
+constexpr std::string_view kError = "remat: error: ", kStopped = "remat: stopped ";
 
 // Passes a rank's finished lines on; its error lines are kept (the launcher reports one failure).
+// The leader's line on a stop (where its state is saved) always passes.
 void forward(Rank& r, bool quiet) {
   size_t at;
   while ((at = r.partial.find('\n')) != std::string::npos) {
     std::string line = r.partial.substr(0, at);
     r.partial.erase(0, at + 1);
-    if (line.rfind(kError, 0) == 0)
+    if (line.rfind(kError, 0) == 0) {
       r.last_error = line.substr(kError.size());
-    else if (!quiet)
+    } else if (!quiet || line.rfind(kStopped, 0) == 0) {
       fmt::print(stderr, "{}\n", line);
+      if (line.rfind(kStopped, 0) == 0) r.told_stop = true;
+    }
   }
 }
 
@@ -122,6 +130,17 @@ int reap(std::vector<Rank>& ranks) {
 
 bool failed(const Rank& r) { return r.status && !(WIFEXITED(*r.status) && WEXITSTATUS(*r.status) == 0); }
 
+// The signal a rank stopped at (it exited with 128 + SIGINT, SIGTERM or SIGHUP after its step and
+// the save: the whole run stops so), or 0.
+int stopped_at(const Rank& r) {
+  if (!r.status || !WIFEXITED(*r.status)) return 0;
+  const int sig = WEXITSTATUS(*r.status) - 128;
+  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP ? sig : 0;
+}
+
+// A rank that ended in failure, not a stop.
+bool broke(const Rank& r) { return failed(r) && stopped_at(r) == 0; }
+
 void kill_all(std::vector<Rank>& ranks, int sig) {
   for (Rank& r : ranks)
     if (r.pid > 0 && !r.status) {
@@ -167,8 +186,9 @@ void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std
     fail_runtime("cannot start rank {}: {}", k, std::strerror(errno));
   }
   if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed outright takes its ranks with it
     if (::getppid() != launcher) ::_exit(1);
+    ::setpgid(0, 0);  // the terminal's Ctrl-C reaches the launcher alone, which passes it on once
     ::dup2(pipe_fds[1], STDERR_FILENO);
     ::execve("/proc/self/exe", argv.data(), envp.data());
     ::_exit(127);
@@ -178,17 +198,17 @@ void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std
   ranks[k].err = pipe_fds[0];
 }
 
-// Ctrl-C, kill and a closed terminal stop the ranks too, while this lives; the last saved state
-// stays as it was.
+// Ctrl-C, kill and a closed terminal stop the ranks too, while this lives.
 class StopSignals {
  public:
   StopSignals() {
-    g_stop = 0;  // a signal that stopped an earlier launch does not stop this one
+    g_stop = 0, g_signals = 0;  // a signal that stopped an earlier launch does not stop this one
     struct sigaction sa {};
     sa.sa_handler = on_stop;
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-    ::sigaction(SIGHUP, &sa, &old_hup_);
+    // A signal the launcher was started ignoring (nohup's SIGHUP, a background job's SIGINT) stays
+    // ignored, as its ranks (which inherit that) ignore it.
+    for (auto [sig, old] : {std::pair{SIGINT, &old_int_}, {SIGTERM, &old_term_}, {SIGHUP, &old_hup_}})
+      if (::sigaction(sig, nullptr, old) == 0 && old->sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
   }
   ~StopSignals() {
     ::sigaction(SIGINT, &old_int_, nullptr);
@@ -220,6 +240,27 @@ void stop_ranks(std::vector<Rank>& ranks, int stop, std::chrono::seconds grace) 
     }
 }
 
+// A stop signal: passed on to every rank once; each finishes its step, saves (--save) and exits
+// 128 + the signal. A second signal, or a rank that ends in failure (and `grace` after it), ends
+// the rest at once (SIGKILL). Returns when every rank has ended.
+void stop_ranks_after_step(std::vector<Rank>& ranks, int stop, std::chrono::seconds grace) {
+  kill_all(ranks, stop);
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  while (reap(ranks) > 0 && g_signals < 2) {
+    drain(ranks, 20, true);
+    if (!deadline && std::any_of(ranks.begin(), ranks.end(), broke))
+      deadline = std::chrono::steady_clock::now() + grace;
+    if (deadline && std::chrono::steady_clock::now() > *deadline) break;
+  }
+  kill_all(ranks, SIGKILL);
+  for (Rank& r : ranks)
+    if (!r.status) {
+      int status = 0;
+      ::waitpid(r.pid, &status, 0);
+      r.status = status;
+    }
+}
+
 // The cause of a failed run: a rank killed by a signal the launcher did not send (the others'
 // errors are its echo), else the first that failed of itself; nullptr when every rank succeeded.
 const Rank* failure_cause(const std::vector<Rank>& ranks) {
@@ -241,18 +282,27 @@ int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::s
   {
     const StopSignals signals;
     int running = nproc;
+    // A rank that stops (a signal of its own) is followed by the others after the same step.
     while (running > 0 && !g_stop) {
       drain(ranks, 50, false);
       running = reap(ranks);
-      if (std::any_of(ranks.begin(), ranks.end(), failed)) break;
+      if (std::any_of(ranks.begin(), ranks.end(), broke)) break;
     }
     stop = g_stop;
-    if (running > 0) stop_ranks(ranks, stop, grace);
+    if (running > 0 && stop != 0)
+      stop_ranks_after_step(ranks, stop, grace);
+    else if (running > 0)
+      stop_ranks(ranks, 0, grace);
     const bool quiet = stop != 0 || std::any_of(ranks.begin(), ranks.end(), failed);
     while (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.err >= 0; })) drain(ranks, 20, quiet);
   }
+  if (std::none_of(ranks.begin(), ranks.end(), failed)) return 0;  // the signal came as they finished
+  if (stop == 0 && std::none_of(ranks.begin(), ranks.end(), broke))
+    for (const Rank& r : ranks)
+      if ((stop = stopped_at(r)) != 0) break;
   if (stop != 0) {
-    say(fmt::format("stopped by signal {} ({}); the {} ranks were stopped with it", stop, strsignal(stop), nproc));
+    if (std::none_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.told_stop; }))
+      say(fmt::format("stopped by signal {} ({}); the {} ranks were stopped with it", stop, strsignal(stop), nproc));
     return 128 + stop;
   }
   const Rank* cause = failure_cause(ranks);

@@ -614,6 +614,19 @@ double all_reduce_step(Run& r, double loss, TrainRecord& rec) {
   return r.loss_sum.item<double>();
 }
 
+// TrainOptions::should_stop, polled once per step; in a parallel run the ranks' largest, so that all
+// stop after the same step. The votes are a few bytes of the process's own, outside the tensor
+// accounting (the step's memory is the same with and without them).
+int stop_request(Run& r) {
+  const int mine = r.o.should_stop ? r.o.should_stop() : 0;
+  if (!r.parallel()) return mine;
+  std::vector<double> votes(static_cast<size_t>(r.o.dist.world), 0.0);
+  votes[static_cast<size_t>(r.o.dist.rank)] = mine;
+  at::Tensor t = at::from_blob(votes.data(), {r.o.dist.world}, at::kDouble);
+  r.comm->all_reduce(t, "the stop vote").wait();
+  return static_cast<int>(*std::max_element(votes.begin(), votes.end()));
+}
+
 // One optimizer step: the micro-batches, the reductions, the finite-loss check, the update.
 // last_saved: the step of the last state saved (-1: none), for the error.
 TrainRecord train_step(Run& r, int64_t outside, int64_t last_saved) {
@@ -774,9 +787,9 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       last_saved = r.step;
     }
     if (r.o.progress && r.leader()) report_progress(r, rec, last_val, r.log.size() - restored, seconds);
-    if (!last && !r.parallel() && r.o.should_stop && r.o.should_stop()) {
+    if (const int stop = last ? 0 : stop_request(r)) {
       if (!r.o.save_dir.empty() && last_saved != r.step) save(r);
-      result.stopped = true;
+      result.stopped = stop;
       break;
     }
   }

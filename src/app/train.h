@@ -66,9 +66,11 @@ struct TrainOptions {
   // Called once on rank 0 before the first step, with the options the run trains with (on --resume,
   // the saved run's, not the defaults of the flags left out) and the step it starts at. May be empty.
   std::function<void(const TrainOptions&, int64_t first_step)> started;
-  // Polled after every step of a single-process run (ranks stop with their launcher): true ends the
-  // run there, saving its state first when save_dir is set (TrainResult::stopped). May be empty.
-  std::function<bool()> should_stop;
+  // Polled once per step: 0 goes on; another value (the CLI gives a signal's number) ends the run
+  // after that step, saving its state first when save_dir is set (TrainResult::stopped). The ranks
+  // of a parallel run vote each step and all stop after the same one with the largest value any
+  // gave (a rank without it votes 0). May be empty.
+  std::function<int()> should_stop;
 };
 
 // The default shape for `remat train`: 4 layers, dim 256, 8 heads, batch 16, seq 128.
@@ -90,7 +92,8 @@ struct TrainRecord {
 struct TrainResult {
   std::vector<TrainRecord> log;  // one record per step of the run: a resumed run's saved ones first
   size_t restored = 0;           // how many of them came from the saved run (measured by another process)
-  bool stopped = false;          // ended early by TrainOptions::should_stop (its state saved with save_dir)
+  int stopped = 0;               // what TrainOptions::should_stop gave (the ranks' largest) when it ended the
+                                 // run early, its state saved with save_dir; 0: not stopped
   double final_val_loss = 0;
   std::string weights_digest;           // remat::digest of the final weights
   std::string policy_text;              // the policy as resolved (a budget shows the plan)

@@ -210,15 +210,15 @@ TEST(Train, AResumedRunPeaksAsPredicted) {
 }
 
 // A stop request (TrainOptions::should_stop, the CLI's Ctrl-C) ends the run after the step under
-// way and saves it, with no --save-every.
+// way and saves it, with no --save-every; the result gives the request's reason.
 TEST(Train, AStopRequestSavesTheStepAndEnds) {
   const std::string dir = temp_dir("stop");
   TrainOptions o = tiny(corpus_file(dir));
   o.save_dir = dir + "/run";
   auto polls = std::make_shared<int>(0);
-  o.should_stop = [polls] { return ++*polls == 7; };
+  o.should_stop = [polls] { return ++*polls == 7 ? 15 : 0; };
   const TrainResult r = train(o);
-  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.stopped, 15);
   ASSERT_EQ(r.log.size(), 7u);
   EXPECT_EQ(load_train_state(o.save_dir).header.at("step").get<int64_t>(), 7);
   std::filesystem::remove_all(dir);

@@ -262,6 +262,9 @@ bad "train state 'earlier/state.bin' was written by an earlier remat (format REM
 bad "--dim 32 differs from the run saved in 'run' (16)" train --resume run --dim 32
 bad "the run in 'run' already finished its 2 steps" train --resume run --data "$box/text.txt"
 bad "the run in 'run' was trained with 1 ATen thread(s)" train --resume run --threads 2/1 --data "$box/text.txt"
+# Under --nproc the launcher refuses a resume before it starts a rank, as one process would.
+bad "--lr 0.5 differs from the run saved in 'run' (0.003)" train --nproc 2 --resume run --lr 0.5 --data "$box/text.txt"
+bad "--nproc 2 differs from the run saved in 'run' (1)" train --nproc 2 --resume run --data "$box/text.txt"
 bad "cannot read train state '/nonexistent/state.bin'" sample --load /nonexistent
 bad "train state 'fifo_run/state.bin' is a FIFO" sample --load fifo_run
 bad "is corrupt or truncated" sample --load garbage

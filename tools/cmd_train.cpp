@@ -76,9 +76,21 @@ int launch(TrainFlags& f) {
 // (Its ranks are started without --nproc.)
 bool launches(const TrainFlags& f) { return f.nproc > 1 && f.rank < 0; }
 
+// The long names of the flags given (train()'s explicit_flags). --gemm auto is no GEMM of its own:
+// a resumed run keeps the one it was trained on, a new run measures.
+std::vector<std::string> explicit_flags(CLI::App* app) {
+  std::vector<std::string> given;
+  for (const CLI::Option* opt : app->get_options())
+    if (opt->count() > 0 && !opt->get_lnames().empty()) given.push_back(opt->get_lnames()[0]);
+  if (app->get_option("--gemm")->as<std::string>() == "auto")
+    given.erase(std::remove(given.begin(), given.end(), "gemm"), given.end());
+  return given;
+}
+
 // The flags as TrainOptions in f.o, checked: check_train_options, for the world the ranks will form
 // when this process launches them (once, here: each rank would refuse them again). A resumed run
-// is checked by train(), once the saved options are merged in.
+// is checked with the saved options merged in, once the BLAS kernel is settled: by the launcher
+// before it starts the ranks (check_resume), by train() in one process.
 void check(TrainFlags& f) {
   if (f.nproc < 1 || f.nproc > 256) fail("--nproc must be in 1..256, got {}", f.nproc);
   f.shape.cfg.vocab = 256;
@@ -235,15 +247,16 @@ void on_stop(int sig) {
 
 int run(TrainFlags& f, CLI::App* app) {
   if (!f.checked) check(f);
-  if (launches(f)) return launch(f);
+  if (launches(f)) {
+    if (!f.resume.empty()) {
+      TrainOptions ranks = f.o;
+      ranks.dist.world = f.nproc;
+      check_resume(ranks, f.resume, explicit_flags(app));
+    }
+    return launch(f);
+  }
   const bool leader = f.o.dist.rank == 0;
-  std::vector<std::string> given;
-  for (const CLI::Option* opt : app->get_options())
-    if (opt->count() > 0 && !opt->get_lnames().empty()) given.push_back(opt->get_lnames()[0]);
-  // --gemm auto is no GEMM of its own: a resumed run keeps the one it was trained on, a new run
-  // measures.
-  const std::string gemm_flag = app->get_option("--gemm")->as<std::string>();
-  if (gemm_flag == "auto") given.erase(std::remove(given.begin(), given.end(), "gemm"), given.end());
+  const std::vector<std::string> given = explicit_flags(app);
   const GemmMeasurement gemm_choice = f.resume.empty() ? settle_gemm(f.o.threads) : GemmMeasurement{};
   f.o.progress = progress_printer();
   f.o.started = header_printer(f, gemm_choice);

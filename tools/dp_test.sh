@@ -91,6 +91,7 @@ run resumed --steps 300 --nproc 2 --save "$tmp/run" --save-every 10 --resume "$t
 
 # SIGTERM to the launcher (a scheduler, kill) or to one rank from outside: every rank finishes the
 # step under way and the state is saved there; the launcher exits 143 with the leader's line.
+stops=""
 for target in launcher rank; do
   rm -rf "$tmp/stop"
   "$remat" train "${args[@]}" --steps 300 --nproc 2 --save "$tmp/stop" --save-every 10 > /dev/null 2> "$tmp/stop.err" &
@@ -106,11 +107,13 @@ for target in launcher rank; do
   [ "$rc" -eq 143 ] || fail "SIGTERM to the $target: the launcher exited $rc: $said"
   at=$(sed -n 's/^remat: stopped by signal 15 (Terminated) after step \([0-9]*\) of 300; its state is saved.*/\1/p' "$tmp/stop.err")
   [ -n "$at" ] && ! grep -q '^remat: error:' "$tmp/stop.err" || fail "SIGTERM to the $target: $said"
-  step=$(grep -a -o '"step":[0-9]*' "$tmp/stop/state.bin" | head -1 | cut -d: -f2)
-  [ "$step" = "$at" ] && [ "$step" -lt 300 ] || fail "SIGTERM to the $target: stopped after step $at, state saved at $step"
+  saved_at=$(grep -a -o '"step":[0-9]*' "$tmp/stop/state.bin" | head -1 | cut -d: -f2)
+  [ "$saved_at" = "$at" ] && [ "$saved_at" -lt 300 ] ||
+    fail "SIGTERM to the $target: stopped after step $at, state saved at $saved_at"
   run "stopped_$target" --steps 300 --nproc 2 --save "$tmp/stop" --save-every 10 --resume "$tmp/stop"
   [ "$(digest "stopped_$target")" = "$(digest straight)" ] ||
-    fail "SIGTERM to the $target at step $step, resumed: $(digest "stopped_$target"), uninterrupted $(digest straight)"
+    fail "SIGTERM to the $target at step $saved_at, resumed: $(digest "stopped_$target"), uninterrupted $(digest straight)"
+  stops="$stops, SIGTERM to the $target at step $saved_at"
 done
 
 # kill -9 of the launcher: its ranks die with it (a parent-death signal); none is left training.
@@ -161,4 +164,4 @@ rc=$?
 [ $rc -eq 2 ] && grep -q "was trained on 2 process(es); resume it with --nproc 2" "$tmp/world.err" ||
   fail "a resume on another world size: exit $rc, $(cat "$tmp/world.err")"
 
-echo "data parallel: 2 ranks = --accum 2 bitwise; policy and ZeRO-1 change nothing; peaks predicted; killed at step $step in $took ms and resumed to $(digest resumed)"
+echo "data parallel: 2 ranks = --accum 2 bitwise; policy and ZeRO-1 change nothing; peaks predicted; killed at step $step in $took ms$stops, each resumed to $(digest resumed)"

@@ -707,7 +707,35 @@ class ScopedLimit {
   int64_t before_;
 };
 
+// Reads a field of a saved run's header: one of the wrong type or missing (a state whose checksum
+// holds but was not written by remat) is refused naming the folder.
+template <typename F>
+auto read_header(const std::string& resume_dir, const F& read) {
+  try {
+    return read();
+  } catch (const nlohmann::json::exception& e) {
+    fail("train state in '{}' is corrupt: malformed header ({})", resume_dir, e.what());
+  }
+}
+
+// check_resume less check_train_options, on a state already loaded.
+TrainOptions resolve_resume(const TrainOptions& given, const TrainState& saved, const std::string& resume_dir,
+                            const std::vector<std::string>& explicit_flags) {
+  TrainOptions o = read_header(resume_dir, [&] { return resumed_options(given, saved, resume_dir, explicit_flags); });
+  // (Before the corpus and the model: the header says it.)
+  if (read_header(resume_dir, [&] { return saved.header.at("step").get<int64_t>(); }) >= o.steps)
+    fail("the run in '{}' already finished its {} steps", resume_dir, o.steps);
+  return o;
+}
+
 }  // namespace
+
+TrainOptions check_resume(const TrainOptions& given, const std::string& resume_dir,
+                          const std::vector<std::string>& explicit_flags) {
+  const TrainOptions o = resolve_resume(given, load_train_state(resume_dir), resume_dir, explicit_flags);
+  check_train_options(o, resume_dir);
+  return o;
+}
 
 TrainResult train(const TrainOptions& given, const std::string& resume_dir,
                   const std::vector<std::string>& explicit_flags) {
@@ -716,27 +744,15 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   r.o = given;
   r.o.model.vocab = kByteVocab;
   std::optional<TrainState> saved;
-  // The header's fields are read where they are used; one of the wrong type or missing (a state
-  // whose checksum holds but was not written by remat) is refused naming the folder.
-  auto read_header = [&](const auto& read) {
-    try {
-      return read();
-    } catch (const nlohmann::json::exception& e) {
-      fail("train state in '{}' is corrupt: malformed header ({})", resume_dir, e.what());
-    }
-  };
   if (!resume_dir.empty()) {
     saved = load_train_state(resume_dir);
-    r.o = read_header([&] { return resumed_options(r.o, *saved, resume_dir, explicit_flags); });
-    // (Before the corpus and the model: the header says it.)
-    if (read_header([&] { return saved->header.at("step").get<int64_t>(); }) >= r.o.steps)
-      fail("the run in '{}' already finished its {} steps", resume_dir, r.o.steps);
+    r.o = resolve_resume(r.o, *saved, resume_dir, explicit_flags);
   }
   check_train_options(r.o, resume_dir);
   apply_threads(r.o.threads);
   r.corpus = load_corpus(r.o.data, r.o.val_fraction, r.o.model.seq);
   const std::string saved_data =
-      saved ? read_header([&] { return saved->header.at("options").at("data").get<std::string>(); }) : "";
+      saved ? read_header(resume_dir, [&] { return saved->header.at("options").at("data").get<std::string>(); }) : "";
   if (saved && saved_data != r.corpus.id)
     fail("--data differs from the run saved in '{}': it trained on {}, this is {}", resume_dir, saved_data,
          r.corpus.id);
@@ -745,7 +761,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   const ScopedLimit limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
   const bool resumed = saved.has_value();
   if (saved) {
-    r.step = read_header([&] {
+    r.step = read_header(resume_dir, [&] {
       restore(r, *saved, resume_dir);
       return saved->header.at("step").get<int64_t>();
     });

@@ -120,6 +120,14 @@ double gradient_norm(const std::vector<at::Tensor>& grads);
 // before it may re-execute itself for the BLAS kernel.
 void check_train_options(const TrainOptions& options, const std::string& resume_dir = "");
 
+// A resumed run's options as train() resolves them before its first step: the saved run's
+// (resume_dir/state.bin) with the `explicit_flags` of `given` (their long names), checked: a flag
+// that would change the trajectory, a run that has finished its steps, check_train_options.
+// Throws remat::Error (usage) naming the flag or the folder. `remat train --nproc` calls it once
+// before it starts the ranks, so that a refusal reads as one process's.
+TrainOptions check_resume(const TrainOptions& given, const std::string& resume_dir,
+                          const std::vector<std::string>& explicit_flags);
+
 // Bounds on counts that multiply a step's work: micro-batches per step and validation batches.
 inline constexpr int64_t kMaxAccum = 65536;
 inline constexpr int64_t kMaxEvalBatches = 65536;

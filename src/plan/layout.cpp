@@ -585,11 +585,17 @@ class Evaluator {
       // FSDP2: every micro-batch gathers each stage's weights (the model's dtype) for its forward
       // and again for its backward, and reduce-scatters its gradients (fp32, or the model's dtype
       // when nothing is kept in fp32); per stage, overlapped with the compute of the stages around
-      // it: what shows is what the compute cannot cover, and the first gather.
+      // it: what shows is what the compute cannot cover, and the first gather, which nothing
+      // precedes: the root unit's (every stage that is not a block: the embeddings, the final
+      // norm, an untied head; NOTE [FSDP2]) before the first forward.
       const int64_t reduced = fsdp_reduce_bytes(spec.block.dtype, options_.pure_dtype);
       bytes = m * share * static_cast<double>(p.rank().params) * static_cast<double>(2 * wbytes + reduced);
+      int64_t root = 0;
+      for (const BlockSpec* part : {&spec.stem, &spec.head})
+        for (const ParamSpec& ps : part->params)
+          if (ps.tied_to.empty()) root += ps.numel();
       if (l.shards() > 1) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
-      const double first = t.dp_comm_s / (m * 2 * static_cast<double>(spec.layers + 2));
+      const double first = l.shards() > 1 ? share * static_cast<double>(root * wbytes) / (dp_gbps(l) * 1e9) : 0.0;
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - t.compute_s) + first;
     } else {
       if (l.zero == 0)

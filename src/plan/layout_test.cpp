@@ -843,6 +843,24 @@ TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
   EXPECT_EQ(stages(), (std::set<int>{0, 1, 2, 3}));
 }
 
+// FSDP2's first all-gather, which no compute hides, is the root unit's (embeddings, final norm,
+// head): the same for 4 blocks or 8, and larger for a larger vocabulary.
+TEST(Layouts, FsdpFirstGatherIsTheRootUnits) {
+  const Device d = parse_device("h100-80gb");
+  auto first_gather_s = [&](int64_t layers, int64_t vocab) {
+    ModelConfig c = mixed_model();
+    c.arch = "llama", c.layers = layers, c.vocab = vocab, c.seq = 512;
+    Layout l;
+    l.fsdp = true, l.dp = 2, l.micro_batch = 1, l.global_batch = 2;
+    const LayoutTime t = plan_layout(c, l, d, "none").time;
+    return t.dp_exposed_s - std::max(0.0, t.dp_comm_s - t.compute_s);
+  };
+  const double base = first_gather_s(4, 1024);
+  EXPECT_GT(base, 0.0);
+  EXPECT_DOUBLE_EQ(first_gather_s(8, 1024), base);
+  EXPECT_GT(first_gather_s(4, 4096), base);
+}
+
 // FSDP2 under pipeline stages (torchtitan's unsharded gradients until the last micro-batch,
 // Megatron-LM's FSDP2 not running at all) is not modelled: such a layout is refused.
 TEST(Frameworks, FsdpUnderPipelineStagesIsRefused) {

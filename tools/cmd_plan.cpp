@@ -524,14 +524,13 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
                bytes_str(opt.reserve >= 0 ? opt.reserve : kCpuReserve),
                device.engine ? "kept free for the system (--reserve)" : "given with --reserve");
   else {
-    Layout every;  // a dense model's layout with every communicator, for the terms' sizes
-    every.tp = every.cp = every.pp = every.dp = 2;
-    const std::vector<Allocation> outside = outside_allocator(opt, device, ModelConfig{}, every);
+    const std::vector<Allocation> outside = outside_allocator(opt, device, ModelConfig{}, Layout{});
     fmt::print(
         "  per GPU: {} less what lies outside PyTorch's allocator: the CUDA context {}, NCCL's buffers {} per "
-        "communicator (tensor-, context-, data-parallel) and {} for pipeline neighbours\n",
-        bytes_str(device.memory), bytes_str(outside.front().bytes), bytes_str(outside[1].bytes),
-        bytes_str(outside.back().bytes));
+        "ring communicator (tensor-, context-, data-parallel) and {} per point-to-point peer in a node ({} across "
+        "nodes)\n",
+        bytes_str(device.memory), bytes_str(outside.front().bytes), bytes_str(nccl_ring_bytes()),
+        bytes_str(nccl_peer_bytes(true)), bytes_str(nccl_peer_bytes(false)));
   }
   if (!device.engine)
     fmt::print(

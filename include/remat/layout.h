@@ -292,6 +292,12 @@ bool allgather_dispatch(const PlanOptions& options, const Device& device);
 std::vector<Allocation> fixed_allocations(const PlanOptions& options, const Device& device, const ModelConfig& cfg,
                                           const Layout& l, int stage);
 
+// NCCL's buffers on a GPU (NCCL 2.22 and later; the sources are in src/plan/frameworks.cpp): for one
+// ring communicator (24 channels), and for one point-to-point peer that it sends to and receives
+// from (32 channels inside a node, 2 across nodes).
+int64_t nccl_ring_bytes();
+int64_t nccl_peer_bytes(bool same_node);
+
 // What a GPU of layout `l` holds outside PyTorch's caching allocator, each named with its reason:
 // the CUDA context and NCCL's buffers, one set per communicator the layout uses (for a mixture of
 // experts, those of its token dispatcher). Empty for the CPU.

@@ -112,35 +112,61 @@ std::vector<Allocation> fixed_allocations(const PlanOptions& o, const Device& d,
 // leaves the allocator less than it could have, and where they hold more it is short.
 constexpr int64_t kCudaContextBytes = 1372389376;
 
+// NCCL's buffers, as NCCL 2.22 and later allocate them (NVIDIA/nccl src/transport/p2p.cc, at
+// v2.22.3-1 and v2.27.7-1): a connection between two GPUs of a node is one allocation rounded up
+// to 2 MiB (CUDA_IPC_MIN). The receiving side holds the LL (512 KiB), LL128 (4915200 B) and SIMPLE
+// (4 MiB, NCCL_BUFFSIZE) buffers with a 4 KiB header: 10 MiB; the sending side its header: 2 MiB.
+// (On A100, NCCL's "read" mode moves SIMPLE's buffer to the sender: 6 + 6 MiB.) A ring channel
+// receives from one neighbour and sends to the other, and a point-to-point channel to a peer that
+// both sends and receives holds both ends: 12 MiB a channel either way.
+constexpr int64_t kNcclChannelBytes = 12 * MiB;
+// A ring communicator's channels: 24 on an 8-GPU NVSwitch node (NCCL's own log on 8 x H100, "24
+// coll channels"; src/graph/search.cc's speed array for sm90 gives 6, doubled by
+// ncclTopoDupChannels and again in src/graph/connect.cc). Counted the same for a ring across nodes,
+// whose channels follow its network cards (not modelled).
+constexpr int64_t kNcclRingChannels = 24;
+// Point-to-point channels per peer: 32 inside an NVLink node (src/graph/paths.cc,
+// ncclTopoGetNchannels, capped at NCCL_MAX_P2P_NCHANNELS and a power of two: the log's "32 p2p
+// channels per peer"), all connected on the first send or receive (src/enqueue.cc); 2 across nodes
+// (NCCL_NCHANNELS_PER_NET_PEER), counted at the NVLink connections' size (the network transport's
+// own buffers are not modelled). NVIDIA/nccl#1685: an all-to-all of 8 H100s held 3.28 GB more
+// after its first call; 7 peers here count 2.82 GB.
+constexpr int64_t kNcclNodePeerChannels = 32, kNcclNetPeerChannels = 2;
+
+int64_t nccl_ring_bytes() { return kNcclRingChannels * kNcclChannelBytes; }
+
+int64_t nccl_peer_bytes(bool same_node) {
+  return (same_node ? kNcclNodePeerChannels : kNcclNetPeerChannels) * kNcclChannelBytes;
+}
+
 std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d, const ModelConfig& c,
                                           const Layout& l) {
   if (d.engine) return {};
   std::vector<Allocation> out;
   out.push_back({"CUDA context", kCudaContextBytes, "the driver's context and the kernels a step loads"});
-  // NCCL's buffers per communicator (src/init.cc defaults): SIMPLE 4 MiB, LL128 4.69 MiB and LL
-  // 0.5 MiB per channel and peer; a ring has two peers; 16 channels.
-  const int64_t ring = 2 * 16 * (4 * MiB + 4915200 + 512 * 1024);
+  const int64_t ring = nccl_ring_bytes();
   auto nccl = [&](const char* group, int64_t ranks, int64_t bytes) {
     if (ranks > 1)
-      out.push_back({fmt::format("NCCL buffers ({})", group), bytes, "cudaMalloc'd by NCCL for its rings"});
+      out.push_back({fmt::format("NCCL buffers ({})", group), bytes, "allocated by NCCL for its channels"});
   };
   nccl("tensor-parallel group", l.tp, ring);
   nccl("context-parallel group", l.cp, ring);
   nccl("data-parallel group", l.shards(), ring);
-  // Pipeline sends: point-to-point to the two neighbouring stages, NCCL's 4 MiB per channel and
-  // peer over its 8 point-to-point channels.
-  nccl("pipeline neighbours", l.pp, 2 * 8 * 4 * MiB);
+  // Pipeline sends and receives with the two neighbouring stages (tp x cp x dp ranks apart: in one
+  // node while the whole grid fits in one). The first and last stage of a pipeline without virtual
+  // stages have one neighbour: counted as two, on the safe side.
+  nccl("pipeline neighbours", l.pp, 2 * nccl_peer_bytes(l.tp * l.cp * l.dp * l.pp <= d.gpus_per_node));
   if (!routes_experts(c.arch)) return out;
   // A mixture of experts (Megatron-LM's groups; every process group is one NCCL communicator):
   // both token dispatchers gather over the etp x ep ranks (the allgather dispatcher its tokens,
   // the alltoall one its token counts); the alltoall dispatcher's all-to-all is a send and a
-  // receive to every other rank of the expert-parallel group (point-to-point buffers as above for
-  // each of the ep - 1 peers) and its gather over the expert-tensor-parallel ranks a ring. The
-  // experts' gradients are reduced over a ring of their own when they are sharded unlike the
-  // dense parameters (ep > 1, or etp other than tp).
+  // receive to every other rank of the expert-parallel group (etp apart: in one node while etp x ep
+  // ranks fit in one) and its gather over the expert-tensor-parallel ranks a ring. The experts'
+  // gradients are reduced over a ring of their own when they are sharded unlike the dense
+  // parameters (ep > 1, or etp other than tp).
   nccl("expert- and expert-tensor-parallel group", l.ep * l.etp, ring);
   if (!allgather_dispatch(o, d)) {
-    nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * 8 * 4 * MiB);
+    nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * nccl_peer_bytes(l.ep * l.etp <= d.gpus_per_node));
     nccl("expert-tensor-parallel group", l.etp, ring);
   }
   if (l.ep > 1 || l.etp != l.tp) nccl("expert-data-parallel group", l.expert_shards(), ring);

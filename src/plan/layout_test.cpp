@@ -610,11 +610,12 @@ TEST(Frameworks, TorchtitanRopeTableByHand) {
 }
 
 // Outside the allocator: the CUDA context, one NCCL ring per communicator with more than one rank
-// (2 peers x 16 channels x (4 MiB SIMPLE + 4.6875 MiB LL128 + 0.5 MiB LL)), and the pipeline's
-// point-to-point buffers (2 peers x 8 channels x 4 MiB); the data-parallel group spans dp x cp.
+// (24 channels of a 10 MiB receiving and a 2 MiB sending connection), and the pipeline's two
+// neighbours (32 such channels each inside a node, 2 across nodes); the data-parallel group spans
+// dp x cp.
 TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
-  const Device d = parse_device("h100-80gb");
-  const int64_t MiB = int64_t{1} << 20, ring = 2 * 16 * (4 * MiB + 4915200 + MiB / 2);
+  const Device d = parse_device("h100-80gb");  // 8 per node
+  const int64_t MiB = int64_t{1} << 20, ring = 24 * 12 * MiB;
   auto total = [&](const Layout& l) {
     int64_t sum = 0;
     for (const Allocation& a : outside_allocator({}, d, ModelConfig{}, l)) sum += a.bytes;
@@ -624,10 +625,12 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   const int64_t context = total(l);  // one GPU: the context alone
   l.tp = 2;
   EXPECT_EQ(total(l), context + ring);
-  l.dp = 2, l.pp = 2;
-  EXPECT_EQ(total(l), context + 2 * ring + 64 * MiB);
+  l.dp = 2, l.pp = 2;  // 8 GPUs: one node
+  EXPECT_EQ(total(l), context + 2 * ring + 2 * 32 * 12 * MiB);
   l.dp = 1, l.cp = 2;  // its own ring, and the dp x cp group's
-  EXPECT_EQ(total(l), context + 3 * ring + 64 * MiB);
+  EXPECT_EQ(total(l), context + 3 * ring + 2 * 32 * 12 * MiB);
+  l.dp = 2;  // 16 GPUs: the stages' neighbours in other nodes
+  EXPECT_EQ(total(l), context + 3 * ring + 2 * 2 * 12 * MiB);
   EXPECT_TRUE(outside_allocator({}, parse_device("cpu"), ModelConfig{}, l).empty());
 }
 
@@ -637,7 +640,7 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
 // sharded unlike the dense parameters (ep > 1 or etp other than tp).
 TEST(Frameworks, OutsideTheAllocatorCountsTheExpertsCommunicators) {
   const Device d = parse_device("h100-80gb");
-  const int64_t MiB = int64_t{1} << 20, ring = 2 * 16 * (4 * MiB + 4915200 + MiB / 2), peer = 8 * 4 * MiB;
+  const int64_t MiB = int64_t{1} << 20, ring = 24 * 12 * MiB, peer = 32 * 12 * MiB;  // 8 GPUs: one node
   ModelConfig c;
   c.arch = "moe";
   PlanOptions allgather, alltoall;

@@ -235,14 +235,21 @@ void print_summary(const TrainResult& r) {
 
 // Ctrl-C, kill and a closed terminal: the first ends the run after the step under way, saving the
 // state (--save); a second ends the process at once. The ranks of a parallel run all stop after
-// the same step (TrainOptions::should_stop); --nproc's launcher passes its signal on to each.
-volatile std::sig_atomic_t g_stop = 0;
-void on_stop(int sig) {
+// the same step (TrainOptions::should_stop); --nproc's launcher passes its signal on to each, which
+// repeats a signal the rank may have had already (the terminal's, a scheduler's): a signal from the
+// launcher is never a second one, nor is one after it (the launcher kills its ranks on its own
+// second signal).
+volatile std::sig_atomic_t g_stop = 0, g_stop_from_launcher = 0;
+pid_t g_launcher = 0;
+void on_stop(int sig, siginfo_t* info, void*) {
+  const bool from_launcher = g_launcher != 0 && info != nullptr && info->si_pid == g_launcher;
   if (g_stop != 0) {
+    if (from_launcher || g_stop_from_launcher) return;
     std::signal(sig, SIG_DFL);
     std::raise(sig);
   }
   g_stop = sig;
+  g_stop_from_launcher = from_launcher;
 }
 
 int run(TrainFlags& f, CLI::App* app) {
@@ -267,9 +274,10 @@ int run(TrainFlags& f, CLI::App* app) {
     stack_t alt{};
     alt.ss_sp = handler_stack.data(), alt.ss_size = handler_stack.size();
     ::sigaltstack(&alt, nullptr);
+    g_launcher = launcher_pid();
     struct sigaction stop {};
-    stop.sa_handler = on_stop;
-    stop.sa_flags = SA_ONSTACK | SA_RESTART;
+    stop.sa_sigaction = on_stop;
+    stop.sa_flags = SA_ONSTACK | SA_RESTART | SA_SIGINFO;
     sigemptyset(&stop.sa_mask);
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
       // A signal the process was started ignoring (nohup's SIGHUP, a background job's SIGINT) stays ignored.
@@ -277,6 +285,7 @@ int run(TrainFlags& f, CLI::App* app) {
       if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) ::sigaction(sig, &stop, nullptr);
     }
     f.o.should_stop = [] { return static_cast<int>(g_stop); };
+    unblock_stop_signals();  // a rank of --nproc starts with them blocked: one sent meanwhile lands now
   }
   const TrainResult r = train(f.o, f.resume, given);
   end_progress();
@@ -330,8 +339,7 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   a->add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
   a->add_option("--seed", o.seed, "weights, batches, dropout")->capture_default_str();
   a->add_option("--save", o.save_dir, "write the train state to this folder (a resume: the folder it resumes from)");
-  a->add_option("--save-every", o.save_every,
-                "steps between saves; 0 = at the end (and at Ctrl-C or SIGTERM, in one process)")
+  a->add_option("--save-every", o.save_every, "steps between saves; 0 = at the end (and at Ctrl-C or SIGTERM)")
       ->capture_default_str();
   a->add_option("--resume", f->resume,
                 "continue the run saved in this folder; flags left out (policy, evaluation, saving too) are its own");

@@ -85,8 +85,17 @@ resumed=$(sed -n 's/.*weights digest: //p' "$tmp/blasresumed.out")
 # One writer per run folder: a second training saving into the folder of a running one is refused.
 "$remat" train "${args[@]}" --steps 100000 --save "$tmp/locked" > /dev/null 2>&1 &
 first=$!
-# until the first holds the folder's lock (flock(1) fails to take it), at most a minute
-for _ in $(seq 1 6000); do [ -d "$tmp/locked" ] && ! flock -n "$tmp/locked" true 2>/dev/null && break; sleep 0.01; done
+# until the first holds the folder's lock (flock(1) fails to take it), at most a minute. The folder
+# is opened here, never created: flock(1) given a path creates a file there when the folder is
+# missing (the first run's checks create and remove it before it takes the lock).
+held() {
+  local held=1
+  exec 9< "$tmp/locked" 2> /dev/null || return 1
+  flock -n 9 && held=0
+  exec 9<&-
+  [ $held -eq 1 ]
+}
+for _ in $(seq 1 6000); do [ -d "$tmp/locked" ] && held && break; sleep 0.01; done
 "$remat" train "${args[@]}" --save "$tmp/locked" > /dev/null 2> "$tmp/lock.err"
 rc=$?
 kill -9 "$first" 2>/dev/null

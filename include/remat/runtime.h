@@ -73,9 +73,10 @@ std::string blas_name();
 // oneDNN's sgemm or the BLAS's cblas_sgemm, one call per tile or head on remat's kernel threads, or
 // (linears) at::mm on the BLAS's own threads. The choice is per process, made before any step.
 // A signal handler of the program's own that may run while a step computes must run on an
-// alternate stack (sigaltstack, SA_ONSTACK): oneDNN's JIT GEMMs point the stack pointer into heap
-// buffers, below which a signal frame overwrites the heap. remat's kernel threads block
-// asynchronous signals, so they land on the program's own threads (the remat CLI's handler does so).
+// alternate stack (SA_ONSTACK, with a sigaltstack on every thread that calls the engine, which runs
+// products too): oneDNN's JIT GEMMs point the stack pointer into heap buffers, below which a
+// signal frame overwrites the heap. remat's kernel threads block asynchronous signals (the remat
+// CLI's handler runs so).
 enum class GemmChoice : uint8_t {
   Auto,    // each class on the GEMM measured fastest on this machine (choose_gemm); until then,
            // oneDNN when the loaded LibTorch exports its sgemm (Debian's does), else the BLAS

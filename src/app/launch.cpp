@@ -149,9 +149,23 @@ void kill_all(std::vector<Rank>& ranks, int sig) {
     }
 }
 
-// An end the launcher caused: a rank it signalled, ended by its SIGTERM or SIGKILL.
-bool stopped_by_launcher(const Rank& r) {
-  return r.stopped && WIFSIGNALED(*r.status) && (WTERMSIG(*r.status) == SIGTERM || WTERMSIG(*r.status) == SIGKILL);
+// An end the launcher caused: a rank it signalled after another failed, however it then ended (its
+// errors are that failure's echo).
+bool stopped_by_launcher(const Rank& r) { return r.stopped; }
+
+// The signals that stop a run.
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  return set;
+}
+
+// Waits for a rank that has been sent SIGKILL.
+void wait_for(Rank& r) {
+  int status = 0;
+  while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {}
+  r.status = status;
 }
 
 // Forks rank k, its stderr into a pipe, with the environment c10d reads. A rank never outlives
@@ -160,10 +174,15 @@ bool stopped_by_launcher(const Rank& r) {
 // make async-signal-safe calls until it execs.
 void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std::string>& args) {
   const pid_t launcher = ::getpid();
-  std::vector<std::string> env_text = {"RANK=" + std::to_string(k), "LOCAL_RANK=" + std::to_string(k),
-                                       "WORLD_SIZE=" + std::to_string(ranks.size()), "MASTER_ADDR=127.0.0.1",
-                                       "MASTER_PORT=" + std::to_string(port)};
+  std::vector<std::string> env_text = {"RANK=" + std::to_string(k),
+                                       "LOCAL_RANK=" + std::to_string(k),
+                                       "WORLD_SIZE=" + std::to_string(ranks.size()),
+                                       "MASTER_ADDR=127.0.0.1",
+                                       "MASTER_PORT=" + std::to_string(port),
+                                       std::string(kLauncherPidVariable) + "=" + std::to_string(launcher)};
+  const std::string launcher_entry = std::string(kLauncherPidVariable) + "=";
   const auto ours = [&](const char* entry) {
+    if (std::strncmp(entry, launcher_entry.c_str(), launcher_entry.size()) == 0) return true;
     for (const char* name : {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="})
       if (std::strncmp(entry, name, std::strlen(name)) == 0) return true;
     return false;
@@ -188,7 +207,9 @@ void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed outright takes its ranks with it
     if (::getppid() != launcher) ::_exit(1);
-    ::setpgid(0, 0);  // the terminal's Ctrl-C reaches the launcher alone, which passes it on once
+    // A stop signal waits (pending) until the rank's handler is in place: unblock_stop_signals.
+    const sigset_t stops = stop_signals();
+    ::sigprocmask(SIG_BLOCK, &stops, nullptr);
     ::dup2(pipe_fds[1], STDERR_FILENO);
     ::execve("/proc/self/exe", argv.data(), envp.data());
     ::_exit(127);
@@ -233,11 +254,7 @@ void stop_ranks(std::vector<Rank>& ranks, int stop, std::chrono::seconds grace) 
   while (reap(ranks) > 0 && std::chrono::steady_clock::now() < deadline) drain(ranks, 20, true);
   kill_all(ranks, SIGKILL);
   for (Rank& r : ranks)
-    if (!r.status) {
-      int status = 0;
-      ::waitpid(r.pid, &status, 0);
-      r.status = status;
-    }
+    if (!r.status) wait_for(r);
 }
 
 // A stop signal: passed on to every rank once; each finishes its step, saves (--save) and exits
@@ -254,11 +271,7 @@ void stop_ranks_after_step(std::vector<Rank>& ranks, int stop, std::chrono::seco
   }
   kill_all(ranks, SIGKILL);
   for (Rank& r : ranks)
-    if (!r.status) {
-      int status = 0;
-      ::waitpid(r.pid, &status, 0);
-      r.status = status;
-    }
+    if (!r.status) wait_for(r);
 }
 
 // The cause of a failed run: a rank killed by a signal the launcher did not send (the others'
@@ -272,6 +285,16 @@ const Rank* failure_cause(const std::vector<Rank>& ranks) {
 }
 
 }  // namespace
+
+void unblock_stop_signals() {
+  const sigset_t stops = stop_signals();
+  ::sigprocmask(SIG_UNBLOCK, &stops, nullptr);
+}
+
+pid_t launcher_pid() {
+  const char* v = std::getenv(kLauncherPidVariable);
+  return v == nullptr ? 0 : static_cast<pid_t>(std::atol(v));
+}
 
 int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::seconds grace,
                  const std::function<void(const std::string&)>& say) {
@@ -297,12 +320,23 @@ int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::s
     while (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.err >= 0; })) drain(ranks, 20, quiet);
   }
   if (std::none_of(ranks.begin(), ranks.end(), failed)) return 0;  // the signal came as they finished
-  if (stop == 0 && std::none_of(ranks.begin(), ranks.end(), broke))
-    for (const Rank& r : ranks)
-      if ((stop = stopped_at(r)) != 0) break;
+  int ranks_stop = 0;  // the signal the ranks stopped at (they say where), which the exit code gives
+  for (const Rank& r : ranks)
+    if ((ranks_stop = stopped_at(r)) != 0) break;
+  if (stop == 0 && std::none_of(ranks.begin(), ranks.end(), broke)) stop = ranks_stop;  // followed by the rest
   if (stop != 0) {
+    for (const Rank& r : ranks)  // a rank that failed while the run stopped (its save, say)
+      if (broke(r) && !r.last_error.empty()) {
+        say(fmt::format("rank {} (pid {}) {}: {}; the run was stopping on signal {} ({})", &r - ranks.data(), r.pid,
+                        how_it_ended(*r.status), r.last_error, stop, strsignal(stop)));
+        return WIFEXITED(*r.status) ? WEXITSTATUS(*r.status) : 1;
+      }
+    if (ranks_stop != 0) stop = ranks_stop;
     if (std::none_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.told_stop; }))
-      say(fmt::format("stopped by signal {} ({}); the {} ranks were stopped with it", stop, strsignal(stop), nproc));
+      say(
+          fmt::format("stopped by signal {} ({}); the {} ranks ended before the stop's save (the last saved state "
+                      "stands)",
+                      stop, strsignal(stop), nproc));
     return 128 + stop;
   }
   const Rank* cause = failure_cause(ranks);

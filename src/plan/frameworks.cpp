@@ -139,6 +139,18 @@ int64_t nccl_peer_bytes(bool same_node) {
   return (same_node ? kNcclNodePeerChannels : kNcclNetPeerChannels) * kNcclChannelBytes;
 }
 
+namespace {
+
+// `peers` point-to-point peers `apart` ranks from one another along a line of ranks (`apart`
+// consecutive GPUs each), on the GPU that has the most of them in its own node: nodes of
+// `per_node` GPUs hold per_node / apart consecutive members of the line.
+int64_t peer_bytes(int64_t peers, int64_t apart, int64_t line, int64_t per_node) {
+  const int64_t in_node = std::min(peers, std::min(line, std::max<int64_t>(1, per_node / apart)) - 1);
+  return in_node * nccl_peer_bytes(true) + (peers - in_node) * nccl_peer_bytes(false);
+}
+
+}  // namespace
+
 std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d, const ModelConfig& c,
                                           const Layout& l) {
   if (d.engine) return {};
@@ -152,21 +164,23 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
   nccl("tensor-parallel group", l.tp, ring);
   nccl("context-parallel group", l.cp, ring);
   nccl("data-parallel group", l.shards(), ring);
-  // Pipeline sends and receives with the two neighbouring stages (tp x cp x dp ranks apart: in one
-  // node while the whole grid fits in one). The first and last stage of a pipeline without virtual
-  // stages have one neighbour: counted as two, on the safe side.
-  nccl("pipeline neighbours", l.pp, 2 * nccl_peer_bytes(l.tp * l.cp * l.dp * l.pp <= d.gpus_per_node));
+  // Pipeline sends and receives with the neighbouring stages, tp x cp x dp ranks apart (two, or one
+  // when pp is 2), on the stage with the most of them in its node (a stage inside a node's run of
+  // stages, where one holds three or more). The first and last stage of a pipeline without virtual
+  // stages have one neighbour: counted as the others, on the safe side.
+  nccl("pipeline neighbours", l.pp,
+       peer_bytes(std::min<int64_t>(2, l.pp - 1), l.tp * l.cp * l.dp, l.pp, d.gpus_per_node));
   if (!routes_experts(c.arch)) return out;
   // A mixture of experts (Megatron-LM's groups; every process group is one NCCL communicator):
   // both token dispatchers gather over the etp x ep ranks (the allgather dispatcher its tokens,
   // the alltoall one its token counts); the alltoall dispatcher's all-to-all is a send and a
-  // receive to every other rank of the expert-parallel group (etp apart: in one node while etp x ep
-  // ranks fit in one) and its gather over the expert-tensor-parallel ranks a ring. The experts'
+  // receive to every other rank of the expert-parallel group (etp apart: those in the same node
+  // over NVLink, the rest across nodes) and its gather over the expert-tensor-parallel ranks a ring. The experts'
   // gradients are reduced over a ring of their own when they are sharded unlike the dense
   // parameters (ep > 1, or etp other than tp).
   nccl("expert- and expert-tensor-parallel group", l.ep * l.etp, ring);
   if (!allgather_dispatch(o, d)) {
-    nccl("expert-parallel all-to-all", l.ep, (l.ep - 1) * nccl_peer_bytes(l.ep * l.etp <= d.gpus_per_node));
+    nccl("expert-parallel all-to-all", l.ep, peer_bytes(l.ep - 1, l.etp, l.ep, d.gpus_per_node));
     nccl("expert-tensor-parallel group", l.etp, ring);
   }
   if (l.ep > 1 || l.etp != l.tp) nccl("expert-data-parallel group", l.expert_shards(), ring);

@@ -610,12 +610,12 @@ TEST(Frameworks, TorchtitanRopeTableByHand) {
 }
 
 // Outside the allocator: the CUDA context, one NCCL ring per communicator with more than one rank
-// (24 channels of a 10 MiB receiving and a 2 MiB sending connection), and the pipeline's two
+// (24 channels of a 10 MiB receiving and a 2 MiB sending connection), and the pipeline's
 // neighbours (32 such channels each inside a node, 2 across nodes); the data-parallel group spans
 // dp x cp.
 TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   const Device d = parse_device("h100-80gb");  // 8 per node
-  const int64_t MiB = int64_t{1} << 20, ring = 24 * 12 * MiB;
+  const int64_t MiB = int64_t{1} << 20, ring = 24 * 12 * MiB, node = 32 * 12 * MiB, net = 2 * 12 * MiB;
   auto total = [&](const Layout& l) {
     int64_t sum = 0;
     for (const Allocation& a : outside_allocator({}, d, ModelConfig{}, l)) sum += a.bytes;
@@ -625,13 +625,30 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   const int64_t context = total(l);  // one GPU: the context alone
   l.tp = 2;
   EXPECT_EQ(total(l), context + ring);
-  l.dp = 2, l.pp = 2;  // 8 GPUs: one node
-  EXPECT_EQ(total(l), context + 2 * ring + 2 * 32 * 12 * MiB);
+  l.dp = 2, l.pp = 2;  // 8 GPUs: one node; two stages, one neighbour
+  EXPECT_EQ(total(l), context + 2 * ring + node);
   l.dp = 1, l.cp = 2;  // its own ring, and the dp x cp group's
-  EXPECT_EQ(total(l), context + 3 * ring + 2 * 32 * 12 * MiB);
-  l.dp = 2;  // 16 GPUs: the stages' neighbours in other nodes
-  EXPECT_EQ(total(l), context + 3 * ring + 2 * 2 * 12 * MiB);
+  EXPECT_EQ(total(l), context + 3 * ring + node);
+  l.dp = 2;  // 16 GPUs: the other stage in another node
+  EXPECT_EQ(total(l), context + 3 * ring + net);
   EXPECT_TRUE(outside_allocator({}, parse_device("cpu"), ModelConfig{}, l).empty());
+}
+
+// A pipeline stage's two neighbours, by how many stages a node holds: all 8 (both in the node), 2
+// (one in the node, one across), 1 (both across).
+TEST(Frameworks, PipelineNeighboursInTheNodeOrAcross) {
+  const Device d = parse_device("h100-80gb");  // 8 per node
+  const int64_t MiB = int64_t{1} << 20, node = 32 * 12 * MiB, net = 2 * 12 * MiB;
+  auto neighbours = [&](int64_t tp) {
+    Layout l;
+    l.tp = tp, l.pp = 16;
+    for (const Allocation& a : outside_allocator({}, d, ModelConfig{}, l))
+      if (a.name == "NCCL buffers (pipeline neighbours)") return a.bytes;
+    return int64_t{0};
+  };
+  EXPECT_EQ(neighbours(1), 2 * node);
+  EXPECT_EQ(neighbours(4), node + net);
+  EXPECT_EQ(neighbours(8), 2 * net);
 }
 
 // A mixture of experts' communicators, by token dispatcher, on tp 2 and dp 4 (tp and dp rings
@@ -664,6 +681,9 @@ TEST(Frameworks, OutsideTheAllocatorCountsTheExpertsCommunicators) {
   EXPECT_EQ(total(alltoall, l), base + ring);
   c.arch = "llama";  // a dense model: none of them
   EXPECT_EQ(total(alltoall, l), base);
+  c.arch = "moe";  // ep 16 on 8-GPU nodes: 7 of the 15 peers in the node, 8 across
+  l.tp = 1, l.dp = 16, l.ep = 16, l.etp = 1;
+  EXPECT_EQ(total(alltoall, l) - total(allgather, l), 7 * peer + 8 * 2 * 12 * MiB);
 }
 
 // A plan fits when its peak with the margin is within the budget, and the budget is the device less

@@ -76,6 +76,13 @@ int launch(TrainFlags& f) {
 // (Its ranks are started without --nproc.)
 bool launches(const TrainFlags& f) { return f.nproc > 1 && f.rank < 0; }
 
+// The options of the ranks this process launches (--nproc N): a world of N.
+TrainOptions ranks_options(const TrainFlags& f) {
+  TrainOptions o = f.o;
+  o.dist.world = f.nproc;
+  return o;
+}
+
 // The long names of the flags given (train()'s explicit_flags). --gemm auto is no GEMM of its own:
 // a resumed run keeps the one it was trained on, a new run measures.
 std::vector<std::string> explicit_flags(CLI::App* app) {
@@ -150,9 +157,7 @@ void check(TrainFlags& f) {
     check_writable(c);
   }
   if (launches(f)) {
-    TrainOptions ranks = f.o;
-    ranks.dist.world = f.nproc;
-    check_train_options(ranks, f.resume);
+    check_train_options(ranks_options(f), f.resume);
   } else if (f.resume.empty()) {
     check_train_options(f.o);
   }
@@ -255,11 +260,7 @@ void on_stop(int sig, siginfo_t* info, void*) {
 int run(TrainFlags& f, CLI::App* app) {
   if (!f.checked) check(f);
   if (launches(f)) {
-    if (!f.resume.empty()) {
-      TrainOptions ranks = f.o;
-      ranks.dist.world = f.nproc;
-      check_resume(ranks, f.resume, explicit_flags(app));
-    }
+    if (!f.resume.empty()) check_resume(ranks_options(f), f.resume, explicit_flags(app));
     return launch(f);
   }
   const bool leader = f.o.dist.rank == 0;

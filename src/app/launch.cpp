@@ -65,7 +65,7 @@ struct Rank {
   std::string partial;     // a line not yet ended
   std::string last_error;  // its last "remat: error: ..." line, held back until its end is known
   std::optional<int> status;
-  bool stopped = false;    // the launcher signalled it (its SIGTERM or SIGKILL end is then no failure of its own)
+  bool stopped = false;    // the launcher signalled it: however it then ends, no failure of its own
   bool told_stop = false;  // it wrote where a stop left the run (the leader)
 };
 
@@ -149,10 +149,6 @@ void kill_all(std::vector<Rank>& ranks, int sig) {
     }
 }
 
-// An end the launcher caused: a rank it signalled after another failed, however it then ended (its
-// errors are that failure's echo).
-bool stopped_by_launcher(const Rank& r) { return r.stopped; }
-
 // The signals that stop a run.
 sigset_t stop_signals() {
   sigset_t set;
@@ -161,11 +157,15 @@ sigset_t stop_signals() {
   return set;
 }
 
-// Waits for a rank that has been sent SIGKILL.
-void wait_for(Rank& r) {
-  int status = 0;
-  while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {}
-  r.status = status;
+// SIGKILL to the ranks still running; returns when every rank has ended.
+void kill_and_wait(std::vector<Rank>& ranks) {
+  kill_all(ranks, SIGKILL);
+  for (Rank& r : ranks) {
+    if (r.status) continue;
+    int status = 0;
+    while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {}
+    r.status = status;
+  }
 }
 
 // Forks rank k, its stderr into a pipe, with the environment c10d reads. A rank never outlives
@@ -180,11 +180,10 @@ void start_rank(std::vector<Rank>& ranks, int k, int port, const std::vector<std
                                        "MASTER_ADDR=127.0.0.1",
                                        "MASTER_PORT=" + std::to_string(port),
                                        std::string(kLauncherPidVariable) + "=" + std::to_string(launcher)};
-  const std::string launcher_entry = std::string(kLauncherPidVariable) + "=";
-  const auto ours = [&](const char* entry) {
-    if (std::strncmp(entry, launcher_entry.c_str(), launcher_entry.size()) == 0) return true;
-    for (const char* name : {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="})
-      if (std::strncmp(entry, name, std::strlen(name)) == 0) return true;
+  const size_t own = env_text.size();
+  const auto ours = [&](const char* entry) {  // a variable set above, not passed on from this process
+    for (size_t i = 0; i < own; ++i)
+      if (std::strncmp(entry, env_text[i].c_str(), env_text[i].find('=') + 1) == 0) return true;
     return false;
   };
   for (char** e = environ; *e != nullptr; ++e)
@@ -244,17 +243,15 @@ class StopSignals {
   }, old_term_{}, old_hup_{};
 };
 
-// A failure or a signal: stop the others, quietly (their errors are the failure's echo); SIGKILL
-// after `grace`. Returns when every rank has ended.
-void stop_ranks(std::vector<Rank>& ranks, int stop, std::chrono::seconds grace) {
+// A failure: stop the others, quietly (their errors are the failure's echo), with SIGTERM, then
+// SIGKILL after `grace`. Returns when every rank has ended.
+void stop_ranks(std::vector<Rank>& ranks, std::chrono::seconds grace) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the failure's cause may end a moment later
   reap(ranks);
-  kill_all(ranks, stop != 0 ? stop : SIGTERM);
+  kill_all(ranks, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (reap(ranks) > 0 && std::chrono::steady_clock::now() < deadline) drain(ranks, 20, true);
-  kill_all(ranks, SIGKILL);
-  for (Rank& r : ranks)
-    if (!r.status) wait_for(r);
+  kill_and_wait(ranks);
 }
 
 // A stop signal: passed on to every rank once; each finishes its step, saves (--save) and exits
@@ -269,18 +266,16 @@ void stop_ranks_after_step(std::vector<Rank>& ranks, int stop, std::chrono::seco
       deadline = std::chrono::steady_clock::now() + grace;
     if (deadline && std::chrono::steady_clock::now() > *deadline) break;
   }
-  kill_all(ranks, SIGKILL);
-  for (Rank& r : ranks)
-    if (!r.status) wait_for(r);
+  kill_and_wait(ranks);
 }
 
 // The cause of a failed run: a rank killed by a signal the launcher did not send (the others'
 // errors are its echo), else the first that failed of itself; nullptr when every rank succeeded.
 const Rank* failure_cause(const std::vector<Rank>& ranks) {
   for (const Rank& r : ranks)
-    if (failed(r) && WIFSIGNALED(*r.status) && !stopped_by_launcher(r)) return &r;
+    if (failed(r) && WIFSIGNALED(*r.status) && !r.stopped) return &r;
   for (const Rank& r : ranks)
-    if (failed(r) && !stopped_by_launcher(r)) return &r;
+    if (failed(r) && !r.stopped) return &r;
   return nullptr;
 }
 
@@ -315,7 +310,7 @@ int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::s
     if (running > 0 && stop != 0)
       stop_ranks_after_step(ranks, stop, grace);
     else if (running > 0)
-      stop_ranks(ranks, 0, grace);
+      stop_ranks(ranks, grace);
     const bool quiet = stop != 0 || std::any_of(ranks.begin(), ranks.end(), failed);
     while (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.err >= 0; })) drain(ranks, 20, quiet);
   }

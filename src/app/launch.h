@@ -10,6 +10,15 @@
 
 namespace remat {
 
+// The variable that gives a rank its launcher's pid: a stop signal from the launcher repeats one the
+// rank may have had already (the terminal's Ctrl-C reaches every process of its group; a scheduler
+// may signal each process), so the rank takes it as the same stop.
+inline constexpr const char* kLauncherPidVariable = "REMAT_LAUNCHER_PID";
+// The launcher's pid from kLauncherPidVariable, or 0 when this process is no rank of launch_local.
+pid_t launcher_pid();
+// Unblocks SIGINT, SIGTERM and SIGHUP, which launch_local's ranks start with blocked.
+void unblock_stop_signals();
+
 // Starts `args` (this executable's arguments, without --nproc) `nproc` times, as ranks 0..N-1 of a
 // c10d group that meets at 127.0.0.1 on a free port: each child gets RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR and MASTER_PORT, as torchrun sets them. Waits for all. The ranks' stderr passes
@@ -23,15 +32,6 @@ namespace remat {
 // rank that caused it (one killed by a signal before one that failed after it), how it ended and
 // its error. Returns its exit code (1 for a signal), 128 + the signal of a stop, 0 when every rank
 // succeeds.
-// The variable that gives a rank its launcher's pid: a stop signal from the launcher repeats one the
-// rank may have had already (the terminal's Ctrl-C reaches every process of its group; a scheduler
-// may signal each process), so the rank takes it as the same stop.
-inline constexpr const char* kLauncherPidVariable = "REMAT_LAUNCHER_PID";
-// The launcher's pid from kLauncherPidVariable, or 0 when this process is no rank of launch_local.
-pid_t launcher_pid();
-// Unblocks SIGINT, SIGTERM and SIGHUP, which launch_local's ranks start with blocked.
-void unblock_stop_signals();
-
 int launch_local(int nproc, const std::vector<std::string>& args, std::chrono::seconds grace,
                  const std::function<void(const std::string&)>& say);
 

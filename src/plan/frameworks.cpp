@@ -175,9 +175,9 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
   // both token dispatchers gather over the etp x ep ranks (the allgather dispatcher its tokens,
   // the alltoall one its token counts); the alltoall dispatcher's all-to-all is a send and a
   // receive to every other rank of the expert-parallel group (etp apart: those in the same node
-  // over NVLink, the rest across nodes) and its gather over the expert-tensor-parallel ranks a ring. The experts'
-  // gradients are reduced over a ring of their own when they are sharded unlike the dense
-  // parameters (ep > 1, or etp other than tp).
+  // over NVLink, the rest across nodes) and its gather over the expert-tensor-parallel ranks a
+  // ring. The experts' gradients are reduced over a ring of their own when they are sharded unlike
+  // the dense parameters (ep > 1, or etp other than tp).
   nccl("expert- and expert-tensor-parallel group", l.ep * l.etp, ring);
   if (!allgather_dispatch(o, d)) {
     nccl("expert-parallel all-to-all", l.ep, peer_bytes(l.ep - 1, l.etp, l.ep, d.gpus_per_node));

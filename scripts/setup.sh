@@ -16,6 +16,7 @@ packages=(
   gnuplot-nox                        # charts (PNG and SVG)
   fortunes                           # default training corpus for `remat train`
   python3                            # tools/validate.py (make validate, the validation test)
+  procps                             # pgrep: tools/dp_test.sh finds the ranks it signals
 )
 if [ "${1:-}" = fuzz ]; then
   packages+=(clang libclang-rt-dev)  # libFuzzer and clang's ASan/UBSan runtimes

@@ -43,6 +43,31 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void gelu_backward_
   }
 }
 
+// sigmoid(g) = 1 / (1 + exp(-g)), exp's argument held in [-87, 80]: below -87 libmvec would send
+// the whole vector to its scalar path, and sigmoid is 1.0f there anyway (1 + exp(-87) rounds to 1);
+// above 80 (g < -80) exp could overflow to infinity, which -ffast-math must never meet, so sigmoid
+// stays at 1.8e-35 there, as the float64 loop's max(g, -80) does (ops/swiglu.cpp).
+inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(std::clamp(-g, -87.0f, 80.0f))); }
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_forward_range(const float* __restrict g,
+                                                                                       const float* __restrict u,
+                                                                                       float* __restrict act,
+                                                                                       int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) act[i] = g[i] * sigmoid(g[i]) * u[i];
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backward_range(
+    const float* __restrict dy, const float* __restrict g, const float* __restrict u, float* __restrict dg,
+    float* __restrict du, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i], s = sigmoid(x);
+    du[i] = dy[i] * x * s;
+    dg[i] = dy[i] * u[i] * s * (1.0f + x * (1.0f - s));
+  }
+}
+
 __attribute__((target_clones("avx512f", "avx2", "default"))) void relu_forward_range(const float* __restrict x,
                                                                                      float* __restrict y, int64_t n) {
 #pragma omp simd
@@ -242,6 +267,15 @@ void relu_forward(const float* x, float* y, int64_t n) {
 
 void relu_backward(const float* dy, const float* y, float* dx, int64_t n) {
   detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { relu_backward_range(dy + b, y + b, dx + b, e - b); });
+}
+
+void swiglu_forward(const float* g, const float* u, float* act, int64_t n) {
+  detail::parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) { swiglu_forward_range(g + b, u + b, act + b, e - b); });
+}
+
+void swiglu_backward(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n) {
+  detail::parallel_chunks(
+      n, kGrain, [&](int64_t b, int64_t e) { swiglu_backward_range(dy + b, g + b, u + b, dg + b, du + b, e - b); });
 }
 
 void add(const float* a, const float* b, float* y, int64_t n) {

@@ -29,6 +29,12 @@ void relu_forward(const float* x, float* y, int64_t n);
 // dx = y > 0 ? dy : 0, from the forward's output y. dx may be dy.
 void relu_backward(const float* dy, const float* y, float* dx, int64_t n);
 
+// act = silu(g) * u = g * sigmoid(g) * u (LLaMA's SwiGLU). act is neither g nor u.
+void swiglu_forward(const float* g, const float* u, float* act, int64_t n);
+// dg = dy * u * s * (1 + g * (1 - s)) and du = dy * g * s, s = sigmoid(g): fresh outputs, each
+// neither an input nor the other.
+void swiglu_backward(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n);
+
 // y = a + b, into a tensor of its own (y is neither a nor b).
 void add(const float* a, const float* b, float* y, int64_t n);
 

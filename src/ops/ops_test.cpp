@@ -313,6 +313,30 @@ TEST(SoftmaxKernel, FindsTheRowMaxInEveryLane) {
   }
 }
 
+// SwiGLU's vector loop against float64 over gates from -120 to 120, across the clamps of exp's
+// argument (g = 80 and -87 are in the grid), in the vector lanes and a ragged tail: finite, and
+// within float32 rounding of the exact values, relative to each term's scale (its factors' sizes).
+TEST(SwigluKernel, MatchesFloat64AcrossTheClamps) {
+  const int64_t n = 4803;  // g = -120 + 0.05 i, i = 0 .. n - 1: 120 at the end, a tail of 3
+  at::manual_seed(4);
+  const at::Tensor g = at::arange(n, at::kDouble).mul(0.05).sub(120).to(at::kFloat);
+  const at::Tensor u = at::randn({n}).mul(2), dy = at::randn({n});
+  at::Tensor act = at::empty({n}), dg = at::empty({n}), du = at::empty({n});
+  ops::kernels::swiglu_forward(g.data_ptr<float>(), u.data_ptr<float>(), act.data_ptr<float>(), n);
+  ops::kernels::swiglu_backward(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
+                                du.data_ptr<float>(), n);
+  const at::Tensor gd = g.to(at::kDouble), ud = u.to(at::kDouble), dyd = dy.to(at::kDouble);
+  const at::Tensor sd = at::sigmoid(gd);
+  const at::Tensor want_act = gd * sd * ud, want_du = dyd * gd * sd, want_dg = dyd * ud * sd * (1 + gd * (1 - sd));
+  const at::Tensor gs = gd.abs() + 1;  // each term's scale: its factors' magnitudes, g's at least 1
+  for (const auto& [got, want, scale, name] : {std::tuple{act, want_act, gs * ud.abs(), "act"},
+                                               {du, want_du, gs * dyd.abs(), "du"},
+                                               {dg, want_dg, gs * ud.abs() * dyd.abs(), "dg"}}) {
+    EXPECT_TRUE(at::isfinite(got).all().item<bool>()) << name;
+    EXPECT_LT(((got.to(at::kDouble) - want).abs() / scale).max().item<double>(), 1e-6) << name;
+  }
+}
+
 // A linear's bias gradient, summed in column chunks on the kernel threads, has the bits of ATen's
 // one sum over every column: over ragged chunks, on one kernel thread or two, in float and double.
 // With one ATen thread, as the engine runs, so that the chunks are what runs.

@@ -2,13 +2,15 @@
 //   in: gate (..., F), up (..., F)   out: act (..., F)
 //   backward reads both; dgate and dup are fresh tensors. silu(g) = g * sigmoid(g) is cheap to
 //   rerun, so act is the tensor mlp-act drops and gate and up the ones it keeps.
-// CPU float32 and float64 run one loop on remat's kernel threads; elsewhere ATen ops.
+// CPU float32 runs kernels.h's vector loop, float64 a plain loop, both on remat's kernel threads;
+// elsewhere ATen ops.
 #include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "util/parallel.h"
@@ -18,25 +20,20 @@ namespace {
 
 constexpr int64_t kChunk = 16384;  // elements per task on the kernel threads
 
-template <typename T>
-T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-std::max(x, T(-80))));
-}
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-std::max(x, -80.0))); }
 
-template <typename T>
-void forward_rows(const T* gate, const T* up, T* act, int64_t n) {
+void forward_rows(const double* gate, const double* up, double* act, int64_t n) {
   detail::parallel_chunks(n, kChunk, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) act[j] = gate[j] * sigmoid(gate[j]) * up[j];
   });
 }
 
-template <typename T>
-void backward_rows(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n) {
+void backward_rows(const double* dy, const double* gate, const double* up, double* dgate, double* dup, int64_t n) {
   detail::parallel_chunks(n, kChunk, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const T g = gate[j], s = sigmoid(g);
+      const double g = gate[j], s = sigmoid(g);
       dup[j] = dy[j] * g * s;
-      dgate[j] = dy[j] * up[j] * s * (T(1) + g * (T(1) - s));
+      dgate[j] = dy[j] * up[j] * s * (1.0 + g * (1.0 - s));
     }
   });
 }
@@ -50,7 +47,7 @@ void forward(detail::OpEnv& e, const OpNode& op) {
   if (!cpu(g) || !cpu(u)) return e.set_out(op, 0, at::silu(g) * u);
   at::Tensor act = at::empty_like(g);
   if (g.scalar_type() == at::kFloat)
-    forward_rows(g.data_ptr<float>(), u.data_ptr<float>(), act.data_ptr<float>(), g.numel());
+    kernels::swiglu_forward(g.data_ptr<float>(), u.data_ptr<float>(), act.data_ptr<float>(), g.numel());
   else
     forward_rows(g.data_ptr<double>(), u.data_ptr<double>(), act.data_ptr<double>(), g.numel());
   e.set_out(op, 0, std::move(act));
@@ -67,8 +64,8 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   }
   at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
   if (g.scalar_type() == at::kFloat)
-    backward_rows(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
-                  du.data_ptr<float>(), g.numel());
+    kernels::swiglu_backward(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
+                             du.data_ptr<float>(), g.numel());
   else
     backward_rows(dy.data_ptr<double>(), g.data_ptr<double>(), u.data_ptr<double>(), dg.data_ptr<double>(),
                   du.data_ptr<double>(), g.numel());

@@ -131,11 +131,11 @@ bool can_run(GemmImpl impl) {
   return (sizeof(T) == 4 && impl == GemmImpl::OneDnn) ? dnnl_sgemm() != nullptr : cblas<T>() != nullptr;
 }
 
-// Tiles of the output: at most 256 rows by 512 columns, each over the whole of k, and rows cut
-// finer (tile_rows) while the product has fewer than 4 tiles, so that a short product (an
-// expert's rows) still spreads over the cores; from the shape alone, never the thread count.
+// Tiles of the output: at most 256 rows by 512 columns, each over the whole of k, and cut finer
+// (tile_shape) while the product has fewer than 4 tiles, so that a short product (an expert's
+// rows) still spreads over the cores; from the shape alone, never the thread count.
 // NOTE [The engine's GEMMs] has the measurements.
-constexpr int64_t kTileRows = 256, kTileCols = 512, kMinTileRows = 64, kMinTiles = 4;
+constexpr int64_t kTileRows = 256, kTileCols = 512, kMinTileRows = 64, kMinTileCols = 128, kMinTiles = 4;
 
 // A transposed A whose rows are 4 KiB or longer puts every row of a tile's panel on a page of its
 // own: oneDNN's sgemm then ran a linear's weight gradient (dy^T x: A is dy, lda its width) at 57-69
@@ -148,8 +148,8 @@ constexpr int64_t kPackLda = 1024;
 
 void sgemm_tiled(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int64_t tr = tile_rows(m, n);
-  const int64_t rows = (m + tr - 1) / tr, cols = (n + kTileCols - 1) / kTileCols;
+  const auto [tr, tc] = tile_shape(m, n);
+  const int64_t rows = (m + tr - 1) / tr, cols = (n + tc - 1) / tc;
   const bool pack = impl == GemmImpl::OneDnn && ta && lda >= kPackLda;
   // Every tile on one kernel thread, even a product of one tile: the BLAS's own threads would spin
   // on the cores the pass's kernel threads hold (with one kernel thread there are none to spin on).
@@ -160,7 +160,7 @@ void sgemm_tiled(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t 
     float* panel = nullptr;
     int64_t panel_row = -1;
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t / cols * tr, j = t % cols * kTileCols;
+      const int64_t i = t / cols * tr, j = t % cols * tc;
       const int64_t mr = std::min(tr, m - i);
       const float* at = ta ? a + i : a + i * lda;  // rows i.. of op(A): columns of A when transposed
       int64_t ld = lda;
@@ -173,8 +173,7 @@ void sgemm_tiled(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t 
         at = panel, ld = mr;
       }
       const float* bt = tb ? b + j * ldb : b + j;
-      gemm_here<float>(impl, ta, tb, mr, std::min(kTileCols, n - j), k, alpha, at, ld, bt, ldb, beta, c + i * ldc + j,
-                       ldc);
+      gemm_here<float>(impl, ta, tb, mr, std::min(tc, n - j), k, alpha, at, ld, bt, ldb, beta, c + i * ldc + j, ldc);
     }
   });
 }
@@ -226,11 +225,22 @@ void batched(const at::Tensor& a, bool ta, const at::Tensor& b, bool tb, at::Ten
 
 }  // namespace
 
-int64_t tile_rows(int64_t m, int64_t n) {
-  const int64_t cols = (n + kTileCols - 1) / kTileCols;
-  int64_t r = kTileRows;
-  while (r > kMinTileRows && (m + r - 1) / r * cols < kMinTiles) r /= 2;
-  return r;
+TileShape tile_shape(int64_t m, int64_t n) {
+  TileShape t{kTileRows, kTileCols};
+  const auto tiles = [&] { return (m + t.rows - 1) / t.rows * ((n + t.cols - 1) / t.cols); };
+  while (tiles() < kMinTiles) {
+    // Halve the tile's longer side as the output clips it (columns on a tie), or the other one once
+    // that side is at its least: a tile's packed panels grow with rows + columns, its work with
+    // rows x columns, so the squarer tile packs less for the same work.
+    const bool cols_longer = std::min(t.cols, n) >= std::min(t.rows, m);
+    if (t.cols > kMinTileCols && (cols_longer || t.rows == kMinTileRows))
+      t.cols /= 2;
+    else if (t.rows > kMinTileRows)
+      t.rows /= 2;
+    else
+      break;
+  }
+  return t;
 }
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,

@@ -83,13 +83,17 @@ bool pass_owns_the_cores();
 
 // c = op(a) op(b) + beta c for 2-D tensors, c written in place, on the implementation of its linear
 // class. OneDnn and Blas, for CPU float32 whose last dimensions are contiguous: tiles of at most
-// 256 rows (tile_rows) x 512 columns of c over the kernel threads, one GEMM call each. Otherwise,
+// 256 rows x 512 columns of c (tile_shape) over the kernel threads, one GEMM call each. Otherwise,
 // and on the BLAS for a reduction or leading dimension past INT_MAX (cblas takes int), at::mm.
 void mm_out(at::Tensor& c, const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, double beta);
 
-// The rows of mm_out's tiles for an m x n output: 256, halved (down to 64) while the output has
-// fewer than 4 tiles of 512 columns. From the shape alone, so the bits never depend on the threads.
-int64_t tile_rows(int64_t m, int64_t n);
+// The shape of mm_out's tiles for an m x n output: 256 x 512 while that gives 4 tiles or more;
+// else the longer side (as the output clips it; columns on a tie) halved until it does, rows down
+// to 64 and columns down to 128. From the shape alone, so the bits never depend on the threads.
+struct TileShape {
+  int64_t rows = 0, cols = 0;
+};
+TileShape tile_shape(int64_t m, int64_t n);
 
 // c = alpha * op(a) @ op(b) + beta * c, batched over all leading dimensions.
 // a, b, c: tensors of equal rank >= 3 whose last dimension has stride 1 (any other strides);

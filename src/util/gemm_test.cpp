@@ -106,14 +106,23 @@ TEST(Gemm, TiledProductIsTheProduct) {
         }
 }
 
-// A short product is cut into rows of fewer than 256 until it has 4 tiles (down to 64 rows), so
-// that an expert's few hundred rows still spread over the cores; a linear of 1024 tokens keeps 256.
-TEST(Gemm, AShortProductIsCutIntoFourTiles) {
-  EXPECT_EQ(tile_rows(1024, 1536), 256);
-  EXPECT_EQ(tile_rows(1024, 512), 256);
-  EXPECT_EQ(tile_rows(256, 1024), 128);  // 2 x 2 tiles
-  EXPECT_EQ(tile_rows(256, 512), 64);    // 4 x 1
-  EXPECT_EQ(tile_rows(40, 512), 64);     // one tile: no finer than 64 rows
+// A short product is cut until it has 4 tiles, the longer side of the tile first, so that an
+// expert's few hundred rows still spread over the cores in squarish tiles; a linear of 1024
+// tokens keeps 256 x 512.
+TEST(Gemm, AShortProductIsCutIntoFourSquarishTiles) {
+  using Shape = std::pair<int64_t, int64_t>;
+  const auto shape = [](int64_t m, int64_t n) {
+    const TileShape t = tile_shape(m, n);
+    return Shape{t.rows, t.cols};
+  };
+  EXPECT_EQ(shape(1024, 1536), Shape(256, 512));
+  EXPECT_EQ(shape(1024, 512), Shape(256, 512));  // 4 x 1
+  EXPECT_EQ(shape(256, 1024), Shape(256, 256));  // 1 x 4
+  EXPECT_EQ(shape(256, 512), Shape(256, 128));   // a tie at 256 x 256: columns
+  EXPECT_EQ(shape(512, 512), Shape(256, 256));   // 2 x 2
+  EXPECT_EQ(shape(2048, 100), Shape(256, 512));  // 8 x 1
+  EXPECT_EQ(shape(40, 512), Shape(256, 128));    // 40 rows: the columns are cut
+  EXPECT_EQ(shape(100, 100), Shape(64, 128));    // 2 x 1: no finer than 64 x 128
 }
 
 // A transposed A with rows of 1024 floats or more (a weight gradient's dy^T) is copied into a

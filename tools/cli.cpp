@@ -172,8 +172,8 @@ const GemmMeasurement& settle_gemm(const ThreadConfig& threads) {
 std::string describe(const GemmMeasurement& m) {
   if (m.classes.empty()) return "";
   std::string out =
-      fmt::format("  GEMM per class, by measurement: the BLAS unless another was faster in each of {} rounds ({}):\n",
-                  kGemmRounds, m.source);
+      fmt::format("  GEMM per class, by measurement: the BLAS unless another was faster in {} of {} rounds ({}):\n",
+                  kGemmRounds - kGemmRoundsLost, kGemmRounds, m.source);
   for (const GemmClassRates& c : m.classes) {
     std::string rates;
     for (const auto& [name, rate] : c.gflops)
@@ -188,9 +188,9 @@ std::string describe(const GemmMeasurement& m) {
   if (m.pass_ms.size() == 2)
     out += fmt::format(
         "    linears on {}: a pass of every class took {:.1f} ms (median) with them on remat's kernel threads, {:.1f} "
-        "ms on the BLAS's (the BLAS's threads only when faster in each of {} rounds)\n",
+        "ms on the BLAS's (the BLAS's threads only when faster in {} of {} rounds)\n",
         m.classes.front().chosen == "blas-threads" ? "the BLAS's threads" : "remat's kernel threads",
-        pass("kernel-threads"), pass("blas-threads"), kGemmRounds);
+        pass("kernel-threads"), pass("blas-threads"), kGemmRounds - kGemmRoundsLost, kGemmRounds);
   return out;
 }
 

@@ -128,9 +128,11 @@ nlohmann::json gemm_classes_json(const std::vector<GemmClassRates>& classes);
 
 // choose_gemm's one rule for every choice it makes: times[i] are candidate i's samples (ms), taken
 // in interleaved rounds (sample r of every candidate in round r). The incumbent stays unless
-// another candidate was faster than it in every round; of those, the one with the lowest median.
-// A tie then keeps the incumbent but in 1 of 2^rounds re-measurements (a sign test), so a machine
-// re-measured keeps its choice, and its bits, unless one GEMM is faster there.
-size_t faster_in_every_round(const std::vector<std::vector<double>>& times, size_t incumbent);
+// another candidate was faster than it in every round but at most `lost`; of those, the one with
+// the lowest median. A tie then keeps the incumbent but in (1 + rounds) / 2^rounds of
+// re-measurements for lost = 1 (a sign test), so a machine re-measured keeps its choice, and its
+// bits, unless one GEMM is faster there.
+size_t faster_in_nearly_every_round(const std::vector<std::vector<double>>& times, size_t incumbent,
+                                    int lost = kGemmRoundsLost);
 
 }  // namespace remat::detail

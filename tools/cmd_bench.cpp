@@ -94,8 +94,14 @@ int run(BenchFlags& f) {
       "(rounds' medians {:.1f}-{:.1f})\n",
       r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.floor_gemm, r.floor_rounds, tried,
       r.sampled_gflops.size(), *slowest, *fastest);
-  fmt::print("  peak {:.1f} GFLOP/s ({}): the 1024^3 GEMM runs at {:.0f}% of it\n\n", r.peak.gflops, r.peak.how,
-             100 * r.matmul_gflops / r.peak.gflops);
+  if (r.peak.gflops <= 0)
+    fmt::print("  peak: {}\n\n", r.peak.how);
+  else if (r.matmul_gflops <= r.peak.gflops)
+    fmt::print("  peak {:.1f} GFLOP/s ({}): the 1024^3 GEMM runs at {:.0f}% of it\n\n", r.peak.gflops, r.peak.how,
+               100 * r.matmul_gflops / r.peak.gflops);
+  else  // both measurements slowed by the host: what share of the peak the GEMM reaches is unknown
+    fmt::print("  peak {:.1f} GFLOP/s ({}): below the 1024^3 GEMM's rate, so a busy host slowed it; not a peak\n\n",
+               r.peak.gflops, r.peak.how);
   const std::string table = r.markdown();
   fmt::print("{}", table);
   if (o.profile) fmt::print("{}", r.profile_markdown());

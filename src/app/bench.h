@@ -92,7 +92,8 @@ struct BenchResult {
   std::string floor_gemm;
   std::vector<std::pair<std::string, double>> floor_gemm_rates;
   int floor_rounds = 0;                // interleaved rounds each of floor_gemm_rates is the median of
-  PeakRate peak;                       // the CPU's FMA peak on the run's threads: what no GEMM can beat
+  PeakRate peak;                       // the CPU's FMA peak on the run's threads, the faster of a measurement
+                                       // before the steps and one after: what no GEMM can beat
   double matmul_gflops = 0;            // 1024^3 float32 rate of floor_gemm: median of sampled_gflops
   std::vector<double> sampled_gflops;  // the rate sampled before every timed step, round by round
   std::vector<double> round_gflops;    // each timed round's median sample, in order: the floor's own spread

@@ -100,7 +100,7 @@ struct GemmClassRates {
 };
 // Timed rounds of every choice choose_gemm makes (after one untimed), and how many of them a
 // challenger may lose and still replace the incumbent: one busy spell on a shared host does not
-// keep a faster GEMM out, and a true tie wins 9 of 10 rounds in 11 of 1024 re-measurements.
+// keep a faster GEMM out, and a true tie wins 9 or 10 of 10 rounds in 11 of 1024 re-measurements.
 inline constexpr int kGemmRounds = 10;
 inline constexpr int kGemmRoundsLost = 1;
 struct GemmMeasurement {

@@ -548,8 +548,9 @@ void measure(const BenchOptions& o, const std::vector<Variant>& variants, std::v
   const std::vector<std::vector<double>> round_samples = run_rounds(o, entries, probes, result);
   // The peak again after the steps, the faster kept: a busy spell on a shared host can slow all
   // three rounds of one measurement, and a peak below the GEMM rates beside it means nothing.
+  detail::let_blas_threads_sleep();  // as before the first: no BLAS worker spins beside it
   if (const PeakRate after = peak_gflops(peak_threads); after.gflops > result.peak.gflops) result.peak = after;
-  result.peak.how += ", before the steps and after them, the faster kept";
+  if (result.peak.gflops > 0) result.peak.how += ", before the steps and after them, the faster kept";
 
   // Predictions from the costs timed in these rounds; the plans were made with the costs before.
   for (const std::vector<double>& r : round_samples) {

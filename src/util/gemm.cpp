@@ -148,14 +148,16 @@ constexpr int64_t kPackLda = 1024;
 
 void sgemm_tiled(GemmImpl impl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const auto [tr, tc] = tile_shape(m, n);
+  const TileShape tile = tile_shape(m, n);
+  const int64_t tr = tile.rows, tc = tile.cols;  // plain names: the lambda below captures them (C++17)
   const int64_t rows = (m + tr - 1) / tr, cols = (n + tc - 1) / tc;
   const bool pack = impl == GemmImpl::OneDnn && ta && lda >= kPackLda;
   // Every tile on one kernel thread, even a product of one tile: the BLAS's own threads would spin
   // on the cores the pass's kernel threads hold (with one kernel thread there are none to spin on).
   std::optional<SingleThreadedBlas> one_thread;
   if (impl != GemmImpl::OneDnn && kernel_threads() > 1) one_thread.emplace();
-  // Packed, a chunk is one row of tiles: its panel is copied once, for all of the row's tiles.
+  // Packed, a chunk is one row of tiles: its panel is copied once, for all of the row's tiles. (A
+  // transposed A of lda >= 1024 is a weight gradient's dy^T, whose m is lda: 4 rows of tiles at least.)
   parallel_chunks(rows * cols, pack ? cols : 1, [&](int64_t begin, int64_t end) {
     float* panel = nullptr;
     int64_t panel_row = -1;

@@ -87,9 +87,10 @@ bool pass_owns_the_cores();
 // and on the BLAS for a reduction or leading dimension past INT_MAX (cblas takes int), at::mm.
 void mm_out(at::Tensor& c, const at::Tensor& a, bool transpose_a, const at::Tensor& b, bool transpose_b, double beta);
 
-// The shape of mm_out's tiles for an m x n output: 256 x 512 while that gives 4 tiles or more;
-// else the longer side (as the output clips it; columns on a tie) halved until it does, rows down
-// to 64 and columns down to 128. From the shape alone, so the bits never depend on the threads.
+// The shape of mm_out's tiles for an m x n output: 256 x 512, and while that gives fewer than 4
+// tiles, the longer side (as the output clips it; columns on a tie) halved, or the other once it
+// is at its least (rows 64, columns 128), until 4 tiles or both are. From the shape alone, so the
+// bits never depend on the threads.
 struct TileShape {
   int64_t rows = 0, cols = 0;
 };

@@ -13,7 +13,7 @@ CMAKE_FLAGS ?=
 keep_by_cpu = k=$$($(BUILD)/remat cpu --kind) && d=results/by-cpu/$$k && mkdir -p $$d && for f in $(1); do \
   b=$$(basename $$f) && cp $$f $$d/.$$b.tmp && mv $$d/.$$b.tmp $$d/$$b || exit 1; done
 
-# The seed note's experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
+# The seed experiment: 6 layers, dim 512, batch 8, seq 128; none, full, every:2, every:3, on
 # the module path (torch::nn + remat::checkpoint) and on the op-level engine.
 run: build
 	$(BUILD)/remat bench --json results/seed.json --csv results/seed.csv --markdown results/seed.md \

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Bad input, one row per case. Every row must: exit with code 2; write exactly one line
 # on stderr, "remat: error: ...", containing the row's text (the bad value and what is allowed);
-# print no result or progress (the refusal comes before any work); finish within a minute (no
-# hang); and leave the sandbox exactly as it was: no file created, changed or replaced, devices and
-# FIFOs included. Usage: bad_input_test.sh path/to/remat
+# print nothing on stdout (the refusal comes before any work, a header included); finish within a
+# minute (no hang); and leave the sandbox exactly as it was: no file created, changed or replaced,
+# devices and FIFOs included. Usage: bad_input_test.sh path/to/remat
 set -u
 remat=$(realpath "$1")
 box=$(mktemp -d) scratch=$(mktemp -d)
@@ -59,7 +59,7 @@ bad() {
   elif [ "$(grep -c . "$err")" -ne 1 ]; then why="$(grep -c . "$err") lines on stderr, not 1"
   elif ! grep -q '^remat: error: ' "$err"; then why="stderr is not 'remat: error: ...'"
   elif ! grep -qF -- "$text" "$err"; then why="stderr lacks '$text'"
-  elif grep -qE '^\||weights digest|^step ' "$out"; then why="it did work before refusing"
+  elif [ -s "$out" ]; then why="it printed before refusing: '$(head -1 "$out")'"
   fi
   local now
   now=$(snapshot)
@@ -174,6 +174,9 @@ bad "every:K needs a positive integer, got '0'" bench "${tiny[@]}" --policies ev
 bad "every:K needs a positive integer, got '99999999999999999999'" bench "${tiny[@]}" --policies every:99999999999999999999
 bad "exceeds the model's 2 layers (0-1)" bench "${tiny[@]}" --policies layers:5-9=full
 bad "unknown tensor 'nope' in 'save:nope'" bench "${tiny[@]}" --policies save:nope
+bad "unknown tensor 'nope' in 'save:nope'" bench "${tiny[@]}" --arch gpt2 --attention math,flash --policies save:nope
+bad "block:9 exceeds the model's 2 layers" bench "${tiny[@]}" --policies none,block:9
+bad "preset 'attn' in 'attn' drops nothing in a gpt2 block" bench "${tiny[@]}" --arch gpt2 --attention flash --policies attn
 bad "bad budget '0'" bench "${tiny[@]}" --policies budget:0
 bad "bad budget '-5%'" bench "${tiny[@]}" --policies budget:-5%
 bad "budget '99999999999999999999999GB' is too large" bench "${tiny[@]}" --policies budget:99999999999999999999999GB

@@ -168,9 +168,7 @@ int run_single(PlanFlags& f) {
     write_file_atomic(f.json, single_plan_json(cfg, budget, p, costs).dump(2) + "\n");
     fmt::print("wrote {}\n", f.json);
   };
-  fmt::print("remat plan: {} | budget {}\n", describe(cfg), to_string(budget));
-  fmt::print("  costs: {}\n  planned in {:.0f} ms\n\n", costs.source, planned_ms);
-  if (!p.fits) {
+  if (!p.fits) {  // a refusal: one line on stderr, nothing on stdout but the JSON asked for
     write_json();
     const auto [asked, least] = bytes_pair_str(p.budget, p.min_budget);
     fail(
@@ -179,6 +177,8 @@ int run_single(PlanFlags& f) {
         f.budget, asked, least, bytes_str(p.memory.params), bytes_str(p.memory.peak), bytes_str(p.memory.optimizer),
         bytes_str(p.memory.data));
   }
+  fmt::print("remat plan: {} | budget {}\n", describe(cfg), to_string(budget));
+  fmt::print("  costs: {}\n  planned in {:.0f} ms\n\n", costs.source, planned_ms);
   print_single_plan(p);
   write_json();
   return 0;
@@ -662,18 +662,18 @@ int run_layouts(PlanFlags& f) {
   size_space(space, f, cfg, device);
   const LayoutAnswer a = answer_layouts(cfg, space, device, f.top, opt);
   cfg.batch = space.global_batch;
-  print_layout_header(cfg, space, device, opt);
-  fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", a.res.candidates, a.res.evaluated,
-             a.searched_s);
   auto write_json = [&] {
     if (f.json.empty()) return;
     write_file_atomic(f.json, layouts_json(cfg, space, device, a, opt).dump(2) + "\n");
     fmt::print("wrote {}\n", f.json);
   };
-  if (a.res.best.empty()) {
+  if (a.res.best.empty()) {  // a refusal: one line on stderr, nothing on stdout but the JSON asked for
     write_json();
     fail_no_layout(cfg, space, device, a);
   }
+  print_layout_header(cfg, space, device, opt);
+  fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", a.res.candidates, a.res.evaluated,
+             a.searched_s);
   print_layouts(cfg, a.res.best, device);
   print_breakdown(a.res.best.front(), cfg, opt, tokens, device);
   write_json();

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """remat's ops engine against PyTorch eager on the seed experiment, in one run.
 
-The seed note's model (6 layers, width 512, 8 heads, FFN 2048 with ReLU, residuals, no norm; batch
+The seed experiment's model (6 layers, width 512, 8 heads, FFN 2048 with ReLU, residuals, no norm; batch
 8, seq 128, fp32; MSE loss; Adam) is written here in plain PyTorch (torch.nn.MultiheadAttention,
-torch.nn.Linear) and trained under the four strategies of the note with torch.utils.checkpoint
+torch.nn.Linear) and trained under the four strategies of the experiment with torch.utils.checkpoint
 (non-reentrant, PyTorch's recommended form): none, full (each layer a checkpoint), every:2 and
 every:3 (layer i a checkpoint when i % K != 0), as remat's presets of the same names choose.
 
@@ -16,7 +16,7 @@ as a multiple of the matmul floor (the step's FLOPs at the 1024^3 rate of the fa
 remat / PyTorch cannot fall much below the floor over PyTorch's step.
 
 Both sides run one ATen thread (what torch.get_num_threads() reads here unset; with two, PyTorch's
-seed step ran 2.2x slower on the Zen 4, its OpenMP threads contending with OpenBLAS's). PyTorch's
+OpenMP threads contend with OpenBLAS's for the cores and its seed step runs slower). PyTorch's
 matmuls run on OpenBLAS's own threads (the same libblas.so.3), with the kernel remat's bench runs
 with: OpenBLAS picks its kernel from the CPU model when it loads, and on a CPU it does not know it
 falls back to SSE3 (a third of the speed), which remat corrects and a plain `import torch` would

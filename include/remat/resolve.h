@@ -37,4 +37,9 @@ struct Resolution {
 // policy meets (naming the smallest peak any policy reaches and what it is made of).
 Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const ResolveOptions& options = {});
 
+// Throws the remat::Error resolve_policy would for a policy that cannot resolve on `cfg` (a name the
+// block lacks, a range past the last layer, a preset that drops nothing, a budget no policy meets),
+// measuring nothing: a command checks its policies with it before any work starts.
+void check_policy(const Policy& policy, const ModelConfig& cfg);
+
 }  // namespace remat

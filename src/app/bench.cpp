@@ -243,6 +243,26 @@ void check_bench_options(const BenchOptions& o) {
             "smaller --batch",
             to_string(a), bytes_str(need), bytes_str(usable));
     }
+    // A policy no attention variant can run is refused now, with the first variant's error as a
+    // single run would give it (one that fails in some variants only is left out of those, with a note).
+    for (const std::string& text : o.policies) {
+      const Policy p = Policy::parse(text);
+      auto runs_on = [&](AttentionImpl a) {
+        ModelConfig cfg = o.model;
+        cfg.attention = a;
+        try {
+          check_policy(p, cfg);
+          return true;
+        } catch (const Error&) {
+          return false;
+        }
+      };
+      if (std::none_of(attentions.begin(), attentions.end(), runs_on)) {
+        ModelConfig cfg = o.model;
+        cfg.attention = attentions[0];
+        check_policy(p, cfg);
+      }
+    }
   }
 }
 

@@ -1,6 +1,6 @@
-// seed: the seed note's block. x + attn(x), then + ffn(.) with a Linear/ReLU/Linear FFN; no norm,
+// seed: the seed experiment's block. x + attn(x), then + ffn(.) with a Linear/ReLU/Linear FFN; no norm,
 // no mask, no dropout. The data (B, T, C) floats is the first block's input; the loss is MSE to a
-// target of the same shape, as the note's training function.
+// target of the same shape, as the experiment trains it.
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -68,7 +68,7 @@ void check(const ModelConfig& c) {
 }  // namespace
 
 extern const BlockKind kSeed{"seed",
-                             "the seed note's block: attention + Linear/ReLU/Linear FFN, residuals, no norm",
+                             "the seed experiment's block: attention + Linear/ReLU/Linear FFN, residuals, no norm",
                              nullptr,
                              block,
                              head,

@@ -1,4 +1,4 @@
-// mse_loss: mean of (y - target)^2 (the seed note's training loss).
+// mse_loss: mean of (y - target)^2 (the seed experiment's training loss).
 //   in: y, target   out: loss (scalar)   backward reads y and target; dy is a fresh tensor.
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <ATen/ATen.h>
@@ -279,6 +280,27 @@ TEST(Plan, RefusesWithTheSmallestBudget) {
     EXPECT_NE(std::string(e.what()).find("budget 1.0 KiB cannot be met: the smallest peak any policy reaches is"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// check_policy measures nothing and refuses exactly what resolve_policy refuses, with its message.
+TEST(Plan, CheckPolicyRefusesWhatResolvingRefuses) {
+  const ModelConfig c = tiny("gpt2");
+  const CostModel costs = unit_costs(make_model(c));
+  ResolveOptions o;
+  o.given = &costs;
+  auto error_of = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+      return "";
+    } catch (const Error& e) {
+      return e.what();
+    }
+  };
+  for (const char* text : {"budget:1KiB", "budget:90%", "save:nope", "block:9", "none", "attn+mlp-act"}) {
+    const Policy p = Policy::parse(text);
+    const std::string resolving = error_of([&] { resolve_policy(p, c, o); });
+    EXPECT_EQ(error_of([&] { check_policy(p, c); }), resolving) << text;
   }
 }
 

@@ -7,6 +7,26 @@
 
 namespace remat {
 
+namespace {
+
+// A budget's plan on placeholder costs: whether any policy meets a budget does not depend on the op
+// costs, so an impossible budget is told apart before any are measured.
+Plan plan_on_placeholder_costs(const Policy& policy, const ModelConfig& cfg, const ModelSpec& spec,
+                               const LayerPolicy& pins) {
+  return make_plan(cfg, policy.budget(), estimate_costs(spec, MachineRates{1.0, 1.0}), pins);
+}
+
+void refuse_unmet(const Policy& policy, const Plan& plan) {
+  if (!plan.fits)
+    fail(
+        "budget {} cannot be met: the smallest peak any policy reaches is {} (weights {}, optimizer {}, data {}, "
+        "activations and gradients {})",
+        to_string(policy.budget()), bytes_str(plan.min_budget), bytes_str(plan.memory.params),
+        bytes_str(plan.memory.optimizer), bytes_str(plan.memory.data), bytes_str(plan.memory.peak));
+}
+
+}  // namespace
+
 Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const ResolveOptions& o) {
   auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
   const ThreadConfig& threads = o.threads;
@@ -18,29 +38,31 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
     return r;
   }
   const LayerPolicy pins = policy.pins(spec->block);  // name errors before any measuring
-  // Whether any policy meets the budget does not depend on the op costs. When they may be
-  // measured (seconds), ask with placeholder costs first, so that an impossible budget is refused
-  // before anything is measured.
+  // When the costs may be measured (seconds), an impossible budget is refused first.
   const bool may_measure = !o.given && o.costs != CostSource::Estimated;
   Plan plan;
-  if (may_measure) plan = make_plan(cfg, policy.budget(), estimate_costs(*spec, MachineRates{1.0, 1.0}), pins);
+  if (may_measure) plan = plan_on_placeholder_costs(policy, cfg, *spec, pins);
   if (!may_measure || plan.fits) {
     if (o.progress) o.progress(fmt::format("planning {}", policy.text()));
     const CostModel costs = o.given ? *o.given : choose_costs(cfg, o.costs, o.threads);
     plan = make_plan(cfg, policy.budget(), costs, pins);
     r.costs = costs;
   }
-  if (!plan.fits)
-    fail(
-        "budget {} cannot be met: the smallest peak any policy reaches is {} (weights {}, optimizer {}, data {}, "
-        "activations and gradients {})",
-        to_string(policy.budget()), bytes_str(plan.min_budget), bytes_str(plan.memory.params),
-        bytes_str(plan.memory.optimizer), bytes_str(plan.memory.data), bytes_str(plan.memory.peak));
+  refuse_unmet(policy, plan);
   r.policy = plan.policy;
   r.text = plan.policy_text;
   r.memory = plan.memory;
   r.plan = plan;
   return r;
+}
+
+void check_policy(const Policy& policy, const ModelConfig& cfg) {
+  const ModelSpec spec = make_model(cfg);
+  if (!policy.is_budget()) {
+    policy.resolve(spec.block, cfg.layers);
+    return;
+  }
+  refuse_unmet(policy, plan_on_placeholder_costs(policy, cfg, spec, policy.pins(spec.block)));
 }
 
 }  // namespace remat

@@ -5,6 +5,13 @@
 # `setup.sh eager` adds Debian's PyTorch (`make eager`).
 set -euo pipefail
 
+# The packages and paths below are Debian 12's for amd64 (the BLAS alternative is x86_64's).
+arch=$(dpkg --print-architecture 2>/dev/null || uname -m)
+if [ "$arch" != amd64 ] && [ "$arch" != x86_64 ]; then
+  echo "setup: this is a $arch machine; remat's set-up is for Debian 12 on amd64 (x86-64)" >&2
+  exit 1
+fi
+
 packages=(
   g++ cmake make ccache              # toolchain
   clang-format                       # make format, make format-check (CI)

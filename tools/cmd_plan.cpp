@@ -607,8 +607,11 @@ nlohmann::json layouts_json(const ModelConfig& cfg, const SearchSpace& space, co
   std::string least = "no layout of these flags validates";
   if (!a.res.refused.empty()) least += fmt::format(" ({})", a.res.refused);
   if (!a.res.least.ranks.empty())
-    least = fmt::format("the smallest per-GPU peak is {} ({}, policy {})", bytes_str(a.res.least.peak()),
-                        to_string(a.res.least.layout, routes_experts(cfg.arch)), a.res.least.policy);
+    least = fmt::format(
+        "the smallest per-GPU peak is {} ({}, policy {}) against a budget of {}, which a peak stays "
+        "{:.0f}% under",
+        bytes_str(a.res.least.peak()), to_string(a.res.least.layout, routes_experts(cfg.arch)), a.res.least.policy,
+        bytes_str(a.res.least.budget), 100 * a.res.least.margin);
   fail(
       "{} x {} cannot train {}: {}; {}{}", space.gpus, device.name, describe(cfg), least,
       a.fewest > 0 ? fmt::format("{} GPUs fit", a.fewest) : "no count up to 65536 fits",

@@ -37,9 +37,11 @@ struct Resolution {
 // policy meets (naming the smallest peak any policy reaches and what it is made of).
 Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const ResolveOptions& options = {});
 
-// Throws the remat::Error resolve_policy would for a policy that cannot resolve on `cfg` (a name the
-// block lacks, a range past the last layer, a preset that drops nothing, a budget no policy meets),
-// measuring nothing: a command checks its policies with it before any work starts.
-void check_policy(const Policy& policy, const ModelConfig& cfg);
+// Throws, measuring nothing, the remat::Error resolve_policy gives a policy that cannot resolve on
+// `cfg` with `threads` (a name the block lacks, a range past the last layer, a preset that drops
+// nothing, a budget no policy meets: that does not depend on the op costs, so it is planned on
+// placeholder ones, as resolve_policy does before it measures). A command checks its policies with
+// it before any work starts.
+void check_policy(const Policy& policy, const ModelConfig& cfg, const ThreadConfig& threads);
 
 }  // namespace remat

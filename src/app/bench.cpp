@@ -251,7 +251,7 @@ void check_bench_options(const BenchOptions& o) {
         ModelConfig cfg = o.model;
         cfg.attention = a;
         try {
-          check_policy(p, cfg);
+          check_policy(p, cfg, o.threads);
           return true;
         } catch (const Error&) {
           return false;
@@ -260,7 +260,7 @@ void check_bench_options(const BenchOptions& o) {
       if (std::none_of(attentions.begin(), attentions.end(), runs_on)) {
         ModelConfig cfg = o.model;
         cfg.attention = attentions[0];
-        check_policy(p, cfg);
+        check_policy(p, cfg, o.threads);
       }
     }
   }

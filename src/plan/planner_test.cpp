@@ -283,12 +283,13 @@ TEST(Plan, RefusesWithTheSmallestBudget) {
   }
 }
 
-// check_policy measures nothing and refuses exactly what resolve_policy refuses, with its message.
+// check_policy refuses exactly what resolve_policy refuses, with its message, and touches no cache
+// (it measures nothing).
 TEST(Plan, CheckPolicyRefusesWhatResolvingRefuses) {
-  const ModelConfig c = tiny("gpt2");
-  const CostModel costs = unit_costs(make_model(c));
-  ResolveOptions o;
-  o.given = &costs;
+  const std::string dir = testing::temp_dir("check-policy");
+  const char* was = std::getenv("REMAT_CACHE");
+  const std::string before = was ? was : "";
+  setenv("REMAT_CACHE", dir.c_str(), 1);
   auto error_of = [](const std::function<void()>& fn) -> std::string {
     try {
       fn();
@@ -297,11 +298,29 @@ TEST(Plan, CheckPolicyRefusesWhatResolvingRefuses) {
       return e.what();
     }
   };
-  for (const char* text : {"budget:1KiB", "budget:90%", "save:nope", "block:9", "none", "attn+mlp-act"}) {
-    const Policy p = Policy::parse(text);
-    const std::string resolving = error_of([&] { resolve_policy(p, c, o); });
-    EXPECT_EQ(error_of([&] { check_policy(p, c); }), resolving) << text;
+  ModelConfig flash = tiny("gpt2");
+  flash.attention = AttentionImpl::Flash;
+  const std::vector<std::pair<ModelConfig, std::vector<const char*>>> cases = {
+      {tiny("gpt2"), {"budget:1KiB", "budget:90%", "budget:90%+drop:nope", "save:nope", "block:9", "none", "attn"}},
+      {flash, {"attn", "mlp-act", "budget:1KiB"}}};
+  for (const auto& [c, texts] : cases) {
+    CostModel costs = unit_costs(make_model(c));
+    costs.threads = ThreadConfig{1, 2};  // not the default: flash attention's scratch grows with the threads
+    ResolveOptions o;
+    o.given = &costs;
+    o.threads = costs.threads;
+    for (const char* text : texts) {
+      const Policy p = Policy::parse(text);
+      const std::string resolving = error_of([&] { resolve_policy(p, c, o); });
+      EXPECT_EQ(error_of([&] { check_policy(p, c, o.threads); }), resolving) << text;
+    }
   }
+  if (was)
+    setenv("REMAT_CACHE", before.c_str(), 1);
+  else
+    unsetenv("REMAT_CACHE");
+  EXPECT_TRUE(!std::filesystem::exists(dir) || std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Plan, AnswersForGpt3Shapes) {

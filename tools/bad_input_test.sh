@@ -51,7 +51,11 @@ bad() {
   local text=$1
   shift
   cases=$((cases + 1))
-  (cd "$box" && timeout 60 "$remat" "$@" >"$scratch/out" 2>"$scratch/err" </dev/null)
+  # bench and plan find their caches (the GEMM choice, op costs, calibrations) in the sandbox: a
+  # refusal that measured any of them first leaves a file there.
+  local sandboxed=()
+  case "$1" in bench | plan) sandboxed=("REMAT_CACHE=$box/cache") ;; esac
+  (cd "$box" && env "${sandboxed[@]}" timeout 60 "$remat" "$@" >"$scratch/out" 2>"$scratch/err" </dev/null)
   local rc=$? why=""
   local out="$scratch/out" err="$scratch/err"
   if [ "$rc" -eq 124 ]; then why="hung (killed after 60 s)"
@@ -182,6 +186,7 @@ bad "bad budget '-5%'" bench "${tiny[@]}" --policies budget:-5%
 bad "budget '99999999999999999999999GB' is too large" bench "${tiny[@]}" --policies budget:99999999999999999999999GB
 bad "budget 1000 B cannot be met" bench "${tiny[@]}" --policies none,budget:1KB
 bad "unknown policy term 'atn'" train --policy atn
+bad "budget 1KB (1000 B) cannot be met" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 1KB --costs measured
 bad "--budget is required" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2
 bad "bad budget unit 'XB' in '12XB'" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 12XB
 bad "cannot be met: the smallest peak any policy reaches is" plan --model gpt3-175b --budget 80GB

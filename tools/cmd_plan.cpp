@@ -14,6 +14,7 @@
 #include "remat/layout.h"
 #include "remat/planner.h"
 #include "remat/policy.h"
+#include "remat/resolve.h"
 #include "remat/units.h"
 #include "util/paths.h"
 
@@ -92,16 +93,21 @@ nlohmann::json memory_json(const StepMemory& s) {
 // ---- one process -------------------------------------------------------------------------------
 
 // The one-process plan as JSON (also when it cannot be met).
+// A plan that does not fit is refused, as a rule before any op cost is measured
+// (plan_on_placeholder_costs): its JSON holds the bytes, which do not depend on the costs, and no times.
 nlohmann::json single_plan_json(const ModelConfig& cfg, const Budget& budget, const Plan& p, const CostModel& costs) {
   nlohmann::json j;
   j["config"] = model_json(cfg);
   j["budget"] = p.budget;
   j["budget_text"] = to_string(budget);
   j["fits"] = p.fits;
-  if (!p.fits) j["min_budget"] = p.min_budget;
-  j["policy"] = p.policy_text;
   j["memory"] = memory_json(p.memory);
   j["none_memory"] = memory_json(p.none_memory);
+  if (!p.fits) {
+    j["min_budget"] = p.min_budget;
+    return j;
+  }
+  j["policy"] = p.policy_text;
   j["step_s"] = p.step_ms / 1e3;
   j["none_step_s"] = p.none_step_ms / 1e3;
   j["costs"] = costs.source;
@@ -158,29 +164,33 @@ int run_single(PlanFlags& f) {
   const ModelSpec spec = make_model(cfg);
   const LayerPolicy pins = f.pins.empty() ? keep_everything(spec.block) : Policy::parse_pins(f.pins, spec.block);
   const ThreadConfig threads = f.threads.empty() ? default_threads() : parse_threads(f.threads);
+  auto write_json = [&](const Plan& plan, const CostModel& costs) {
+    if (f.json.empty()) return;
+    write_file_atomic(f.json, single_plan_json(cfg, budget, plan, costs).dump(2) + "\n");
+    fmt::print("wrote {}\n", f.json);
+  };
+  // A budget no policy meets is a refusal: one line on stderr, nothing on stdout but the JSON asked for.
+  auto refuse = [&](const Plan& unmet, const CostModel& costs) {
+    write_json(unmet, costs);
+    const auto [asked, least] = bytes_pair_str(unmet.budget, unmet.min_budget);
+    fail(
+        "budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients and "
+        "activations {}, optimizer {}, data {})",
+        f.budget, asked, least, bytes_str(unmet.memory.params), bytes_str(unmet.memory.peak),
+        bytes_str(unmet.memory.optimizer), bytes_str(unmet.memory.data));
+  };
+  // Whether it is met does not depend on the op costs: asked before they are measured.
+  if (const Plan unmet = plan_on_placeholder_costs(cfg, budget, pins, threads); !unmet.fits) refuse(unmet, {});
   const CostModel costs = choose_costs(cfg, source, threads);
 
   const auto t0 = std::chrono::steady_clock::now();
   const Plan p = make_plan(cfg, budget, costs, pins);
   const double planned_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  auto write_json = [&] {
-    if (f.json.empty()) return;
-    write_file_atomic(f.json, single_plan_json(cfg, budget, p, costs).dump(2) + "\n");
-    fmt::print("wrote {}\n", f.json);
-  };
-  if (!p.fits) {  // a refusal: one line on stderr, nothing on stdout but the JSON asked for
-    write_json();
-    const auto [asked, least] = bytes_pair_str(p.budget, p.min_budget);
-    fail(
-        "budget {} ({}) cannot be met: the smallest peak any policy reaches is {} (weights {}, gradients and "
-        "activations {}, optimizer {}, data {})",
-        f.budget, asked, least, bytes_str(p.memory.params), bytes_str(p.memory.peak), bytes_str(p.memory.optimizer),
-        bytes_str(p.memory.data));
-  }
+  if (!p.fits) refuse(p, costs);
   fmt::print("remat plan: {} | budget {}\n", describe(cfg), to_string(budget));
   fmt::print("  costs: {}\n  planned in {:.0f} ms\n\n", costs.source, planned_ms);
   print_single_plan(p);
-  write_json();
+  write_json(p, costs);
   return 0;
 }
 

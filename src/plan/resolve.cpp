@@ -7,17 +7,14 @@
 
 namespace remat {
 
-namespace {
-
-// A budget's plan on placeholder costs for a run on `threads` (they size some scratch): whether any
-// policy meets a budget does not depend on the op costs, so an impossible budget is told apart
-// before any are measured.
-Plan plan_on_placeholder_costs(const Policy& policy, const ModelConfig& cfg, const ModelSpec& spec,
-                               const LayerPolicy& pins, const ThreadConfig& threads) {
-  CostModel costs = estimate_costs(spec, MachineRates{1.0, 1.0});
+Plan plan_on_placeholder_costs(const ModelConfig& cfg, const Budget& budget, const LayerPolicy& pins,
+                               const ThreadConfig& threads) {
+  CostModel costs = estimate_costs(make_model(cfg), MachineRates{1.0, 1.0});
   costs.threads = threads;
-  return make_plan(cfg, policy.budget(), costs, pins);
+  return make_plan(cfg, budget, costs, pins);
 }
+
+namespace {
 
 void refuse_unmet(const Policy& policy, const Plan& plan) {
   if (!plan.fits)
@@ -44,7 +41,7 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
   // When the costs may be measured (seconds), an impossible budget is refused first.
   const bool may_measure = !o.given && o.costs != CostSource::Estimated;
   Plan plan;
-  if (may_measure) plan = plan_on_placeholder_costs(policy, cfg, *spec, pins, threads);
+  if (may_measure) plan = plan_on_placeholder_costs(cfg, policy.budget(), pins, threads);
   if (!may_measure || plan.fits) {
     if (o.progress) o.progress(fmt::format("planning {}", policy.text()));
     const CostModel costs = o.given ? *o.given : choose_costs(cfg, o.costs, o.threads);
@@ -65,7 +62,7 @@ void check_policy(const Policy& policy, const ModelConfig& cfg, const ThreadConf
     policy.resolve(spec.block, cfg.layers);
     return;
   }
-  refuse_unmet(policy, plan_on_placeholder_costs(policy, cfg, spec, policy.pins(spec.block), threads));
+  refuse_unmet(policy, plan_on_placeholder_costs(cfg, policy.budget(), policy.pins(spec.block), threads));
 }
 
 }  // namespace remat

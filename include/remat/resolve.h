@@ -45,8 +45,9 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
 void check_policy(const Policy& policy, const ModelConfig& cfg, const ThreadConfig& threads);
 
 // `budget`'s plan on placeholder op costs for a run on `threads` (they size some scratch): whether
-// it fits, and the smallest peak any policy reaches, do not depend on the costs, so a command can
-// refuse an unmet budget before it measures them. Its policy and times mean nothing.
+// it fits, and the smallest peak any policy reaches, do not depend on the costs but at the least
+// peak itself, where the planner's rounding (about 0.1% of it) picks among plans by cost; so a
+// command can refuse an unmet budget before it measures them. Its policy and times mean nothing.
 Plan plan_on_placeholder_costs(const ModelConfig& cfg, const Budget& budget, const LayerPolicy& pins,
                                const ThreadConfig& threads);
 

@@ -455,19 +455,22 @@ ModelConfig default_train_model() {
 
 namespace {
 
-// "--policy budget:N MiB fits", or that no policy does, with the smallest peak any policy reaches:
-// what a report of memory that ran out ends with. Planned on placeholder costs: nothing measured,
-// nothing allocated.
+// "--policy budget:N MiB fits", or that no policy does and the smallest peak any policy reaches: what
+// a report of memory that ran out ends with. Planned on placeholder costs (plan_on_placeholder_costs):
+// nothing measured, nothing allocated.
 std::string plan_that_fits(const Run& r, int64_t limit) {
   const int64_t budget = planned_share(limit);
-  // Whether a budget is met does not depend on the op costs: nothing is measured for the answer.
-  const Plan p = plan_on_placeholder_costs(r.o.model, Budget{budget, 0}, keep_everything(make_model(r.o.model).block),
-                                           r.o.threads);
-  if (!p.fits)
+  try {
+    const Plan p = plan_on_placeholder_costs(r.o.model, Budget{budget, 0}, keep_everything(make_model(r.o.model).block),
+                                             r.o.threads);
+    if (p.fits)  // rounded down: MiB, or KiB for a budget under one MiB
+      return budget >= (1 << 20) ? fmt::format("--policy budget:{}MiB fits", budget >> 20)
+                                 : fmt::format("--policy budget:{}KiB fits", budget >> 10);
     return fmt::format("no policy fits {}: the smallest peak any policy reaches is {}", bytes_str(budget),
                        bytes_str(p.min_budget));
-  return fmt::format("--policy budget:{}MiB fits (the smallest peak any policy reaches is {})", budget >> 20,
-                     bytes_str(p.min_budget));
+  } catch (const Error& e) {
+    return fmt::format("no policy fits {}: {}", bytes_str(budget), e.what());
+  }
 }
 
 // The saved run's options, with what `given` may change (explicit_flags: the flags given now, which

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "app/corpus.h"
 #include "app/launch.h"
 #include "app/report.h"
 #include "app/train.h"
@@ -160,6 +161,9 @@ void check(TrainFlags& f) {
     check_train_options(ranks_options(f), f.resume);
   } else if (f.resume.empty()) {
     check_train_options(f.o);
+    // Before the GEMM choice is measured: the text (read again by train()) and the step's memory.
+    static_cast<void>(load_corpus(f.o.data, f.o.val_fraction, f.o.model.seq));
+    check_train_memory(f.o);
   }
   f.checked = true;
 }

@@ -458,11 +458,11 @@ namespace {
 // "--policy budget:N MiB fits", or that no policy does and the smallest peak any policy reaches: what
 // a report of memory that ran out ends with. Planned on placeholder costs (plan_on_placeholder_costs):
 // nothing measured, nothing allocated.
-std::string plan_that_fits(const Run& r, int64_t limit) {
+std::string plan_that_fits(const TrainOptions& o, int64_t limit) {
   const int64_t budget = planned_share(limit);
   try {
-    const Plan p = plan_on_placeholder_costs(r.o.model, Budget{budget, 0}, keep_everything(make_model(r.o.model).block),
-                                             r.o.threads);
+    const Plan p =
+        plan_on_placeholder_costs(o.model, Budget{budget, 0}, keep_everything(make_model(o.model).block), o.threads);
     if (p.fits)  // rounded down: MiB, or KiB for a budget under one MiB
       return budget >= (1 << 20) ? fmt::format("--policy budget:{}MiB fits", budget >> 20)
                                  : fmt::format("--policy budget:{}KiB fits", budget >> 10);
@@ -557,22 +557,22 @@ void build_model(Run& r) {
                    r.shape.extra_buffers);
 }
 
-// The memory guard, checked against the memory this machine has (or TrainOptions.memory_limit).
-void guard_memory(Run& r, int64_t outside) {
-  r.predicted_peak = simulate_memory(r.model->compiled_step(), r.o.threads, nullptr, r.shape).total_peak();
-  const int64_t needs = r.predicted_peak;
-  if (r.o.memory_limit > 0) {
-    if (outside + needs > r.o.memory_limit)
-      fail("policy '{}' peaks at {} per step{}, over TrainOptions.memory_limit {}; {}", r.o.policy, bytes_str(needs),
-           outside > 0 ? " with " + bytes_str(outside) + " held before" : std::string(), bytes_str(r.o.memory_limit),
-           plan_that_fits(r, r.o.memory_limit - outside));
-  } else if (const int64_t usable = usable_memory(); usable > 0 && needs * r.o.dist.world > usable) {
+// The memory guard: `step` (of `shape`) predicted against TrainOptions.memory_limit, with `outside`
+// bytes held before, or else against the memory this machine has; returns the predicted peak.
+int64_t guard_memory(const TrainOptions& o, const CompiledStep& step, const StepShape& shape, int64_t outside) {
+  const int64_t needs = simulate_memory(step, o.threads, nullptr, shape).total_peak();
+  if (o.memory_limit > 0) {
+    if (outside + needs > o.memory_limit)
+      fail("policy '{}' peaks at {} per step{}, over TrainOptions.memory_limit {}; {}", o.policy, bytes_str(needs),
+           outside > 0 ? " with " + bytes_str(outside) + " held before" : std::string(), bytes_str(o.memory_limit),
+           plan_that_fits(o, o.memory_limit - outside));
+  } else if (const int64_t usable = usable_memory(); usable > 0 && needs * o.dist.world > usable) {
     fail(
         "policy '{}' needs about {} per step on each of {} process(es) and runs here may take {} (nine tenths of "
         "what this machine has available); try --policy budget:{}MiB (the planner then recomputes what it must)",
-        r.o.policy, bytes_str(needs), r.o.dist.world, bytes_str(usable),
-        planned_share(usable) / r.o.dist.world / (1 << 20));
+        o.policy, bytes_str(needs), o.dist.world, bytes_str(usable), planned_share(usable) / o.dist.world / (1 << 20));
   }
+  return needs;
 }
 
 // The forward and backward of this rank's micro-batches of the step; their summed loss.
@@ -594,7 +594,7 @@ double accumulate(Run& r, int64_t outside) {
   } catch (const OutOfMemory& e) {
     const int64_t limit = (e.limit() > 0 ? e.limit() : usable_memory()) - outside;
     fail_runtime("out of memory in step {} under policy '{}': {}; the step was predicted to peak at {}; {}", r.step + 1,
-                 r.policy_text, e.detail(), bytes_str(r.predicted_peak), plan_that_fits(r, limit));
+                 r.policy_text, e.detail(), bytes_str(r.predicted_peak), plan_that_fits(r.o, limit));
   }
   return loss;
 }
@@ -739,6 +739,16 @@ TrainOptions check_resume(const TrainOptions& given, const std::string& resume_d
   return o;
 }
 
+void check_train_memory(const TrainOptions& given) {
+  TrainOptions o = given;
+  o.model.vocab = kByteVocab;
+  const Policy policy = Policy::parse(o.policy);
+  if (policy.is_budget()) return;
+  const auto spec = std::make_shared<const ModelSpec>(make_model(o.model));
+  const StepShape shape = trainer_step_shape(static_cast<int>(o.accum), o.dist.world, o.dist.rank, o.zero);
+  guard_memory(o, compile_step(spec, policy.resolve(spec->block, o.model.layers)), shape, MemoryTracker::live());
+}
+
 TrainResult train(const TrainOptions& given, const std::string& resume_dir,
                   const std::vector<std::string>& explicit_flags) {
   const int64_t outside = MemoryTracker::live();  // what the process held before this run
@@ -759,7 +769,7 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
     fail("--data differs from the run saved in '{}': it trained on {}, this is {}", resume_dir, saved_data,
          r.corpus.id);
   build_model(r);
-  guard_memory(r, outside);
+  r.predicted_peak = guard_memory(r.o, r.model->compiled_step(), r.shape, outside);
   const ScopedLimit limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
   const bool resumed = saved.has_value();
   if (saved) {

@@ -120,6 +120,11 @@ double gradient_norm(const std::vector<at::Tensor>& grads);
 // before it may re-execute itself for the BLAS kernel.
 void check_train_options(const TrainOptions& options, const std::string& resume_dir = "");
 
+// Refuses, before a model is built or anything measured, a policy that names no budget and whose step
+// is predicted to peak over TrainOptions.memory_limit or over what this machine may take: the rule
+// train() applies to the model it builds. A budget policy is planned, and guarded, by train().
+void check_train_memory(const TrainOptions& options);
+
 // A resumed run's options as train() resolves them before its first step: the saved run's
 // (resume_dir/state.bin) with the `explicit_flags` of `given` (their long names), checked: a flag
 // that would change the trajectory, a run that has finished its steps, check_train_options.

@@ -529,6 +529,11 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
   return o;
 }
 
+// This rank's step as the memory model replays it: its micro-batches, the ranks and ZeRO.
+StepShape step_shape(const TrainOptions& o) {
+  return trainer_step_shape(static_cast<int>(o.accum), o.dist.world, o.dist.rank, o.zero);
+}
+
 // The policy, the model, its optimizer and (data parallelism) the communicator and buckets. Budgets
 // are planned with costs estimated from this machine's rates (no profiling pass before training).
 void build_model(Run& r) {
@@ -538,7 +543,7 @@ void build_model(Run& r) {
   const Resolution res = resolve_policy(Policy::parse(r.o.policy), r.o.model, ro);
   r.policy = res.policy;
   r.policy_text = res.text;
-  r.shape = trainer_step_shape(static_cast<int>(r.o.accum), r.o.dist.world, r.o.dist.rank, r.o.zero);
+  r.shape = step_shape(r.o);
   at::manual_seed(r.o.seed);
   // The step divides each micro-batch's loss by the micro-batches it sums (train_step); the
   // router's load-balancing loss, whose gradient its backward adds, is divided the same way.
@@ -745,8 +750,8 @@ void check_train_memory(const TrainOptions& given) {
   const Policy policy = Policy::parse(o.policy);
   if (policy.is_budget()) return;
   const auto spec = std::make_shared<const ModelSpec>(make_model(o.model));
-  const StepShape shape = trainer_step_shape(static_cast<int>(o.accum), o.dist.world, o.dist.rank, o.zero);
-  guard_memory(o, compile_step(spec, policy.resolve(spec->block, o.model.layers)), shape, MemoryTracker::live());
+  guard_memory(o, compile_step(spec, policy.resolve(spec->block, o.model.layers)), step_shape(o),
+               MemoryTracker::live());
 }
 
 TrainResult train(const TrainOptions& given, const std::string& resume_dir,

@@ -89,6 +89,8 @@ bad "--batch must be a positive integer, got -1" bench "${tiny[@]}" --batch -1
 bad "--dim 16 is not divisible by --heads 3" bench "${tiny[@]}" --heads 3
 bad "--heads 4 is not divisible by --kv-heads 3" bench "${tiny[@]}" --arch llama --kv-heads 3
 bad "--ffn must be >= 0 (0 means 4 * dim), got -4" bench "${tiny[@]}" --ffn -4
+bad "--vocab must be a positive integer, got 0" bench "${tiny[@]}" --arch gpt2 --vocab 0
+bad "--vocab sizes a token model's embedding and LM head; the seed block" bench "${tiny[@]}" --vocab 1000
 bad "--head-dim must be in 0..65536 (0: dim / heads), got -1" bench "${tiny[@]}" --head-dim -1
 bad "--experts must be in 1..4096, got 0" bench "${tiny[@]}" --arch moe --experts 0
 bad "--top-k must be in 1..experts (8), got 9" bench "${tiny[@]}" --arch moe --top-k 9
@@ -169,6 +171,8 @@ bad "with math attention, none (every bench's reference step) is predicted to pe
   bench --arch gpt2 --seq 65536 --batch 8 --policies none --steps 1 --warmup 0
 bad "needs about" train --policy uniform:2 --batch 100000 --seq 1024 --data "$box/text.txt"
 bad "needs about" train --policy none --batch 100000 --seq 1024 --data "$box/text.txt"
+# --nproc: the launcher refuses them before it measures the GEMM choice for its ranks.
+bad "on each of 2 process(es)" train --nproc 2 --policy uniform:2 --batch 100000 --seq 1024 --data "$box/text.txt"
 # ---- policies and budgets -----------------------------------------------------------------------
 bad "unknown policy term 'atn'" bench "${tiny[@]}" --policies none,atn
 bad "empty policy in the list 'none,,full'" bench "${tiny[@]}" --policies none,,full
@@ -255,6 +259,7 @@ bad "--memory-limit takes a size such as 2GiB or 300MiB, got '3XB'" train --memo
 bad "policy 'none' peaks at" train --memory-limit 20MiB --data "$box/text.txt"
 # ---- input files: data and train states ---------------------------------------------------------
 bad "cannot read --data '/nonexistent/t.txt'" train --data /nonexistent/t.txt
+bad "cannot read --data '/nonexistent/t.txt'" train --nproc 2 --data /nonexistent/t.txt
 bad "--data was given an empty value" train --data '' --steps 1
 bad "--data 'folder' is a folder; give a text file" train --data folder --steps 1
 bad "--data 'fifo' is a FIFO; give a text file" train --data fifo --steps 1

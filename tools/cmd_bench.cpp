@@ -32,6 +32,10 @@ struct BenchFlags {
 void check(BenchFlags& f) {
   BenchOptions o;
   o.model = f.shape.resolve();
+  if (o.model.arch == "seed" && f.shape.app->count("--vocab") > 0)
+    fail(
+        "--vocab sizes a token model's embedding and LM head; the seed block (--arch seed) takes float inputs and "
+        "has neither: leave --vocab out, or give --arch gpt2, llama or moe");
   for (const std::string& a : split_list(f.shape.attention, "--attention", "math, flash"))
     o.attentions.push_back(parse_attention(a));
   o.policies = split_policy_list(f.policies);
@@ -129,6 +133,8 @@ Command add_bench(CLI::App& parent) {
   CLI::App* a = parent.add_subcommand("bench", "measure step time and memory of recompute policies");
   f->shape.lists_attention = true;
   f->shape.add(a);
+  a->add_option("--vocab", f->shape.cfg.vocab, "token models: vocabulary size (the tokens are random)")
+      ->capture_default_str();
   a->add_option("--policies", f->policies, "policies to compare, comma-separated (see README, Policies)")
       ->capture_default_str();
   a->add_option("--engine", f->engines,

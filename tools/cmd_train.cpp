@@ -39,6 +39,19 @@ struct TrainFlags {
   bool checked = false;           // check() has turned the flags into `o`
 };
 
+// This process launches the ranks (--nproc N, not itself a rank).
+// (Its ranks are started without --nproc.)
+bool launches(const TrainFlags& f) { return f.nproc > 1 && f.rank < 0; }
+
+// The options of the ranks this process launches (--nproc N): a world of N, each rank on ATen 1
+// thread and BLAS and remat's kernels cores / N, unless --threads says otherwise.
+TrainOptions ranks_options(const TrainFlags& f) {
+  TrainOptions o = f.o;
+  o.dist.world = f.nproc;
+  if (f.threads.empty()) o.threads = data_parallel_threads(f.nproc);
+  return o;
+}
+
 // `--nproc N`: this process launches N ranks of itself (without --nproc) and waits for them. Each
 // gets ATen 1 thread and BLAS and remat's kernels cores / N, unless --threads says otherwise.
 int launch(TrainFlags& f) {
@@ -53,12 +66,10 @@ int launch(TrainFlags& f) {
     args.push_back(a);
   }
   const ThreadConfig cores = default_threads();
-  ThreadConfig per_rank = data_parallel_threads(f.nproc);
+  const ThreadConfig per_rank = ranks_options(f).threads;
   if (f.threads.empty()) {
     args.push_back("--threads");
     args.push_back(to_string(per_rank));
-  } else {
-    per_rank = parse_threads(f.threads);
   }
   fmt::print(stderr, "remat train: {} local ranks, threads ATen/BLAS {} each ({} cores)\n", f.nproc,
              to_string(per_rank), cores.blas);
@@ -71,17 +82,6 @@ int launch(TrainFlags& f) {
   }
   return launch_local(f.nproc, args, std::chrono::seconds(5),
                       [](const std::string& line) { fmt::print(stderr, "remat: error: {}\n", line); });
-}
-
-// This process launches the ranks (--nproc N, not itself a rank).
-// (Its ranks are started without --nproc.)
-bool launches(const TrainFlags& f) { return f.nproc > 1 && f.rank < 0; }
-
-// The options of the ranks this process launches (--nproc N): a world of N.
-TrainOptions ranks_options(const TrainFlags& f) {
-  TrainOptions o = f.o;
-  o.dist.world = f.nproc;
-  return o;
 }
 
 // The long names of the flags given (train()'s explicit_flags). --gemm auto is no GEMM of its own:
@@ -157,13 +157,16 @@ void check(TrainFlags& f) {
     check_chart_path(c);
     check_writable(c);
   }
-  if (launches(f)) {
-    check_train_options(ranks_options(f), f.resume);
-  } else if (f.resume.empty()) {
-    check_train_options(f.o);
-    // Before the GEMM choice is measured: the text (read again by train()) and the step's memory.
-    static_cast<void>(load_corpus(f.o.data, f.o.val_fraction, f.o.model.seq));
-    check_train_memory(f.o);
+  const TrainOptions o = launches(f) ? ranks_options(f) : f.o;
+  if (launches(f))
+    check_train_options(o, f.resume);
+  else if (f.resume.empty())
+    check_train_options(o);
+  if (f.resume.empty()) {
+    // Before the GEMM choice is measured (here, or by the launcher for its ranks): the text (read
+    // again by train()) and a rank's step memory, all ranks on this machine together.
+    static_cast<void>(load_corpus(o.data, o.val_fraction, o.model.seq));
+    check_train_memory(o);
   }
   f.checked = true;
 }

@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
+#include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
 #include "ops/tensor_parallel.h"
@@ -31,30 +32,39 @@ int64_t chunk_rows(int64_t rows, int64_t chunks) {
   return (rows + std::max<int64_t>(chunks, 1) - 1) / std::max<int64_t>(chunks, 1);
 }
 
-// The lse of each row of `logits` (rows x V) into `lse`, and the sum over rows of lse - the target's logit.
-template <typename T>
-double lse_rows(const T* logits, int64_t rows, int64_t v, const int64_t* targets, T* lse) {
+// The lse of each row of `logits` (rows x V) into `lse`, and the sum over rows of lse - the target's
+// logit. float32 on the vector loops and remat's kernel threads (ops/kernels.h); float64 (the op
+// tests) in plain double loops.
+double lse_rows(const float* logits, int64_t rows, int64_t v, const int64_t* targets, float* lse) {
+  kernels::log_sum_exp_rows(logits, lse, rows, v);
+  double loss = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    loss += static_cast<double>(lse[r]) - static_cast<double>(logits[r * v + targets[r]]);
+  return loss;
+}
+double lse_rows(const double* logits, int64_t rows, int64_t v, const int64_t* targets, double* lse) {
   double loss = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const T* row = logits + r * v;
-    const T m = *std::max_element(row, row + v);
+    const double* row = logits + r * v;
+    const double m = *std::max_element(row, row + v);
     double sum = 0;
-    for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(row[j] - m));
-    const double l = static_cast<double>(m) + std::log(sum);
-    lse[r] = static_cast<T>(l);
-    loss += l - static_cast<double>(row[targets[r]]);
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(row[j] - m);
+    lse[r] = m + std::log(sum);
+    loss += lse[r] - row[targets[r]];
   }
   return loss;
 }
 
 // Turns each row of logits into (softmax - onehot(target)) * scale, in place.
-template <typename T>
-void dlogits_rows(T* logits, int64_t rows, int64_t v, const int64_t* targets, const T* lse, double scale) {
+void dlogits_rows(float* logits, int64_t rows, int64_t v, const int64_t* targets, const float* lse, double scale) {
+  kernels::softmax_from_lse_rows(logits, lse, static_cast<float>(scale), logits, rows, v);
+  for (int64_t r = 0; r < rows; ++r) logits[r * v + targets[r]] -= static_cast<float>(scale);
+}
+void dlogits_rows(double* logits, int64_t rows, int64_t v, const int64_t* targets, const double* lse, double scale) {
   for (int64_t r = 0; r < rows; ++r) {
-    T* row = logits + r * v;
-    for (int64_t j = 0; j < v; ++j)
-      row[j] = static_cast<T>(std::exp(static_cast<double>(row[j]) - static_cast<double>(lse[r])) * scale);
-    row[targets[r]] -= static_cast<T>(scale);
+    double* row = logits + r * v;
+    for (int64_t j = 0; j < v; ++j) row[j] = std::exp(row[j] - lse[r]) * scale;
+    row[targets[r]] -= scale;
   }
 }
 

@@ -245,6 +245,53 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_rows_b
   }
 }
 
+// Columns whose exponentials one float lane sum adds before the row's double total takes them: a
+// vocabulary's 50257 columns would otherwise put some 3000 terms in each lane.
+constexpr int64_t kLseBlock = 1024;
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void log_sum_exp_rows_range(const float* __restrict x,
+                                                                                         float* __restrict lse,
+                                                                                         int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* in = x + i * cols;
+    const float mx = max_of(in, cols, in[0]);
+    double total = 0;
+    for (int64_t j0 = 0; j0 < cols; j0 += kLseBlock) {
+      const int64_t n = std::min(kLseBlock, cols - j0);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = j0; j < j0 + n; ++j) {
+        const float a = std::max(in[j] - mx, -87.0f);  // see softmax_rows_range
+        sum += a > -87.0f ? std::exp(a) : 0.0f;
+      }
+      total += sum;
+    }
+    lse[i] = static_cast<float>(static_cast<double>(mx) + std::log(total));
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_from_lse_range(const float* x,
+                                                                                         const float* __restrict lse,
+                                                                                         float scale, float* y,
+                                                                                         int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* in = x + i * cols;
+    float* out = y + i * cols;
+    const float shift = lse != nullptr ? lse[i] : 0.0f;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      const float a = std::max(in[j] - shift, -87.0f);
+      out[j] = (a > -87.0f ? std::exp(a) : 0.0f) * scale;
+    }
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void subtract_range(const float* __restrict x, float shift,
+                                                                                 float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = x[j] - shift;
+}
+
 // Chunks for the pool (parallel.h): fixed sizes, so that a call splits the same way on any number of
 // threads. 2^16 elements divide 2^32 (dropout_mask's re-keying runs).
 constexpr int64_t kGrain = int64_t{1} << 16;
@@ -336,6 +383,27 @@ void softmax_rows(const float* s, float* p, int64_t rows, int64_t cols) {
 void softmax_rows_backward(const float* p, const float* dp, float* ds, int64_t rows, int64_t cols) {
   detail::parallel_chunks(rows, row_grain(cols), [&](int64_t b, int64_t e) {
     softmax_rows_backward_range(p + b * cols, dp + b * cols, ds + b * cols, e - b, cols);
+  });
+}
+
+void log_sum_exp_rows(const float* x, float* lse, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols),
+                          [&](int64_t b, int64_t e) { log_sum_exp_rows_range(x + b * cols, lse + b, e - b, cols); });
+}
+
+void log_softmax_rows(const float* x, float* logp, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float lse = 0;
+      log_sum_exp_rows_range(x + i * cols, &lse, 1, cols);
+      subtract_range(x + i * cols, lse, logp + i * cols, cols);
+    }
+  });
+}
+
+void softmax_from_lse_rows(const float* x, const float* lse, float scale, float* y, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols), [&](int64_t b, int64_t e) {
+    softmax_from_lse_range(x + b * cols, lse != nullptr ? lse + b : nullptr, scale, y + b * cols, e - b, cols);
   });
 }
 

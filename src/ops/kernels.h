@@ -61,6 +61,21 @@ void softmax_rows(const float* s, float* p, int64_t rows, int64_t cols);
 // ds = p * (dp - sum(dp * p)) per row: the softmax backward from its output p. ds may be dp.
 void softmax_rows_backward(const float* p, const float* dp, float* ds, int64_t rows, int64_t cols);
 
+// lse[r] = log(sum_j exp(x[r, j])) of each of `rows` contiguous rows of `cols` floats (a
+// cross-entropy's log-sum-exp over the vocabulary): the row's maximum taken out first, the
+// exponentials summed in float lanes over blocks of 1024 columns and the blocks in double.
+// REQUIRES: every entry finite.
+void log_sum_exp_rows(const float* x, float* lse, int64_t rows, int64_t cols);
+
+// log-probabilities: logp[r, j] = x[r, j] - lse[r], lse as log_sum_exp_rows computes it (a
+// cross-entropy's log-softmax). logp is not x. REQUIRES: every entry finite.
+void log_softmax_rows(const float* x, float* logp, int64_t rows, int64_t cols);
+
+// y[r, j] = exp(x[r, j] - lse[r]) * scale: each row's softmax from its log-sum-exp, scaled (a
+// cross-entropy's gradient before the target's scale is taken off). lse null: x holds
+// log-probabilities (every row's log-sum-exp is 0). y may be x.
+void softmax_from_lse_rows(const float* x, const float* lse, float scale, float* y, int64_t rows, int64_t cols);
+
 // --- flash attention's tile rows (one thread each; the caller spreads tiles over the pool) -----
 
 // One query row of an online softmax over a tile of keys. s holds the row's n scaled scores (the

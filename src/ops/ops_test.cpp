@@ -345,6 +345,53 @@ TEST(SwigluKernel, MatchesFloat64AcrossTheClamps) {
   }
 }
 
+// The cross-entropy's vector loops against float64: rows of 1 to 2500 columns (two and a half
+// summing blocks, a ragged vector tail), logits spread over +-40 around offsets up to 1000, a row's
+// maximum placed last, and a row of one large logit among ones 200 below it (their exponentials
+// clamped to 0). The log-sum-exp is held to its float32 rounding, the softmax from it to float32
+// rounding of its argument (x - lse, up to 87 in size), and each row's sum to one within the
+// rounding of the float32 lse it is computed from. The log-softmax is x less that lse, exactly.
+TEST(LogSumExpKernel, MatchesFloat64) {
+  at::manual_seed(9);
+  for (const int64_t cols : {1, 37, 1024, 2500}) {
+    const int64_t rows = 6;
+    at::Tensor x = at::randn({rows, cols}).mul(10).clamp(-40, 40) +
+                   at::tensor({0.0f, 3.0f, -500.0f, 1000.0f, 0.0f, 0.0f}).unsqueeze(1);
+    x[4][cols - 1] = 200.0f;  // the maximum in the last (tail) column: exp(x - 40) would overflow
+    x[5].fill_(-150.0f);
+    x[5][cols / 2] = 50.0f;
+    at::Tensor lse = at::empty({rows});
+    ops::kernels::log_sum_exp_rows(x.data_ptr<float>(), lse.data_ptr<float>(), rows, cols);
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor want = at::logsumexp(xd, 1);
+    const at::Tensor err = (lse.to(at::kDouble) - want).abs();
+    EXPECT_TRUE((err <= want.abs() * 0x1p-23 + 1e-6).all().item<bool>())
+        << cols << " columns: lse " << lse << " want " << want;
+
+    const float scale = 1.0f / 3;
+    at::Tensor p = x.clone();
+    ops::kernels::softmax_from_lse_rows(p.data_ptr<float>(), lse.data_ptr<float>(), scale, p.data_ptr<float>(), rows,
+                                        cols);
+    const at::Tensor arg = xd - lse.to(at::kDouble).unsqueeze(1);
+    const at::Tensor want_p = at::where(arg > -87, arg.exp(), at::zeros_like(arg)) * scale;
+    const at::Tensor bound = want_p * (arg.abs() + 8) * 0x1p-23 + 1e-40;
+    EXPECT_TRUE(((p.to(at::kDouble) - want_p).abs() <= bound).all().item<bool>()) << cols << " columns";
+    // The log-softmax (the cross-entropy's forward) is x less the same lse, and its gradient's
+    // softmax (lse null) is exp of it, as from the lse above.
+    at::Tensor logp = at::empty_like(x), q = at::empty_like(x);
+    ops::kernels::log_softmax_rows(x.data_ptr<float>(), logp.data_ptr<float>(), rows, cols);
+    EXPECT_TRUE(at::equal(logp, x - lse.unsqueeze(1))) << cols << " columns";
+    ops::kernels::softmax_from_lse_rows(logp.data_ptr<float>(), nullptr, scale, q.data_ptr<float>(), rows, cols);
+    const at::Tensor arg_q = logp.to(at::kDouble);
+    const at::Tensor want_q = at::where(arg_q > -87, arg_q.exp(), at::zeros_like(arg_q)) * scale;
+    EXPECT_TRUE(((q.to(at::kDouble) - want_q).abs() <= want_q * (arg_q.abs() + 8) * 0x1p-23 + 1e-40).all().item<bool>())
+        << cols << " columns";
+    // Each row sums to exp(the lse's own error): one within it.
+    const at::Tensor off_one = p.to(at::kDouble).sum(1).div(scale).sub(1).abs();
+    EXPECT_TRUE((off_one <= want.abs() * 0x1p-23 + 1e-5).all().item<bool>()) << cols << " columns: " << off_one;
+  }
+}
+
 // A linear's bias gradient, summed in column chunks on the kernel threads, has the bits of ATen's
 // one sum over every column: over ragged chunks, on one kernel thread or two, in float and double.
 // With one ATen thread, as the engine runs, so that the chunks are what runs.

@@ -145,13 +145,16 @@ TEST(Parallel, KernelsGiveTheSameBitsOnOneThreadOrTwo) {
   for (int64_t i = 0; i < n; ++i) x[i] = normal(rng), dy[i] = normal(rng);
   auto run = [&](int threads) {
     const KernelThreads pool(threads);
-    std::vector<float> out(4 * n);
+    std::vector<float> out(7 * n + rows);
     std::unique_ptr<bool[]> keep(new bool[n]);
     ops::kernels::gelu_forward(x.data(), out.data(), n);
     ops::kernels::gelu_backward(dy.data(), x.data(), out.data() + n, n);
     ops::kernels::softmax_rows(x.data(), out.data() + 2 * n, rows, cols);
     ops::kernels::dropout_mask(keep.get(), n, 0.1, 42);
     ops::kernels::dropout_apply(x.data(), keep.get(), 1.0f / 0.9f, out.data() + 3 * n, n);
+    ops::kernels::log_sum_exp_rows(x.data(), out.data() + 5 * n, rows, cols);
+    ops::kernels::softmax_from_lse_rows(x.data(), out.data() + 5 * n, 0.5f, out.data() + 4 * n, rows, cols);
+    ops::kernels::log_softmax_rows(x.data(), out.data() + 6 * n, rows, cols);
     return out;
   };
   const std::vector<float> one = run(1), two = run(2);

@@ -1,6 +1,7 @@
 // Compiled with -O3 -ffast-math -fopenmp-simd (CMakeLists.txt): vector exp from glibc's libmvec.
 // Under -ffast-math no code here may meet an infinity or a NaN: GELU clamps the tanh argument, and
-// masked attention scores are the lowest finite float rather than -inf (ops/scores.cpp).
+// masked attention scores are the lowest finite float rather than -inf (ops/scores.cpp), and the
+// cross-entropy's log-sum-exp looks for them in a row's bits before its float loops run.
 #include "ops/kernels.h"
 
 #include <algorithm>
@@ -249,11 +250,35 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_rows_b
 // vocabulary's 50257 columns would otherwise put some 3000 terms in each lane.
 constexpr int64_t kLseBlock = 1024;
 
+// Whether any of n floats is an infinity or a NaN (every exponent bit set), tested on the bits:
+// -ffast-math lets the compiler assume no float comparison ever meets one.
+__attribute__((always_inline)) inline bool any_not_finite(const float* __restrict s, int64_t n) {
+  const auto* bits = reinterpret_cast<const uint32_t*>(s);
+  uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (int64_t j = 0; j < n; ++j) bad |= static_cast<uint32_t>((bits[j] & 0x7f800000u) == 0x7f800000u);
+  return bad != 0;
+}
+
+// A quiet NaN written from its bits (-ffast-math may fold a NaN constant away).
+inline float quiet_nan() {
+  const uint32_t bits = 0x7fc00000u;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 __attribute__((target_clones("avx512f", "avx2", "default"))) void log_sum_exp_rows_range(const float* __restrict x,
                                                                                          float* __restrict lse,
                                                                                          int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* in = x + i * cols;
+    // A row that is not all finite (logits of a diverged run) has a NaN lse, as ATen's would:
+    // the loops below would drop a NaN (the clamp) and give a finite loss.
+    if (any_not_finite(in, cols)) {
+      lse[i] = quiet_nan();
+      continue;
+    }
     const float mx = max_of(in, cols, in[0]);
     double total = 0;
     for (int64_t j0 = 0; j0 < cols; j0 += kLseBlock) {

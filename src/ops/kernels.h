@@ -63,12 +63,13 @@ void softmax_rows_backward(const float* p, const float* dp, float* ds, int64_t r
 
 // lse[r] = log(sum_j exp(x[r, j])) of each of `rows` contiguous rows of `cols` floats (a
 // cross-entropy's log-sum-exp over the vocabulary): the row's maximum taken out first, the
-// exponentials summed in float lanes over blocks of 1024 columns and the blocks in double.
-// REQUIRES: every entry finite.
+// exponentials summed in float lanes over blocks of 1024 columns and the blocks in double. A row
+// holding a NaN or an infinity (logits of a diverged run; even -inf, which ATen would take) gets a
+// NaN.
 void log_sum_exp_rows(const float* x, float* lse, int64_t rows, int64_t cols);
 
 // log-probabilities: logp[r, j] = x[r, j] - lse[r], lse as log_sum_exp_rows computes it (a
-// cross-entropy's log-softmax). logp is not x. REQUIRES: every entry finite.
+// cross-entropy's log-softmax; a row not all finite is all NaN). logp is not x.
 void log_softmax_rows(const float* x, float* logp, int64_t rows, int64_t cols);
 
 // y[r, j] = exp(x[r, j] - lse[r]) * scale: each row's softmax from its log-sum-exp, scaled (a

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -350,14 +352,15 @@ TEST(SwigluKernel, MatchesFloat64AcrossTheClamps) {
 // maximum placed last, and a row of one large logit among ones 200 below it (their exponentials
 // clamped to 0). The log-sum-exp is held to its float32 rounding, the softmax from it to float32
 // rounding of its argument (x - lse, up to 87 in size), and each row's sum to one within the
-// rounding of the float32 lse it is computed from. The log-softmax is x less that lse, exactly.
+// rounding of the float32 lse it is computed from. The log-softmax is x less that lse, exactly. A
+// row with a NaN or an infinity gives NaN.
 TEST(LogSumExpKernel, MatchesFloat64) {
   at::manual_seed(9);
   for (const int64_t cols : {1, 37, 1024, 2500}) {
     const int64_t rows = 6;
     at::Tensor x = at::randn({rows, cols}).mul(10).clamp(-40, 40) +
                    at::tensor({0.0f, 3.0f, -500.0f, 1000.0f, 0.0f, 0.0f}).unsqueeze(1);
-    x[4][cols - 1] = 200.0f;  // the maximum in the last (tail) column: exp(x - 40) would overflow
+    x[4][cols - 1] = 200.0f;  // the maximum in the last column: exp(x - 40) would overflow
     x[5].fill_(-150.0f);
     x[5][cols / 2] = 50.0f;
     at::Tensor lse = at::empty({rows});
@@ -390,6 +393,21 @@ TEST(LogSumExpKernel, MatchesFloat64) {
     const at::Tensor off_one = p.to(at::kDouble).sum(1).div(scale).sub(1).abs();
     EXPECT_TRUE((off_one <= want.abs() * 0x1p-23 + 1e-5).all().item<bool>()) << cols << " columns: " << off_one;
   }
+  // A row holding a NaN or an infinity anywhere (a diverged run's logits) has a NaN lse and NaN
+  // log-probabilities, so that the loss is NaN (ATen's is for a NaN or +inf; a -inf logit, which
+  // only an overflowing product makes, counts as divergence too).
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()})
+    for (const int64_t at_col : {0, 700, 1499}) {
+      at::Tensor x = at::randn({2, 1500});
+      x[1][at_col] = bad;
+      at::Tensor lse = at::empty({2}), logp = at::empty_like(x);
+      ops::kernels::log_sum_exp_rows(x.data_ptr<float>(), lse.data_ptr<float>(), 2, 1500);
+      ops::kernels::log_softmax_rows(x.data_ptr<float>(), logp.data_ptr<float>(), 2, 1500);
+      EXPECT_TRUE(std::isfinite(lse[0].item<float>()));
+      EXPECT_TRUE(std::isnan(lse[1].item<float>())) << bad << " at column " << at_col;
+      EXPECT_TRUE(at::isnan(logp[1]).all().item<bool>()) << bad << " at column " << at_col;
+    }
 }
 
 // A linear's bias gradient, summed in column chunks on the kernel threads, has the bits of ATen's

@@ -180,7 +180,7 @@ int run_single(PlanFlags& f) {
         bytes_str(unmet.memory.optimizer), bytes_str(unmet.memory.data));
   };
   // Whether it is met does not depend on the op costs: asked before they are measured.
-  if (const Plan unmet = plan_on_placeholder_costs(cfg, budget, pins, threads); !unmet.fits) refuse(unmet, {});
+  if (const Plan unmet = plan_on_placeholder_costs(cfg, spec, budget, pins, threads); !unmet.fits) refuse(unmet, {});
   const CostModel costs = choose_costs(cfg, source, threads);
 
   const auto t0 = std::chrono::steady_clock::now();

@@ -48,7 +48,8 @@ void check_policy(const Policy& policy, const ModelConfig& cfg, const ThreadConf
 // it fits, and the smallest peak any policy reaches, do not depend on the costs but at the least
 // peak itself, where the planner's rounding (about 0.1% of it) picks among plans by cost; so a
 // command can refuse an unmet budget before it measures them. Its policy and times mean nothing.
-Plan plan_on_placeholder_costs(const ModelConfig& cfg, const Budget& budget, const LayerPolicy& pins,
-                               const ThreadConfig& threads);
+// `spec` is make_model(cfg), which the caller has for its pins.
+Plan plan_on_placeholder_costs(const ModelConfig& cfg, const ModelSpec& spec, const Budget& budget,
+                               const LayerPolicy& pins, const ThreadConfig& threads);
 
 }  // namespace remat

@@ -461,8 +461,8 @@ namespace {
 std::string plan_that_fits(const TrainOptions& o, int64_t limit) {
   const int64_t budget = planned_share(limit);
   try {
-    const Plan p =
-        plan_on_placeholder_costs(o.model, Budget{budget, 0}, keep_everything(make_model(o.model).block), o.threads);
+    const ModelSpec spec = make_model(o.model);
+    const Plan p = plan_on_placeholder_costs(o.model, spec, Budget{budget, 0}, keep_everything(spec.block), o.threads);
     if (p.fits)  // rounded down: MiB, or KiB for a budget under one MiB
       return budget >= (1 << 20) ? fmt::format("--policy budget:{}MiB fits", budget >> 20)
                                  : fmt::format("--policy budget:{}KiB fits", budget >> 10);

@@ -7,9 +7,9 @@
 
 namespace remat {
 
-Plan plan_on_placeholder_costs(const ModelConfig& cfg, const Budget& budget, const LayerPolicy& pins,
-                               const ThreadConfig& threads) {
-  CostModel costs = estimate_costs(make_model(cfg), MachineRates{1.0, 1.0});
+Plan plan_on_placeholder_costs(const ModelConfig& cfg, const ModelSpec& spec, const Budget& budget,
+                               const LayerPolicy& pins, const ThreadConfig& threads) {
+  CostModel costs = estimate_costs(spec, MachineRates{1.0, 1.0});
   costs.threads = threads;
   return make_plan(cfg, budget, costs, pins);
 }
@@ -41,7 +41,7 @@ Resolution resolve_policy(const Policy& policy, const ModelConfig& cfg, const Re
   // When the costs may be measured (seconds), an impossible budget is refused first.
   const bool may_measure = !o.given && o.costs != CostSource::Estimated;
   Plan plan;
-  if (may_measure) plan = plan_on_placeholder_costs(cfg, policy.budget(), pins, threads);
+  if (may_measure) plan = plan_on_placeholder_costs(cfg, *spec, policy.budget(), pins, threads);
   if (!may_measure || plan.fits) {
     if (o.progress) o.progress(fmt::format("planning {}", policy.text()));
     const CostModel costs = o.given ? *o.given : choose_costs(cfg, o.costs, o.threads);
@@ -62,7 +62,7 @@ void check_policy(const Policy& policy, const ModelConfig& cfg, const ThreadConf
     policy.resolve(spec.block, cfg.layers);
     return;
   }
-  refuse_unmet(policy, plan_on_placeholder_costs(cfg, policy.budget(), policy.pins(spec.block), threads));
+  refuse_unmet(policy, plan_on_placeholder_costs(cfg, spec, policy.budget(), policy.pins(spec.block), threads));
 }
 
 }  // namespace remat

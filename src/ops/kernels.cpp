@@ -317,6 +317,99 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void subtract_range
   for (int64_t j = 0; j < n; ++j) y[j] = x[j] - shift;
 }
 
+// LayerNorm rows [0, rows): each row's mean, then its variance about the mean (a second pass: no
+// cancellation for rows far from zero), then y.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void layer_norm_range(
+    const float* __restrict x, const float* __restrict w, const float* __restrict b, float eps, float* __restrict y,
+    float* __restrict mean, float* __restrict rstd, int64_t rows, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* in = x + i * cols;
+    float* out = y + i * cols;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; ++j) sum += in[j];
+    const float m = sum * inv_cols;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < cols; ++j) ss += (in[j] - m) * (in[j] - m);
+    const float r = 1.0f / std::sqrt(ss * inv_cols + eps);
+    mean[i] = m;
+    rstd[i] = r;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] = (in[j] - m) * r * w[j] + b[j];
+  }
+}
+
+// LayerNorm's backward over rows [0, rows), adding each row's dy * xhat and dy into dw and db.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void layer_norm_backward_range(
+    const float* __restrict dy, const float* __restrict x, const float* __restrict mean, const float* __restrict rstd,
+    const float* __restrict w, float* __restrict dx, float* __restrict dw, float* __restrict db, int64_t rows,
+    int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *in = x + i * cols, *g = dy + i * cols;
+    const float m = mean[i], r = rstd[i];
+    float sum_g = 0.0f, sum_gx = 0.0f;  // sums of dy * w and of dy * w * xhat over the row
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float xh = (in[j] - m) * r;
+      dw[j] += g[j] * xh;
+      db[j] += g[j];
+      sum_g += g[j] * w[j];
+      sum_gx += g[j] * w[j] * xh;
+    }
+    if (dx == nullptr) continue;
+    const float mean_g = sum_g * inv_cols, mean_gx = sum_gx * inv_cols;
+    float* out = dx + i * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] = r * (g[j] * w[j] - mean_g - (in[j] - m) * r * mean_gx);
+  }
+}
+
+// RMSNorm rows [0, rows).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_range(const float* __restrict x,
+                                                                                 const float* __restrict w, float eps,
+                                                                                 float* __restrict y,
+                                                                                 float* __restrict rstd, int64_t rows,
+                                                                                 int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* in = x + i * cols;
+    float* out = y + i * cols;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < cols; ++j) ss += in[j] * in[j];
+    const float r = 1.0f / std::sqrt(ss * inv_cols + eps);
+    rstd[i] = r;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] = in[j] * r * w[j];
+  }
+}
+
+// RMSNorm's backward over rows [0, rows), adding each row's dy * xhat into dw.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_backward_range(
+    const float* __restrict dy, const float* __restrict x, const float* __restrict rstd, const float* __restrict w,
+    float* __restrict dx, float* __restrict dw, int64_t rows, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *in = x + i * cols, *g = dy + i * cols;
+    const float r = rstd[i];
+    float sum_gx = 0.0f;  // sum of dy * w * xhat over the row
+#pragma omp simd reduction(+ : sum_gx)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float xh = in[j] * r;
+      dw[j] += g[j] * xh;
+      sum_gx += g[j] * w[j] * xh;
+    }
+    if (dx == nullptr) continue;
+    const float mean_gx = sum_gx * inv_cols;
+    float* out = dx + i * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] = r * (g[j] * w[j] - in[j] * r * mean_gx);
+  }
+}
+
 // Chunks for the pool (parallel.h): fixed sizes, so that a call splits the same way on any number of
 // threads. 2^16 elements divide 2^32 (dropout_mask's re-keying runs).
 constexpr int64_t kGrain = int64_t{1} << 16;
@@ -429,6 +522,41 @@ void log_softmax_rows(const float* x, float* logp, int64_t rows, int64_t cols) {
 void softmax_from_lse_rows(const float* x, const float* lse, float scale, float* y, int64_t rows, int64_t cols) {
   detail::parallel_chunks(rows, row_grain(cols), [&](int64_t b, int64_t e) {
     softmax_from_lse_range(x + b * cols, lse != nullptr ? lse + b : nullptr, scale, y + b * cols, e - b, cols);
+  });
+}
+
+void layer_norm_rows(const float* x, const float* w, const float* b, float eps, float* y, float* mean, float* rstd,
+                     int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols), [&](int64_t s, int64_t e) {
+    layer_norm_range(x + s * cols, w, b, eps, y + s * cols, mean + s, rstd + s, e - s, cols);
+  });
+}
+
+void layer_norm_rows_backward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w,
+                              float* dx, float* dw_part, float* db_part, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, kNormRows, [&](int64_t s, int64_t e) {
+    float* dw = dw_part + (s / kNormRows) * cols;
+    float* db = db_part + (s / kNormRows) * cols;
+    std::fill_n(dw, cols, 0.0f);
+    std::fill_n(db, cols, 0.0f);
+    layer_norm_backward_range(dy + s * cols, x + s * cols, mean + s, rstd + s, w,
+                              dx != nullptr ? dx + s * cols : nullptr, dw, db, e - s, cols);
+  });
+}
+
+void rms_norm_rows(const float* x, const float* w, float eps, float* y, float* rstd, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, row_grain(cols), [&](int64_t s, int64_t e) {
+    rms_norm_range(x + s * cols, w, eps, y + s * cols, rstd + s, e - s, cols);
+  });
+}
+
+void rms_norm_rows_backward(const float* dy, const float* x, const float* rstd, const float* w, float* dx,
+                            float* dw_part, int64_t rows, int64_t cols) {
+  detail::parallel_chunks(rows, kNormRows, [&](int64_t s, int64_t e) {
+    float* dw = dw_part + (s / kNormRows) * cols;
+    std::fill_n(dw, cols, 0.0f);
+    rms_norm_backward_range(dy + s * cols, x + s * cols, rstd + s, w, dx != nullptr ? dx + s * cols : nullptr, dw,
+                            e - s, cols);
   });
 }
 

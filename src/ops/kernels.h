@@ -77,6 +77,35 @@ void log_softmax_rows(const float* x, float* logp, int64_t rows, int64_t cols);
 // log-probabilities (every row's log-sum-exp is 0). y may be x.
 void softmax_from_lse_rows(const float* x, const float* lse, float scale, float* y, int64_t rows, int64_t cols);
 
+// --- normalisation rows ------------------------------------------------------------------------
+
+// Rows per chunk of the norms' weight-gradient partial sums. The chunks are fixed, so the sums are
+// the same bits on any thread count.
+constexpr int64_t kNormRows = 64;
+// Chunks of partial sums a backward over `rows` rows writes: rows of dw_part (and db_part).
+inline int64_t norm_chunks(int64_t rows) { return (rows + kNormRows - 1) / kNormRows; }
+
+// LayerNorm of each of `rows` contiguous rows of `cols` floats: mean[r], rstd[r] = 1 / sqrt(var +
+// eps) (the biased variance, taken about the mean in a second pass), y = (x - mean) * rstd * w + b.
+// y is not x.
+void layer_norm_rows(const float* x, const float* w, const float* b, float eps, float* y, float* mean, float* rstd,
+                     int64_t rows, int64_t cols);
+
+// LayerNorm's backward from x, mean and rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+// g = dy * w, xhat = (x - mean) * rstd (dx null: not computed). Chunk k of kNormRows rows writes the
+// sums of its rows' dy * xhat and dy into row k of dw_part and db_part (norm_chunks(rows) x cols
+// each); the caller adds those rows in order.
+void layer_norm_rows_backward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w,
+                              float* dx, float* dw_part, float* db_part, int64_t rows, int64_t cols);
+
+// RMSNorm of each row: rstd[r] = 1 / sqrt(mean(x^2) + eps), y = x * rstd * w. y is not x.
+void rms_norm_rows(const float* x, const float* w, float eps, float* y, float* rstd, int64_t rows, int64_t cols);
+
+// RMSNorm's backward from x and rstd: dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x *
+// rstd (dx null: not computed); the sums of dy * xhat per chunk into dw_part, as LayerNorm's.
+void rms_norm_rows_backward(const float* dy, const float* x, const float* rstd, const float* w, float* dx,
+                            float* dw_part, int64_t rows, int64_t cols);
+
 // --- flash attention's tile rows (one thread each; the caller spreads tiles over the pool) -----
 
 // One query row of an online softmax over a tile of keys. s holds the row's n scaled scores (the

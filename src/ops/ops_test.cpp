@@ -410,6 +410,80 @@ TEST(LogSumExpKernel, MatchesFloat64) {
     }
 }
 
+// The norms' row loops (-ffast-math) against float64: a row 100 deviations from zero keeps its
+// variance (taken about the mean in a second pass; E[x^2] - mean^2 would lose it), and the weight gradients' chunk
+// sums add up; a row holding a NaN or an infinity, in x or in dy, gives outputs that are not all
+// finite (a diverged run stays diverged).
+TEST(NormKernels, MatchFloat64AndKeepNonFinite) {
+  at::manual_seed(4);
+  const int64_t rows = 130, cols = 300;  // three chunks of partial sums, a partial one
+  const at::Tensor x = at::randn({rows, cols}) + at::arange(rows).remainder(3).sub(1).mul(100).unsqueeze(1);
+  const at::Tensor dy = at::randn({rows, cols}), w = at::randn({cols}), b = at::randn({cols});
+  const at::Tensor xd = x.to(at::kDouble), dyd = dy.to(at::kDouble), wd = w.to(at::kDouble);
+  auto close = [](const at::Tensor& got, const at::Tensor& want) {
+    return ((got.to(at::kDouble) - want).abs() <= want.abs() * 1e-4 + 1e-4).all().item<bool>();
+  };
+  const int64_t chunks = ops::kernels::norm_chunks(rows);
+  {
+    at::Tensor y = at::empty_like(x), mean = at::empty({rows}), rstd = at::empty({rows}), dx = at::empty_like(x);
+    at::Tensor part = at::empty({2, chunks, cols});
+    ops::kernels::layer_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(), 1e-5f,
+                                  y.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols);
+    ops::kernels::layer_norm_rows_backward(dy.data_ptr<float>(), x.data_ptr<float>(), mean.data_ptr<float>(),
+                                           rstd.data_ptr<float>(), w.data_ptr<float>(), dx.data_ptr<float>(),
+                                           part.data_ptr<float>(), part.data_ptr<float>() + chunks * cols, rows, cols);
+    const at::Tensor m = xd.mean(1, true), r = (xd - m).pow(2).mean(1, true).add(1e-5).rsqrt(), xh = (xd - m) * r;
+    const at::Tensor g = dyd * wd;
+    EXPECT_TRUE(close(mean, m.squeeze(1)));
+    EXPECT_TRUE(close(rstd, r.squeeze(1))) << rstd.slice(0, 0, 3) << r.slice(0, 0, 3);
+    EXPECT_TRUE(close(y, xh * wd + b.to(at::kDouble)));
+    EXPECT_TRUE(close(dx, r * (g - g.mean(1, true) - xh * (g * xh).mean(1, true))));
+    EXPECT_TRUE(close(part[0].sum(0), (dyd * xh).sum(0)));
+    EXPECT_TRUE(close(part[1].sum(0), dyd.sum(0)));
+  }
+  {
+    at::Tensor y = at::empty_like(x), rstd = at::empty({rows}), dx = at::empty_like(x),
+               part = at::empty({chunks, cols});
+    ops::kernels::rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), 1e-5f, y.data_ptr<float>(),
+                                rstd.data_ptr<float>(), rows, cols);
+    ops::kernels::rms_norm_rows_backward(dy.data_ptr<float>(), x.data_ptr<float>(), rstd.data_ptr<float>(),
+                                         w.data_ptr<float>(), dx.data_ptr<float>(), part.data_ptr<float>(), rows, cols);
+    const at::Tensor r = xd.pow(2).mean(1, true).add(1e-5).rsqrt(), xh = xd * r, g = dyd * wd;
+    EXPECT_TRUE(close(rstd, r.squeeze(1)));
+    EXPECT_TRUE(close(y, xh * wd));
+    EXPECT_TRUE(close(dx, r * (g - xh * (g * xh).mean(1, true))));
+    EXPECT_TRUE(close(part.sum(0), (dyd * xh).sum(0)));
+  }
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()})
+    for (const bool in_dy : {false, true}) {
+      at::Tensor x2 = at::randn({2, cols}), dy2 = at::randn({2, cols});
+      (in_dy ? dy2 : x2)[1][cols - 1] = bad;
+      at::Tensor y = at::empty_like(x2), mean = at::empty({2}), rstd = at::empty({2}), dx = at::empty_like(x2);
+      at::Tensor part = at::empty({2, 1, cols});
+      ops::kernels::layer_norm_rows(x2.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(), 1e-5f,
+                                    y.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(), 2, cols);
+      ops::kernels::layer_norm_rows_backward(dy2.data_ptr<float>(), x2.data_ptr<float>(), mean.data_ptr<float>(),
+                                             rstd.data_ptr<float>(), w.data_ptr<float>(), dx.data_ptr<float>(),
+                                             part.data_ptr<float>(), part.data_ptr<float>() + cols, 2, cols);
+      EXPECT_TRUE(at::isfinite(dx[0]).all().item<bool>());
+      EXPECT_FALSE(at::isfinite(dx[1]).all().item<bool>()) << "layer norm, " << bad << (in_dy ? " in dy" : " in x");
+      if (!in_dy) {
+        EXPECT_FALSE(at::isfinite(y[1]).all().item<bool>()) << "layer norm, " << bad;
+      }
+      at::Tensor rpart = at::empty({1, cols});
+      ops::kernels::rms_norm_rows(x2.data_ptr<float>(), w.data_ptr<float>(), 1e-5f, y.data_ptr<float>(),
+                                  rstd.data_ptr<float>(), 2, cols);
+      ops::kernels::rms_norm_rows_backward(dy2.data_ptr<float>(), x2.data_ptr<float>(), rstd.data_ptr<float>(),
+                                           w.data_ptr<float>(), dx.data_ptr<float>(), rpart.data_ptr<float>(), 2, cols);
+      EXPECT_TRUE(at::isfinite(dx[0]).all().item<bool>());
+      EXPECT_FALSE(at::isfinite(dx[1]).all().item<bool>()) << "rms norm, " << bad << (in_dy ? " in dy" : " in x");
+      if (!in_dy) {
+        EXPECT_FALSE(at::isfinite(y[1]).all().item<bool>()) << "rms norm, " << bad;
+      }
+    }
+}
+
 // A linear's bias gradient, summed in column chunks on the kernel threads, has the bits of ATen's
 // one sum over every column: over ragged chunks, on one kernel thread or two, in float and double.
 // With one ATen thread, as the engine runs, so that the chunks are what runs.

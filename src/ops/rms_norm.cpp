@@ -3,11 +3,9 @@
 // and k norms).
 //   in: x (..., C)   out: y (..., C), rstd (..., C / G) float32   params: weight (G)
 //   backward reads x and rstd; dx is a fresh tensor.
-// CPU float32 runs one loop per row on remat's kernel threads. The weight's gradient is summed in
+// CPU float32 runs one loop per row on remat's kernel threads (kernels.h). The weight's gradient is summed in
 // fixed chunks of rows, then the chunks in order: the same bits on any thread count. Elsewhere
 // (float64, CUDA) the same math runs as ATen ops.
-#include <algorithm>
-#include <cmath>
 
 #include <ATen/ATen.h>
 
@@ -15,14 +13,9 @@
 #include "ops/kernels.h"
 #include "ops/op_env.h"
 #include "ops/op_testing.h"
-#include "util/parallel.h"
 
 namespace remat::ops {
 namespace {
-
-constexpr int64_t kRows = 64;  // rows per chunk of the weight gradient's partial sums
-
-int64_t chunks(int64_t rows) { return (rows + kRows - 1) / kRows; }
 
 void forward(detail::OpEnv& e, const OpNode& op) {
   const at::Tensor& x = e.in(op, 0);
@@ -37,20 +30,8 @@ void forward(detail::OpEnv& e, const OpNode& op) {
     return;
   }
   at::Tensor y = at::empty_like(x), rstd = at::empty(stat, x.options().dtype(at::kFloat));
-  const float *px = x.data_ptr<float>(), *pw = w.data_ptr<float>();
-  float *py = y.data_ptr<float>(), *pr = rstd.data_ptr<float>();
-  const float eps = static_cast<float>(op.eps);
-  detail::parallel_chunks(rows, kRows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* in = px + r * c;
-      float ss = 0;
-      for (int64_t j = 0; j < c; ++j) ss += in[j] * in[j];
-      const float s = 1.0f / std::sqrt(ss / static_cast<float>(c) + eps);
-      pr[r] = s;
-      float* out = py + r * c;
-      for (int64_t j = 0; j < c; ++j) out[j] = in[j] * s * pw[j];
-    }
-  });
+  kernels::rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), static_cast<float>(op.eps), y.data_ptr<float>(),
+                         rstd.data_ptr<float>(), rows, c);
   e.set_out(op, 0, std::move(y));
   e.set_out(op, 1, std::move(rstd));
 }
@@ -74,39 +55,21 @@ void backward(detail::OpEnv& e, const OpNode& op) {
     return;
   }
   at::Tensor dx = need_dx ? at::empty_like(x) : at::Tensor();
-  at::Tensor partial = at::empty({chunks(rows), c}, x.options());
-  const float *px = x.data_ptr<float>(), *pr = rstd.data_ptr<float>(), *pdy = dy.data_ptr<float>(),
-              *pw = w.data_ptr<float>();
-  float* pdx = need_dx ? dx.data_ptr<float>() : nullptr;
-  float* pp = partial.data_ptr<float>();
-  detail::parallel_chunks(rows, kRows, [&](int64_t begin, int64_t end) {
-    float* acc = pp + (begin / kRows) * c;
-    std::fill(acc, acc + c, 0.0f);
-    for (int64_t r = begin; r < end; ++r) {
-      const float *in = px + r * c, *g = pdy + r * c;
-      const float s = pr[r];
-      float dot = 0;  // sum of (dy * w) * xhat over the row
-      for (int64_t j = 0; j < c; ++j) {
-        const float xh = in[j] * s;
-        acc[j] += g[j] * xh;
-        dot += g[j] * pw[j] * xh;
-      }
-      if (pdx == nullptr) continue;
-      const float mean = dot / static_cast<float>(c);
-      float* out = pdx + r * c;
-      for (int64_t j = 0; j < c; ++j) out[j] = s * (g[j] * pw[j] - in[j] * s * mean);
-    }
-  });
+  at::Tensor partial = at::empty({kernels::norm_chunks(rows), c}, x.options());
+  kernels::rms_norm_rows_backward(dy.data_ptr<float>(), x.data_ptr<float>(), rstd.data_ptr<float>(),
+                                  w.data_ptr<float>(), need_dx ? dx.data_ptr<float>() : nullptr,
+                                  partial.data_ptr<float>(), rows, c);
   at::Tensor dw = partial.sum(0);  // the chunks in order
   if (need_dx) e.set_grad(op, 0, std::move(dx));
   e.add_param_grad(op, 0, std::move(dw));
 }
 
-// The weight gradient's partial sums, one row of C per chunk of rows.
+// The weight gradient's partial sums, one row of C per chunk of 64 rows (the float32 CPU path's;
+// the ATen ops elsewhere make temporaries of their own, which this does not model).
 int64_t backward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
   const TensorSpec& x = b.tensors[n.in[0]];
   const int64_t c = b.params[n.params[0]].numel();
-  return chunks(x.numel() / c) * c * dtype_size(x.dtype);
+  return kernels::norm_chunks(x.numel() / c) * c * dtype_size(x.dtype);
 }
 
 BlockSpec example() {

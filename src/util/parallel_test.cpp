@@ -145,7 +145,7 @@ TEST(Parallel, KernelsGiveTheSameBitsOnOneThreadOrTwo) {
   for (int64_t i = 0; i < n; ++i) x[i] = normal(rng), dy[i] = normal(rng);
   auto run = [&](int threads) {
     const KernelThreads pool(threads);
-    std::vector<float> out(6 * n + rows);
+    std::vector<float> out(10 * n + rows + 3 * cols);
     std::unique_ptr<bool[]> keep(new bool[n]);
     ops::kernels::gelu_forward(x.data(), out.data(), n);
     ops::kernels::gelu_backward(dy.data(), x.data(), out.data() + n, n);
@@ -155,6 +155,23 @@ TEST(Parallel, KernelsGiveTheSameBitsOnOneThreadOrTwo) {
     ops::kernels::log_softmax_rows(x.data(), out.data() + 4 * n, rows, cols);
     ops::kernels::log_sum_exp_rows(x.data(), out.data() + 6 * n, rows, cols);
     ops::kernels::softmax_from_lse_rows(x.data(), out.data() + 6 * n, 0.5f, out.data() + 5 * n, rows, cols);
+    // The norms over rows of 1100 (chunks of 64 rows, their partial sums added here in order).
+    float* norms = out.data() + 6 * n + rows;
+    std::vector<float> w(x.begin(), x.begin() + cols), b(dy.begin(), dy.begin() + cols), mean(rows), rstd(rows);
+    const int64_t chunks = ops::kernels::norm_chunks(rows);
+    std::vector<float> part(2 * chunks * cols);
+    auto add_chunks = [&](int64_t sets, float* sums) {
+      for (int64_t k = 0; k < sets * chunks; ++k)
+        for (int64_t j = 0; j < cols; ++j) sums[(k / chunks) * cols + j] += part[k * cols + j];
+    };
+    ops::kernels::layer_norm_rows(x.data(), w.data(), b.data(), 1e-5f, norms, mean.data(), rstd.data(), rows, cols);
+    ops::kernels::layer_norm_rows_backward(dy.data(), x.data(), mean.data(), rstd.data(), w.data(), norms + n,
+                                           part.data(), part.data() + chunks * cols, rows, cols);
+    add_chunks(2, norms + 4 * n);
+    ops::kernels::rms_norm_rows(x.data(), w.data(), 1e-5f, norms + 2 * n, rstd.data(), rows, cols);
+    ops::kernels::rms_norm_rows_backward(dy.data(), x.data(), rstd.data(), w.data(), norms + 3 * n, part.data(), rows,
+                                         cols);
+    add_chunks(1, norms + 4 * n + 2 * cols);
     return out;
   };
   const std::vector<float> one = run(1), two = run(2);

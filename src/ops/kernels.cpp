@@ -1,7 +1,11 @@
 // Compiled with -O3 -ffast-math -fopenmp-simd (CMakeLists.txt): vector exp from glibc's libmvec.
 // Under -ffast-math no code here may meet an infinity or a NaN: GELU clamps the tanh argument, and
 // masked attention scores are the lowest finite float rather than -inf (ops/scores.cpp), and the
-// cross-entropy's log-sum-exp looks for them in a row's bits before its float loops run.
+// cross-entropy's log-sum-exp looks for them in a row's bits before its float loops run. The norms
+// are the exception: they meet a NaN or an infinity only in arithmetic (no compare, clamp or
+// select), so one in a row spreads to its outputs; 1 / sqrt(v) compiles to a reciprocal square
+// root and a Newton step, which gives NaN where v is infinite, so a row whose sum of squares
+// overflows comes out NaN too (IEEE arithmetic would give rstd 0).
 #include "ops/kernels.h"
 
 #include <algorithm>

@@ -94,7 +94,7 @@ void layer_norm_rows(const float* x, const float* w, const float* b, float eps, 
 // LayerNorm's backward from x, mean and rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
 // g = dy * w, xhat = (x - mean) * rstd (dx null: not computed). Chunk k of kNormRows rows writes the
 // sums of its rows' dy * xhat and dy into row k of dw_part and db_part (norm_chunks(rows) x cols
-// each); the caller adds those rows in order.
+// each); the caller sums those rows.
 void layer_norm_rows_backward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w,
                               float* dx, float* dw_part, float* db_part, int64_t rows, int64_t cols);
 

@@ -2,8 +2,9 @@
 //   in: x (..., C)   out: y (..., C), mean (..., 1), rstd (..., 1) float32   params: weight, bias (C)
 //   backward reads x, mean and rstd; dx is a fresh tensor.
 // CPU float32 runs one loop per row on remat's kernel threads (kernels.h). The weight's and bias's
-// gradients are summed in fixed chunks of rows, then the chunks in order: the same bits on any
-// thread count. Elsewhere (float64, CUDA) ATen's native_layer_norm runs.
+// gradients are summed in fixed chunks of rows, then over the chunks by ATen's sum on one thread (a
+// fixed order for a given shape): the same bits on any thread count. Elsewhere (float64, CUDA)
+// ATen's native_layer_norm runs.
 #include <ATen/ATen.h>
 
 #include "core/builder.h"
@@ -55,7 +56,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   kernels::layer_norm_rows_backward(dy.data_ptr<float>(), x.data_ptr<float>(), mean.data_ptr<float>(),
                                     rstd.data_ptr<float>(), w.data_ptr<float>(),
                                     need_dx ? dx.data_ptr<float>() : nullptr, pp, pp + chunks * c, rows, c);
-  at::Tensor dw = partial[0].sum(0), db = partial[1].sum(0);  // the chunks in order
+  at::Tensor dw = partial[0].sum(0), db = partial[1].sum(0);
   if (need_dx) e.set_grad(op, 0, std::move(dx));
   e.add_param_grad(op, 0, std::move(dw));
   e.add_param_grad(op, 1, std::move(db));

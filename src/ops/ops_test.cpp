@@ -440,6 +440,12 @@ TEST(NormKernels, MatchFloat64AndKeepNonFinite) {
     EXPECT_TRUE(close(dx, r * (g - g.mean(1, true) - xh * (g * xh).mean(1, true))));
     EXPECT_TRUE(close(part[0].sum(0), (dyd * xh).sum(0)));
     EXPECT_TRUE(close(part[1].sum(0), dyd.sum(0)));
+    // Without dx (an input that needs no gradient) the partial sums are the same bits.
+    at::Tensor again = at::empty_like(part);
+    ops::kernels::layer_norm_rows_backward(
+        dy.data_ptr<float>(), x.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(), w.data_ptr<float>(),
+        nullptr, again.data_ptr<float>(), again.data_ptr<float>() + chunks * cols, rows, cols);
+    EXPECT_TRUE(at::equal(again, part));
   }
   {
     at::Tensor y = at::empty_like(x), rstd = at::empty({rows}), dx = at::empty_like(x),
@@ -453,6 +459,10 @@ TEST(NormKernels, MatchFloat64AndKeepNonFinite) {
     EXPECT_TRUE(close(y, xh * wd));
     EXPECT_TRUE(close(dx, r * (g - xh * (g * xh).mean(1, true))));
     EXPECT_TRUE(close(part.sum(0), (dyd * xh).sum(0)));
+    at::Tensor again = at::empty_like(part);
+    ops::kernels::rms_norm_rows_backward(dy.data_ptr<float>(), x.data_ptr<float>(), rstd.data_ptr<float>(),
+                                         w.data_ptr<float>(), nullptr, again.data_ptr<float>(), rows, cols);
+    EXPECT_TRUE(at::equal(again, part));
   }
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity()})

@@ -3,9 +3,10 @@
 // and k norms).
 //   in: x (..., C)   out: y (..., C), rstd (..., C / G) float32   params: weight (G)
 //   backward reads x and rstd; dx is a fresh tensor.
-// CPU float32 runs one loop per row on remat's kernel threads (kernels.h). The weight's gradient is summed in
-// fixed chunks of rows, then the chunks in order: the same bits on any thread count. Elsewhere
-// (float64, CUDA) the same math runs as ATen ops.
+// CPU float32 runs one loop per row on remat's kernel threads (kernels.h). The weight's gradient is
+// summed in fixed chunks of rows, then over the chunks by ATen's sum on one thread (a fixed order
+// for a given shape): the same bits on any thread count. Elsewhere (float64, CUDA) the same math
+// runs as ATen ops.
 
 #include <ATen/ATen.h>
 
@@ -59,7 +60,7 @@ void backward(detail::OpEnv& e, const OpNode& op) {
   kernels::rms_norm_rows_backward(dy.data_ptr<float>(), x.data_ptr<float>(), rstd.data_ptr<float>(),
                                   w.data_ptr<float>(), need_dx ? dx.data_ptr<float>() : nullptr,
                                   partial.data_ptr<float>(), rows, c);
-  at::Tensor dw = partial.sum(0);  // the chunks in order
+  at::Tensor dw = partial.sum(0);
   if (need_dx) e.set_grad(op, 0, std::move(dx));
   e.add_param_grad(op, 0, std::move(dw));
 }

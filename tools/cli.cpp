@@ -169,11 +169,20 @@ const GemmMeasurement& settle_gemm(const ThreadConfig& threads) {
   return g_gemm_choice;
 }
 
+namespace {
+
+// "9 of 10 rounds (17 of 20 when 10 left it undecided)": choose_gemm's rule.
+std::string rounds_rule() {
+  return fmt::format("{} of {} rounds ({} of {} when {} left it undecided)", kGemmRounds - kGemmRoundsLost, kGemmRounds,
+                     2 * kGemmRounds - kGemmRoundsLostOfTwice, 2 * kGemmRounds, kGemmRounds);
+}
+
+}  // namespace
+
 std::string describe(const GemmMeasurement& m) {
   if (m.classes.empty()) return "";
-  std::string out =
-      fmt::format("  GEMM per class, by measurement: the BLAS unless another was faster in {} of {} rounds ({}):\n",
-                  kGemmRounds - kGemmRoundsLost, kGemmRounds, m.source);
+  std::string out = fmt::format("  GEMM per class, by measurement: the BLAS unless another was faster in {} ({}):\n",
+                                rounds_rule(), m.source);
   for (const GemmClassRates& c : m.classes) {
     std::string rates;
     for (const auto& [name, rate] : c.gflops)
@@ -188,9 +197,9 @@ std::string describe(const GemmMeasurement& m) {
   if (m.pass_ms.size() == 2)
     out += fmt::format(
         "    linears on {}: a pass of every class took {:.1f} ms (median) with them on remat's kernel threads, {:.1f} "
-        "ms on the BLAS's (the BLAS's threads only when faster in {} of {} rounds)\n",
+        "ms on the BLAS's (the BLAS's threads only when faster in {})\n",
         m.classes.front().chosen == "blas-threads" ? "the BLAS's threads" : "remat's kernel threads",
-        pass("kernel-threads"), pass("blas-threads"), kGemmRounds - kGemmRoundsLost, kGemmRounds);
+        pass("kernel-threads"), pass("blas-threads"), rounds_rule());
   return out;
 }
 

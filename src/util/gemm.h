@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -135,5 +136,14 @@ nlohmann::json gemm_classes_json(const std::vector<GemmClassRates>& classes);
 // bits, unless one GEMM is faster there.
 size_t faster_in_nearly_every_round(const std::vector<std::vector<double>>& times, size_t incumbent,
                                     int lost = kGemmRoundsLost);
+// Whether `times` leave a challenger undecided under that rule: faster than the incumbent in more
+// than half the rounds, yet slower in more than `lost` of them. choose_gemm then times as many
+// rounds again and decides on all of them with kGemmRoundsLostOfTwice.
+bool undecided(const std::vector<std::vector<double>>& times, size_t incumbent, int lost = kGemmRoundsLost);
+// One choice's timed rounds: round(r) for r = 1..kGemmRounds (each adds a sample of every
+// candidate to what times() returns), then kGemmRounds more when no challenger won them and one
+// is undecided; the candidate the rule picks from all of them.
+size_t decide_by_rounds(const std::function<void(int round)>& round,
+                        const std::function<std::vector<std::vector<double>>()>& times, size_t incumbent);
 
 }  // namespace remat::detail

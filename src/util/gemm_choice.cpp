@@ -138,10 +138,10 @@ size_t incumbent(const std::vector<GemmImpl>& impls) {
   return blas == impls.end() ? 0 : static_cast<size_t>(blas - impls.begin());
 }
 
-// Every candidate of class c, in rounds (a warm-up, then kGemmRounds) that run each once, in one order
-// and then the other, as a pass runs them: the kernel threads poll for their jobs unless the BLAS's
-// own threads need the cores. table[c] is set by faster_in_nearly_every_round among those on the kernel
-// threads; the BLAS's threads, a choice for the whole pass, are choose_linear_threads' to make.
+// Every candidate of class c, in rounds (a warm-up, then detail::decide_by_rounds') that run each once, in one
+// order and then the other, as a pass runs them: the kernel threads poll for their jobs unless the
+// BLAS's own threads need the cores. table[c] is set by the rule among those on the kernel threads;
+// the BLAS's threads, a choice for the whole pass, are choose_linear_threads' to make.
 GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& table) {
   const Workload w = workload(c);
   const std::vector<GemmImpl> impls = candidates(c);
@@ -161,20 +161,26 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& tabl
     return std::max(sample_ms, 1e-3);
   };
   for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
-  for (int round = 0; round < kGemmRounds; ++round)
+  std::vector<GemmImpl> pooled_impls;                // the kernel threads' candidates
+  for (GemmImpl i : impls)
+    if (i != GemmImpl::BlasThreads) pooled_impls.push_back(i);
+  auto pooled = [&] {
+    std::vector<std::vector<double>> out;
+    for (size_t i = 0; i < impls.size(); ++i)
+      if (impls[i] != GemmImpl::BlasThreads) out.push_back(ms[i]);
+    return out;
+  };
+  auto round = [&](int r) {
     for (size_t j = 0; j < impls.size(); ++j) {
-      const size_t i = nth_in_round(round, j, impls.size());
+      const size_t i = nth_in_round(r, j, impls.size());
       ms[i].push_back(run(i));
     }
+  };
+  table[c] = pooled_impls.at(detail::decide_by_rounds(round, pooled, incumbent(pooled_impls)));
   GemmClassRates r;
   r.product = std::string(detail::to_string(static_cast<GemmClass>(c)));
-  std::vector<std::vector<double>> pooled;  // the kernel threads' candidates
-  std::vector<GemmImpl> pooled_impls;
-  for (size_t i = 0; i < impls.size(); ++i) {
+  for (size_t i = 0; i < impls.size(); ++i)
     r.gflops.emplace_back(detail::to_string(impls[i]), w.flops / (detail::median(ms[i]) * 1e6));
-    if (impls[i] != GemmImpl::BlasThreads) pooled.push_back(ms[i]), pooled_impls.push_back(impls[i]);
-  }
-  table[c] = pooled_impls.at(detail::faster_in_nearly_every_round(pooled, incumbent(pooled_impls)));
   r.chosen = std::string(detail::to_string(table[c]));
   return r;
 }
@@ -209,14 +215,18 @@ void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   for (int c = 0; c < 3; ++c) threaded[c] = GemmImpl::BlasThreads;
   const GemmTable tables[2] = {table, threaded};  // 0: the kernel threads, the incumbent
   std::vector<std::vector<double>> ms(2);
-  for (int round = 0; round <= kGemmRounds; ++round)  // round 0 the warm-up
+  auto round = [&](int r) {  // r = 0 the warm-up
     for (size_t j = 0; j < 2; ++j) {
-      const size_t i = nth_in_round(round, j, 2);
+      const size_t i = nth_in_round(r, j, 2);
       const double pass_ms = run_pass(classes, tables[i]);
-      if (round > 0) ms[i].push_back(pass_ms);
+      if (r > 0) ms[i].push_back(pass_ms);
     }
+  };
+  round(0);
+  const size_t chosen = detail::decide_by_rounds(
+      round, [&] { return ms; }, 0);
   m.pass_ms = {{"kernel-threads", detail::median(ms[0])}, {"blas-threads", detail::median(ms[1])}};
-  if (detail::faster_in_nearly_every_round(ms, 0) == 1) {
+  if (chosen == 1) {
     table = threaded;
     for (int c = 0; c < 3; ++c) m.classes[static_cast<size_t>(c)].chosen = "blas-threads";
   }
@@ -224,19 +234,47 @@ void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
 
 }  // namespace
 
-size_t detail::faster_in_nearly_every_round(const std::vector<std::vector<double>>& times, size_t incumbent, int lost) {
+namespace {
+
+// The rounds in which challenger i was not faster than the incumbent; -1 when i is the incumbent or
+// its samples are not of the incumbent's rounds.
+int slower_rounds(const std::vector<std::vector<double>>& times, size_t incumbent, size_t i) {
   if (incumbent >= times.size()) REMAT_INTERNAL("incumbent {} of {} candidates", incumbent, times.size());
-  const std::vector<double>& held = times[incumbent];
+  const std::vector<double>&held = times[incumbent], &t = times[i];
+  if (i == incumbent || t.empty() || t.size() != held.size()) return -1;
+  int slower = 0;
+  for (size_t r = 0; r < t.size(); ++r) slower += t[r] < held[r] ? 0 : 1;
+  return slower;
+}
+
+}  // namespace
+
+size_t detail::faster_in_nearly_every_round(const std::vector<std::vector<double>>& times, size_t incumbent, int lost) {
   size_t chosen = incumbent;
   for (size_t i = 0; i < times.size(); ++i) {
-    const std::vector<double>& t = times[i];
-    if (i == incumbent || t.empty() || t.size() != held.size()) continue;
-    int slower = 0;
-    for (size_t r = 0; r < t.size(); ++r) slower += t[r] < held[r] ? 0 : 1;
-    const bool wins = slower <= lost && 2 * slower < static_cast<int>(t.size());  // a majority, at the least
-    if (wins && (chosen == incumbent || detail::median(t) < detail::median(times[chosen]))) chosen = i;
+    const int slower = slower_rounds(times, incumbent, i);
+    if (slower < 0) continue;
+    const bool wins = slower <= lost && 2 * slower < static_cast<int>(times[i].size());  // a majority, at the least
+    if (wins && (chosen == incumbent || detail::median(times[i]) < detail::median(times[chosen]))) chosen = i;
   }
   return chosen;
+}
+
+size_t detail::decide_by_rounds(const std::function<void(int round)>& round,
+                                const std::function<std::vector<std::vector<double>>()>& times, size_t incumbent) {
+  for (int r = 1; r <= kGemmRounds; ++r) round(r);
+  const size_t first = faster_in_nearly_every_round(times(), incumbent);
+  if (first != incumbent || !undecided(times(), incumbent)) return first;
+  for (int r = kGemmRounds + 1; r <= 2 * kGemmRounds; ++r) round(r);
+  return faster_in_nearly_every_round(times(), incumbent, kGemmRoundsLostOfTwice);
+}
+
+bool detail::undecided(const std::vector<std::vector<double>>& times, size_t incumbent, int lost) {
+  for (size_t i = 0; i < times.size(); ++i) {
+    const int slower = slower_rounds(times, incumbent, i);
+    if (slower > lost && 2 * slower < static_cast<int>(times[i].size())) return true;
+  }
+  return false;
 }
 
 nlohmann::json detail::gemm_classes_json(const std::vector<GemmClassRates>& classes) {

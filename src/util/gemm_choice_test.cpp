@@ -154,6 +154,51 @@ TEST(GemmChoice, AChallengerMustBeFasterInAllRoundsButOne) {
   EXPECT_EQ(detail::faster_in_nearly_every_round({faster, held, fastest}, 1), 2u);
 }
 
+// A challenger that won most of the first ten rounds but lost two (a busy spell) is timed in ten
+// more, and takes the class if it lost at most three of the twenty; a decided first ten (won 9,
+// or no majority) ends there.
+TEST(GemmChoice, AnUndecidedChallengerIsTimedInTenRoundsMore) {
+  const std::vector<double> held(20, 10.0);
+  // Rounds a challenger loses (12 ms against 10), the rest it wins (9 ms).
+  auto challenger = [](std::initializer_list<int> lost) {
+    std::vector<double> t(20, 9.0);
+    for (int r : lost) t[static_cast<size_t>(r)] = 12.0;
+    return t;
+  };
+  // decide_by_rounds over these samples: the choice, and how many rounds it took.
+  auto decide = [&](const std::vector<double>& c) {
+    std::vector<std::vector<double>> ms(2);
+    int rounds = 0;
+    const size_t chosen = detail::decide_by_rounds(
+        [&](int r) {
+          ms[0].push_back(held[static_cast<size_t>(r - 1)]);
+          ms[1].push_back(c[static_cast<size_t>(r - 1)]);
+          rounds = r;
+        },
+        [&] { return ms; }, 0);
+    return std::pair<size_t, int>{chosen, rounds};
+  };
+  EXPECT_EQ(decide(challenger({3})), (std::pair<size_t, int>{1, 10})) << "9 of 10 decides at once";
+  EXPECT_EQ(decide(challenger({0, 2, 4, 6, 8})), (std::pair<size_t, int>{0, 10})) << "5 of 10 is no majority";
+  EXPECT_EQ(decide(challenger({3, 4})), (std::pair<size_t, int>{1, 20})) << "8 of 10, then 9 of 10 more";
+  EXPECT_EQ(decide(challenger({3, 4, 15})), (std::pair<size_t, int>{1, 20})) << "17 of 20";
+  EXPECT_EQ(decide(challenger({3, 4, 15, 16})), (std::pair<size_t, int>{0, 20})) << "16 of 20 keeps the incumbent";
+  EXPECT_EQ(decide(challenger({1, 3, 5, 7})), (std::pair<size_t, int>{0, 20})) << "6 of 10, then 10 of 10 more";
+  // A challenger that won the first ten takes the class then, beside an undecided one.
+  std::vector<std::vector<double>> three(3);
+  int rounds = 0;
+  const std::vector<double> won = challenger({3}), unsure = challenger({3, 4});
+  const size_t chosen = detail::decide_by_rounds(
+      [&](int r) {
+        const auto at = static_cast<size_t>(r - 1);
+        three[0].push_back(held[at]), three[1].push_back(unsure[at]), three[2].push_back(won[at]);
+        rounds = r;
+      },
+      [&] { return three; }, 0);
+  EXPECT_EQ(chosen, 2u);
+  EXPECT_EQ(rounds, 10);
+}
+
 // The floor's rate is the best of every GEMM the build has, whatever the engine runs now.
 TEST(FastestMatmul, IsTheBestOfEveryGemm) {
   const detail::GemmTableScope scope;

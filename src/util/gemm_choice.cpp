@@ -161,13 +161,14 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& tabl
     return std::max(sample_ms, 1e-3);
   };
   for (size_t i = 0; i < impls.size(); ++i) run(i);  // warm-up: packing buffers, pages, threads
-  std::vector<GemmImpl> pooled_impls;                // the kernel threads' candidates
-  for (GemmImpl i : impls)
-    if (i != GemmImpl::BlasThreads) pooled_impls.push_back(i);
-  auto pooled = [&] {
+  std::vector<size_t> pooled;                        // the kernel threads' candidates, by index into impls
+  for (size_t i = 0; i < impls.size(); ++i)
+    if (impls[i] != GemmImpl::BlasThreads) pooled.push_back(i);
+  std::vector<GemmImpl> pooled_impls;
+  for (size_t i : pooled) pooled_impls.push_back(impls[i]);
+  auto pooled_ms = [&] {
     std::vector<std::vector<double>> out;
-    for (size_t i = 0; i < impls.size(); ++i)
-      if (impls[i] != GemmImpl::BlasThreads) out.push_back(ms[i]);
+    for (size_t i : pooled) out.push_back(ms[i]);
     return out;
   };
   auto round = [&](int r) {
@@ -176,7 +177,7 @@ GemmClassRates measure_class(int c, const ThreadConfig& threads, GemmTable& tabl
       ms[i].push_back(run(i));
     }
   };
-  table[c] = pooled_impls.at(detail::decide_by_rounds(round, pooled, incumbent(pooled_impls)));
+  table[c] = pooled_impls.at(detail::decide_by_rounds(round, pooled_ms, incumbent(pooled_impls)));
   GemmClassRates r;
   r.product = std::string(detail::to_string(static_cast<GemmClass>(c)));
   for (size_t i = 0; i < impls.size(); ++i)
@@ -263,8 +264,9 @@ size_t detail::faster_in_nearly_every_round(const std::vector<std::vector<double
 size_t detail::decide_by_rounds(const std::function<void(int round)>& round,
                                 const std::function<std::vector<std::vector<double>>()>& times, size_t incumbent) {
   for (int r = 1; r <= kGemmRounds; ++r) round(r);
-  const size_t first = faster_in_nearly_every_round(times(), incumbent);
-  if (first != incumbent || !undecided(times(), incumbent)) return first;
+  const std::vector<std::vector<double>> ten = times();
+  const size_t first = faster_in_nearly_every_round(ten, incumbent);
+  if (first != incumbent || !undecided(ten, incumbent)) return first;
   for (int r = kGemmRounds + 1; r <= 2 * kGemmRounds; ++r) round(r);
   return faster_in_nearly_every_round(times(), incumbent, kGemmRoundsLostOfTwice);
 }

@@ -116,7 +116,7 @@ dp: build
 # python3-torch, the same OpenBLAS), in alternating rounds.
 eager: build
 	scripts/setup.sh eager
-	tools/eager_compare.py --remat $(BUILD)/remat --rounds 3 --steps 3 --json results/eager.json --markdown results/eager.md
+	tools/eager_compare.py --remat $(BUILD)/remat --rounds 5 --steps 3 --json results/eager.json --markdown results/eager.md
 	$(call keep_by_cpu,results/eager.md results/eager.json)
 
 test: build

@@ -11,6 +11,7 @@
 #include "remat/config.h"
 #include "remat/error.h"
 #include "remat/policy.h"
+#include "remat/runtime.h"
 
 namespace remat::testing {
 
@@ -70,6 +71,15 @@ class AtenThreads {
 
  private:
   int saved_;
+};
+
+// set_remeasure(true) for one scope (--remeasure: no cached measurement is read), restored after.
+struct Remeasuring {
+  Remeasuring() : saved(remeasuring()) { set_remeasure(true); }
+  ~Remeasuring() { set_remeasure(saved); }
+  bool saved;
+  Remeasuring(const Remeasuring&) = delete;
+  Remeasuring& operator=(const Remeasuring&) = delete;
 };
 
 }  // namespace remat::testing

@@ -26,6 +26,8 @@ struct Command {
   std::function<int()> run;
   // False for a command that runs no matrix product: it takes no --gemm or --blas-kernel.
   bool runs_products = true;
+  // False for a command that reads no cached measurement of the machine: it takes no --remeasure.
+  bool reads_caches = true;
 };
 
 Command add_bench(CLI::App& parent);

@@ -103,6 +103,25 @@ grep -q "flash attention: 'attn' left out" "$tmp/out" || { echo "FAIL: attn unde
 grep -q '"fits": true' "$tmp/plan.json" || { echo "FAIL: plan JSON"; cat "$tmp/plan.json"; failures=$((failures + 1)); }
 grep -q "policy: " "$tmp/plan.out" || { echo "FAIL: plan prints no policy"; failures=$((failures + 1)); }
 
+# What a run measured about this machine is cached and used again; --remeasure measures it again
+# and replaces the entry (here the op costs a plan times: a marker put into the cached entry's
+# source is printed while it is used, and gone once it is replaced).
+costs_line() {
+  REMAT_CACHE="$tmp/cache" "$remat" plan --layers 2 --dim 16 --heads 4 --seq 8 --batch 2 --budget 1GB "$@" \
+    >"$tmp/costs.out" 2>&1 || { echo "exit $?"; return; }
+  grep '^  costs: .*measured on this machine' "$tmp/costs.out" || echo "no costs line"
+}
+first=$(costs_line)
+sed -i 's/"source": *"/&MARKER /' "$tmp"/cache/costs-*.json
+marked=$(costs_line)
+remeasured=$(costs_line --remeasure)
+after=$(costs_line)
+[[ $first != *"cached in"* && $first != "exit"* && $first != "no costs line" ]] &&
+  [[ $marked == *"MARKER"*"cached in"* ]] &&
+  [[ $remeasured != *"cached in"* && $remeasured != *MARKER* && $remeasured != "exit"* && $remeasured != "no costs line" ]] &&
+  [[ $after == *"cached in"* && $after != *MARKER* ]] ||
+  { echo "FAIL: op costs and --remeasure: '$first' / '$marked' / '$remeasured' / '$after'"; failures=$((failures + 1)); }
+
 # Integers are decimal: a leading zero is not octal (CLI11 alone reads "010" as 8).
 "$remat" plan --layers 010 --dim 16 --heads 4 --seq 8 --batch 2 --budget 90% --costs estimated >"$tmp/dec.out" 2>&1
 grep -q "L=10 " "$tmp/dec.out" || { echo "FAIL: --layers 010 is not 10: $(head -1 "$tmp/dec.out")"; failures=$((failures + 1)); }

@@ -23,7 +23,8 @@ Command add_cpu(CLI::App& parent) {
               fmt::print("cpu: {}\nkind: {}\n", cpu_name(), cpu_kind());
             return 0;
           },
-          /*runs_products=*/false};
+          /*runs_products=*/false,
+          /*reads_caches=*/false};
 }
 
 }  // namespace remat::cli

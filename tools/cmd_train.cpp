@@ -17,6 +17,7 @@
 #include "app/report.h"
 #include "app/train.h"
 #include "cli.h"
+#include "remat/costs.h"
 #include "remat/error.h"
 #include "remat/policy.h"
 #include "remat/runtime.h"
@@ -54,6 +55,7 @@ TrainOptions ranks_options(const TrainFlags& f) {
 
 // `--nproc N`: this process launches N ranks of itself (without --nproc) and waits for them. Each
 // gets ATen 1 thread and BLAS and remat's kernels cores / N, unless --threads says otherwise.
+// --remeasure is taken here, not by the ranks, which would measure at once on shared cores.
 int launch(TrainFlags& f) {
   std::vector<std::string> args;
   for (size_t i = 0; i < f.argv.size(); ++i) {
@@ -62,7 +64,7 @@ int launch(TrainFlags& f) {
       ++i;
       continue;
     }
-    if (a.rfind("--nproc=", 0) == 0) continue;
+    if (a.rfind("--nproc=", 0) == 0 || a == "--remeasure" || a.rfind("--remeasure=", 0) == 0) continue;
     args.push_back(a);
   }
   const ThreadConfig cores = default_threads();
@@ -80,6 +82,9 @@ int launch(TrainFlags& f) {
     args.push_back("--gemm");
     args.push_back(gemm_record());
   }
+  // What the ranks read from the cache (a budget is planned from the machine's rates), measured
+  // again once, on a rank's threads and GEMM (a resumed run's was restored by check_resume).
+  if (remeasuring()) calibrated_rates(per_rank);
   return launch_local(f.nproc, args, std::chrono::seconds(5),
                       [](const std::string& line) { fmt::print(stderr, "remat: error: {}\n", line); });
 }
@@ -392,7 +397,8 @@ Command add_sample(CLI::App& parent) {
             end_progress();
             fmt::print("{}\n", text);
             return 0;
-          }};
+          },
+          /*runs_products=*/true, /*reads_caches=*/false};
 }
 
 }  // namespace remat::cli

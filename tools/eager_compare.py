@@ -11,13 +11,19 @@ Rounds alternate between the two: a `remat bench` process (its own warm-up, then
 each strategy, round-robin) and the same number of PyTorch steps in this process (one warm-up step
 of each strategy, then round-robin). Every timed step of all rounds is pooled: the table gives the
 median and the range, and the ratio of medians; `ratio range` is the least and the greatest ratio of
-the per-round medians, so a difference can be told from the machine's drift. Both sides are also given
+the per-round medians, so a difference can be told from the machine's drift; `fastest / fastest` is
+the ratio of each side's fastest step, each at its best (a shared host's load slows PyTorch's
+memory-bound passes more than remat's, so the ratio of medians moves with it). Both sides are also given
 as a multiple of the matmul floor (the step's FLOPs at the 1024^3 rate of the fastest GEMM here, measured in each round):
 remat / PyTorch cannot fall much below the floor over PyTorch's step.
 
-Both sides run one ATen thread (what torch.get_num_threads() reads here unset; with two, PyTorch's
-OpenMP threads contend with OpenBLAS's for the cores and its seed step runs slower). PyTorch's
-matmuls run on OpenBLAS's own threads (the same libblas.so.3), with the kernel remat's bench runs
+PyTorch's ATen thread count is chosen by measuring: one thread (what torch.get_num_threads() reads
+here unset) or one per core, each timed on the none strategy's step, alternating, before the
+rounds; the one with the faster median is kept (a bare median: PyTorch's default has no claim to
+keep), and both medians are printed. OMP_WAIT_POLICY is
+set to PASSIVE before torch loads (unless the user set it): with OpenMP's default, idle ATen
+threads spin on the cores OpenBLAS's threads need for the next matmul, and the step with one
+thread per core runs far slower than with one. PyTorch's matmuls run on OpenBLAS's own threads (the same libblas.so.3), with the kernel remat's bench runs
 with: OpenBLAS picks its kernel from the CPU model when it loads, and on a CPU it does not know it
 falls back to SSE3 (a third of the speed), which remat corrects and a plain `import torch` would
 not. So the first remat round runs before torch is imported, and OPENBLAS_CORETYPE is set to the
@@ -72,6 +78,25 @@ def import_torch():
         fail("PyTorch is not installed for /usr/bin/python3; run scripts/setup.sh eager (Debian's python3-torch)")
     import torch
     return torch
+
+
+def choose_torch_threads(torch, model, opt, step, rounds=3, steps=2):
+    """The ATen thread count (1 or one per core) whose none step is faster: medians of rounds x steps
+    steps each, alternating. Returns (chosen, {threads: median ms}, steps timed per count)."""
+    candidates = sorted({1, os.cpu_count() or 1})
+    times = {n: [] for n in candidates}
+    for _ in range(rounds):
+        for n in candidates:
+            torch.set_num_threads(n)
+            step(model, opt)  # the first step after a change pays for the new thread team
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                step(model, opt)
+                times[n].append((time.perf_counter() - t0) * 1e3)
+    medians = {n: statistics.median(v) for n, v in times.items()}
+    chosen = min(candidates, key=lambda n: medians[n])
+    torch.set_num_threads(chosen)
+    return chosen, medians, rounds * steps
 
 
 def build_torch_side(torch):
@@ -183,8 +208,10 @@ def loaded_openblas_kernel():
         return "unknown"
 
 
-def markdown(a, rows, config, floor, floors, torch, torch_kernel):
-    """The table and its header lines: the CPU, both sides' GEMMs and the floor."""
+def markdown(a, rows, config, floor, floors, torch, torch_kernel, threads):
+    """The table and its header lines: the CPU, both sides' GEMMs and PyTorch's thread trial
+    (threads: {threads: median ms} and the steps timed for each), and the floor."""
+    thread_ms, thread_steps = threads
     mib = 1 << 20
     lines = [
         f"CPU: {config['cpu']}, {os.cpu_count()} cores",
@@ -192,17 +219,21 @@ def markdown(a, rows, config, floor, floors, torch, torch_kernel):
         f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
         f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "
         f"GFLOP/s on {config.get('floor_gemm', 'its GEMM')}, the fastest here (last remat round)",
-        f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}",
+        f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}, the faster measured "
+        f"(none step, median of {thread_steps}: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {ms:.0f} ms"
+                                                 for n, ms in sorted(thread_ms.items())) +
+        f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})",
         f"floor: {floor:.1f} ms ({config['flops_per_step'] / 1e9:.1f} GFLOP per step at the 1024^3 rate of the fastest GEMM here; "
         f"median of the {len(floors)} rounds, {min(floors):.1f}-{max(floors):.1f})",
         "",
-        "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | remat / floor | PyTorch / floor | remat saved MiB | PyTorch saved MiB |",
-        "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|--------------:|----------------:|----------------:|------------------:|",
+        "| strategy | remat ms | min-max | PyTorch ms | min-max | remat / PyTorch | ratio range | fastest / fastest | remat / floor | PyTorch / floor | remat saved MiB | PyTorch saved MiB |",
+        "|:---------|---------:|--------:|-----------:|--------:|----------------:|------------:|------------------:|--------------:|----------------:|----------------:|------------------:|",
     ]
     for row in rows:
         rm, tm = row["remat"], row["torch"]
         lines.append(f"| {row['policy']} | {rm['median']:.1f} | {rm['min']:.0f}-{rm['max']:.0f} | {tm['median']:.1f} | "
                      f"{tm['min']:.0f}-{tm['max']:.0f} | {row['ratio']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
+                     f"{row['fastest_ratio']:.2f}x | "
                      f"{row['remat_floor_ratio']:.2f}x | {row['torch_floor_ratio']:.2f}x | "
                      f"{row['remat_saved_bytes'] / mib:.1f} | {row['torch_saved_bytes'] / mib:.1f} |")
     return "\n".join(lines) + "\n"
@@ -215,9 +246,14 @@ def main():
     kernel = first["config"].get("blas_kernel", "")
     if kernel and "OPENBLAS_CORETYPE" not in os.environ:
         os.environ["OPENBLAS_CORETYPE"] = kernel
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when OpenMP starts (with torch)
     torch = import_torch()
     torch_kernel = loaded_openblas_kernel()
     subjects, step, saved_bytes = build_torch_side(torch)
+    _, none_model, none_opt = next(x for x in subjects if x[0] == "none")
+    threads, thread_ms, thread_steps = choose_torch_threads(torch, none_model, none_opt, step)
+    print(f"PyTorch threads: {threads} (none step: " +
+          ", ".join(f"{n}: {ms:.0f} ms" for n, ms in sorted(thread_ms.items())) + ")", flush=True)
     remat_steps = {s: [] for s in STRATEGIES}
     torch_steps = {s: [] for s in STRATEGIES}
     round_ratios = {s: [] for s in STRATEGIES}
@@ -256,15 +292,18 @@ def main():
     for s in STRATEGIES:
         rm, tm = spread(remat_steps[s]), spread(torch_steps[s])
         rows.append({"policy": s, "remat": rm, "torch": tm, "ratio": rm["median"] / tm["median"],
+                     "fastest_ratio": rm["min"] / tm["min"],
                      "remat_floor_ratio": rm["median"] / floor, "torch_floor_ratio": tm["median"] / floor,
                      "ratio_min": min(round_ratios[s]), "ratio_max": max(round_ratios[s]),
                      "remat_saved_bytes": remat_saved[s], "torch_saved_bytes": torch_saved[s]})
-    table = markdown(a, rows, config, floor, floors, torch, torch_kernel)
+    table = markdown(a, rows, config, floor, floors, torch, torch_kernel, (thread_ms, thread_steps))
     print("\n" + table, end="")
     if a.markdown:
         write_atomic(a.markdown, table)
     if a.json:
         write_atomic(a.json, json.dumps({"torch": torch.__version__, "torch_blas_kernel": torch_kernel,
+                                         "torch_threads": threads, "torch_thread_step_ms": thread_ms,
+                                         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                                          "rounds": a.rounds, "steps": a.steps, "floor_ms": floor,
                                          "round_floor_ms": floors,
                                          "remat_config": config, "rows": rows}, indent=2) + "\n")

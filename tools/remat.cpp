@@ -157,7 +157,7 @@ int choose_blas_kernel(char** argv, const std::string& mode, bool act) {
 
 // Every command's integer options read as decimal (a 64-bit one unless its declaration said
 // otherwise: cli::decimal_integer), and the flags all commands that run products share.
-void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, std::string& gemm) {
+void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, std::string& gemm, bool& remeasure) {
   for (CLI::Option* o : c.app->get_options())
     if (const std::string t = o->get_type_name();
         (t.rfind("INT", 0) == 0 || t.rfind("UINT", 0) == 0) && !remat::cli::reads_decimal(*o))
@@ -171,6 +171,11 @@ void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, st
                     "threads, the linears on the BLAS's own threads when a pass runs faster so; cached; "
                     "default), onednn, blas, or a record such as linear=onednn,onednn,blas;"
                     "head=onednn,onednn,blas");
+  if (c.reads_caches)
+    c.app->add_flag("--remeasure", remeasure,
+                    "measure this machine again (what this command reads from the cache: the GEMM choice, op costs, "
+                    "rates) instead of using the cached measurement, and replace it: for one taken while the machine "
+                    "was busy");
 }
 
 // The first option of the parsed command given an empty value ("--json ''", "--data ''"): a
@@ -205,7 +210,8 @@ int main(int argc, char** argv) {
                                                      remat::cli::add_sample(app), remat::cli::add_cpu(app)};
   std::string blas_kernel = "auto";
   std::string gemm = "auto";
-  for (const remat::cli::Command& c : commands) add_shared_flags(c, blas_kernel, gemm);
+  bool remeasure = false;
+  for (const remat::cli::Command& c : commands) add_shared_flags(c, blas_kernel, gemm, remeasure);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -218,6 +224,7 @@ int main(int argc, char** argv) {
   }
   try {
     remat::cli::set_gemm_flag(gemm);
+    remat::set_remeasure(remeasure);
     // `plan` times ops only on the engine: the BLAS kernel matters to it only when the engine's
     // GEMMs are the BLAS's. bench (the module path), train and sample may run BLAS products.
     const bool plan = std::any_of(commands.begin(), commands.end(), [](const remat::cli::Command& c) {

@@ -116,8 +116,8 @@ MachineRates measure_rates();
 
 // measure_rates() once per machine (CPU model, the engine's GEMM, OpenBLAS's kernel when that
 // GEMM is OpenBLAS, threads), then as saved: the file rates-<hash>.json in the cache folder
-// (measure_costs). One command gives one answer, whatever the load when it runs; delete the file
-// to calibrate again.
+// (measure_costs). One command gives one answer, whatever the load when it runs; delete the file,
+// or set_remeasure (--remeasure), to calibrate again.
 MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& cache_dir = "");
 
 enum class CostSource : uint8_t {

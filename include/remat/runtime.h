@@ -127,6 +127,13 @@ struct GemmMeasurement {
 // chooses once, and the same choice gives the same bits. A few seconds when it measures.
 GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir = "");
 
+// While on, no measurement remat caches for this machine (the GEMM choice, the op costs, the
+// machine's rates) is read: each is taken again at every use and replaces the cached one, for a
+// cache written while the machine was busy. Off by default (`--remeasure` turns it on).
+void set_remeasure(bool on);
+// Whether set_remeasure is on.
+bool remeasuring();
+
 // The engine's GEMM per class as text ("linear=onednn,onednn,blas;head=onednn,onednn,blas"):
 // what a bench records and a saved run keeps, since the bits depend on it.
 std::string gemm_record();

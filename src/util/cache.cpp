@@ -2,6 +2,7 @@
 
 #include <sys/utsname.h>
 
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "remat/error.h"
+#include "remat/runtime.h"
 #include "util/paths.h"
 
 namespace remat::detail {
@@ -23,8 +25,13 @@ std::string cache_folder(const std::string& given) {
   return ".remat-cache";
 }
 
+namespace {
+std::atomic<bool> g_remeasure{false};
+}  // namespace
+
 std::optional<nlohmann::json> read_cached_json(const std::string& path, std::string* why) {
-  constexpr int64_t kMostCacheBytes = int64_t{16} << 20;  // a calibration is a few KiB
+  if (g_remeasure.load(std::memory_order_relaxed)) return std::nullopt;  // measured again, then replaced
+  constexpr int64_t kMostCacheBytes = int64_t{16} << 20;                 // a calibration is a few KiB
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
   try {
@@ -126,3 +133,8 @@ std::string machine_architecture() {
 }
 
 }  // namespace remat::detail
+
+namespace remat {
+void set_remeasure(bool on) { detail::g_remeasure.store(on, std::memory_order_relaxed); }
+bool remeasuring() { return detail::g_remeasure.load(std::memory_order_relaxed); }
+}  // namespace remat

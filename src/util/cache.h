@@ -16,8 +16,9 @@ std::string cache_folder(const std::string& given);
 
 // The JSON cached at `path`, or nothing when there is none to use: missing, not a regular file (a
 // FIFO planted in the folder would block a read), over 16 MiB, or not JSON; `why` (when given)
-// then says what was wrong with a file that is there. The caller measures again, and replaces a
-// file it can write over (write_file_atomic writes into a FIFO or device, never replacing it).
+// then says what was wrong with a file that is there. Nothing, too (and `why` untouched), while
+// set_remeasure is on. The caller measures again, and replaces a file it can write over
+// (write_file_atomic writes into a FIFO or device, never replacing it).
 std::optional<nlohmann::json> read_cached_json(const std::string& path, std::string* why = nullptr);
 
 // The running executable's path, size and modification time: a rebuilt remat measures afresh

@@ -116,5 +116,19 @@ TEST(CachedJson, OnlyARegularJsonFileIsRead) {
   std::filesystem::remove_all(dir);
 }
 
+// --remeasure: no cached file is read while it is on, and the same file is read again after.
+TEST(CachedJson, NoneIsReadWhileRemeasuring) {
+  const std::string dir = testing::temp_dir("cached");
+  std::ofstream(dir + "/good.json") << R"({"key": 1})";
+  {
+    const testing::Remeasuring on;
+    std::string why;
+    EXPECT_FALSE(read_cached_json(dir + "/good.json", &why));
+    EXPECT_EQ(why, "");  // nothing wrong with the file
+  }
+  EXPECT_TRUE(read_cached_json(dir + "/good.json"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace remat::detail

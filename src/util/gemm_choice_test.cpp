@@ -9,6 +9,7 @@
 
 #include "remat/error.h"
 #include "remat/runtime.h"
+#include "test_util.h"
 #include "util/gemm.h"
 #include "util/gemm_testing.h"
 
@@ -111,6 +112,33 @@ TEST(GemmChoice, ASecondCallSetsTheCachedChoice) {
   EXPECT_NE(again.source.find("cached"), std::string::npos) << again.source;
   EXPECT_EQ(detail::gemm_table(), chosen);
   EXPECT_EQ(again.pass_ms, m.pass_ms);
+}
+
+// With set_remeasure on (--remeasure) the cached choice is neither read nor kept: it is timed
+// again and the entry replaced (a marker put into its pass times is gone).
+TEST(GemmChoice, RemeasuringReplacesTheCachedChoice) {
+  if (!has_blas()) GTEST_SKIP() << "one GEMM only: nothing to choose";
+  const detail::GemmTableScope scope;
+  const CacheFolder cache;
+  if (choose_gemm({1, 1}, cache.str()).pass_ms.empty()) GTEST_SKIP() << "no threaded BLAS: no pass times to mark";
+  constexpr double kMarker = 12345.0;  // a plausible pass time, so the entry stays usable
+  for (const auto& entry : std::filesystem::directory_iterator(cache.str())) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(entry.path()));
+    for (auto& p : j.at("pass_ms")) p[1] = kMarker;
+    std::ofstream(entry.path()) << j.dump();
+  }
+  ASSERT_NE(choose_gemm({1, 1}, cache.str()).source.find("cached"), std::string::npos);  // the marked entry is used
+  const GemmMeasurement m = [&] {
+    const testing::Remeasuring on;
+    return choose_gemm({1, 1}, cache.str());
+  }();
+  EXPECT_NE(m.source.find("measured now"), std::string::npos) << m.source;
+  for (const auto& [name, ms] : m.pass_ms) EXPECT_NE(ms, kMarker) << name;
+  std::vector<nlohmann::json> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(cache.str()))
+    entries.push_back(nlohmann::json::parse(std::ifstream(entry.path())));
+  ASSERT_EQ(entries.size(), 1u);
+  for (const auto& p : entries[0].at("pass_ms")) EXPECT_NE(p[1].get<double>(), kMarker);
 }
 
 // An entry edited by hand, or of an older format (no pass times), is measured again, never trusted.

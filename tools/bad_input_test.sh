@@ -84,6 +84,10 @@ bad "A subcommand is required" --layers 2
 bad "not expected: blas --gemm" cpu --gemm blas
 bad "not expected: keep --blas-kernel" cpu --blas-kernel keep
 bad "not expected: extra" cpu extra
+# --remeasure is a flag of the commands that read cached measurements (bench, plan, train).
+bad "not expected: --remeasure" cpu --remeasure
+bad "not expected: --remeasure" sample --load /nonexistent --remeasure
+bad "Could not convert: --remeasure = maybe" bench "${tiny[@]}" --remeasure=maybe
 bad "--layers must be a positive integer, got 0" bench "${tiny[@]}" --layers 0
 bad "--batch must be a positive integer, got -1" bench "${tiny[@]}" --batch -1
 bad "--dim 16 is not divisible by --heads 3" bench "${tiny[@]}" --heads 3

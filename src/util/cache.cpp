@@ -30,8 +30,8 @@ std::atomic<bool> g_remeasure{false};
 }  // namespace
 
 std::optional<nlohmann::json> read_cached_json(const std::string& path, std::string* why) {
-  if (g_remeasure.load(std::memory_order_relaxed)) return std::nullopt;  // measured again, then replaced
-  constexpr int64_t kMostCacheBytes = int64_t{16} << 20;                 // a calibration is a few KiB
+  if (remeasuring()) return std::nullopt;                 // measured again, then replaced
+  constexpr int64_t kMostCacheBytes = int64_t{16} << 20;  // a calibration is a few KiB
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
   try {

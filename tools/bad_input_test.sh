@@ -218,6 +218,12 @@ bad "--pp must be in 1..1048576, got 0" plan "${gpt3[@]}" --pp 0
 bad "--micro-batch must be in 1..1048576, got -2" plan "${gpt3[@]}" --micro-batch -2
 bad "--zero must be a ZeRO stage 0..3 (or -1: searched), got 4" plan "${gpt3[@]}" --zero 4
 bad "bad --grad-dtype 'fp8'" plan "${gpt3[@]}" --grad-dtype fp8
+bad "--optimizer-instances must be in 1..1048576, got 0" plan "${gpt3[@]}" --optimizer-instances 0
+bad "--optimizer-instances 2 splits Megatron-LM's distributed optimizer (--zero 1); got --zero 0" plan "${gpt3[@]}" --zero 0 --optimizer-instances 2
+bad "--optimizer-instances 2 splits Megatron-LM's distributed optimizer; --framework torchtitan has none" plan "${gpt3[@]}" --framework torchtitan --optimizer-instances 2
+bad "--optimizer-instances 4 must divide the data- x context-parallel ranks, --dp 2 x --cp 1: give a divisor of 2" plan --model gpt3-175b --device a100-80gb --tp 8 --pp 8 --dp 2 --optimizer-instances 4
+bad "--optimizer-instances 3 must divide the data- x context-parallel ranks, which divide --gpus 64: give a divisor of 64" plan "${gpt3[@]}" --optimizer-instances 3
+bad "--loss fused is Megatron-LM's fused cross-entropy, which hands back bf16 gradients; it needs dtype bf16, got fp16" plan "${gpt3[@]}" --dtype fp16 --loss fused
 bad "--budget and --reserve both" plan "${gpt3[@]}" --budget 70GiB --reserve 1GiB
 bad "is a budget; a layout plans each stage" plan "${gpt3[@]}" --policies budget:50%
 bad "--top must be in 1..100, got 0" plan "${gpt3[@]}" --top 0

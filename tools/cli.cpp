@@ -42,8 +42,8 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--qkv", qkv, "fused (one qkv linear: GPT-2, Megatron-LM) or separate (q, k, v: HF Llama, torchtitan)");
   a->add_option("--loss", loss,
                 "cross-entropy: fp32 (Megatron's, in place on an fp32 copy; default under bf16/fp16), "
-                "upcast (PyTorch's cross_entropy(logits.float())), model, or chunked:N (fused with the "
-                "LM head, N chunks of the tokens)");
+                "upcast (PyTorch's cross_entropy(logits.float())), model, fused (Megatron's "
+                "--cross-entropy-loss-fusion, bf16), or chunked:N (fused with the LM head, N chunks of the tokens)");
   // The mixture of experts (moe).
   a->add_option("--experts", cfg.experts, "moe: routed experts")->capture_default_str();
   a->add_option("--top-k", cfg.top_k, "moe: experts each token goes to")->capture_default_str();

@@ -34,6 +34,7 @@ struct PlanFlags {
   bool no_batch_mask = false, no_fused_wgrad = false, no_grouped_gemm = false, deterministic = false,
        expandable_segments = false, fsdp = false, pure_bf16 = false;
   int zero = -1, top = 5;
+  int64_t optimizer_instances = 1;
   bool sp = false;
   CLI::App* app = nullptr;
 
@@ -45,6 +46,7 @@ struct PlanFlags {
                           "--vpp",
                           "--dp",
                           "--zero",
+                          "--optimizer-instances",
                           "--sp",
                           "--micro-batch",
                           "--global-batch",
@@ -269,6 +271,7 @@ nlohmann::json plan_json(const LayoutPlan& p, bool experts, const nlohmann::json
             {"ep", l.ep},
             {"etp", l.etp},
             {"zero", l.zero},
+            {"optimizer_instances", l.optimizer_instances},
             {"micro_batch", l.micro_batch},
             {"global_batch", l.batch()},
             {"micro_batches", l.micro_batches()},
@@ -476,6 +479,22 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
   if (f.no_grouped_gemm && !routes_experts(cfg.arch))
     fail("--no-grouped-gemm: --arch {} has no experts; it applies to --arch moe", cfg.arch);
   space.zero_fixed = f.zero;
+  if (f.optimizer_instances < 1 || f.optimizer_instances > kMostGpus)
+    fail("--optimizer-instances must be in 1..{}, got {}", kMostGpus, f.optimizer_instances);
+  if (f.optimizer_instances > 1 && (opt.framework != Framework::Megatron || f.fsdp))
+    fail("--optimizer-instances {} splits Megatron-LM's distributed optimizer; {} has none: leave it out",
+         f.optimizer_instances, f.fsdp ? "--fsdp" : "--framework " + std::string(to_string(opt.framework)));
+  if (f.optimizer_instances > 1 && f.zero >= 0 && f.zero != 1)
+    fail("--optimizer-instances {} splits Megatron-LM's distributed optimizer (--zero 1); got --zero {}",
+         f.optimizer_instances, f.zero);
+  // The instances split the dp x cp ranks, which divide the GPUs (by --dp x --cp where given).
+  const int64_t ranks = f.dp > 0 ? f.dp * f.cp : f.gpus;
+  if (f.optimizer_instances > 1 && ranks > 0 && ranks % f.optimizer_instances != 0)
+    fail("--optimizer-instances {} must divide the data- x context-parallel ranks, {}: give a divisor of {}",
+         f.optimizer_instances,
+         f.dp > 0 ? fmt::format("--dp {} x --cp {}", f.dp, f.cp) : fmt::format("which divide --gpus {}", f.gpus),
+         ranks);
+  space.optimizer_instances = f.optimizer_instances;
   if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
   return space;
 }
@@ -724,6 +743,10 @@ void add_layout_flags(CLI::App* a, PlanFlags* f) {
                 "ZeRO stage 0-3; 1 is Megatron's distributed optimizer (default: 0 and 1 searched; 2 and 3 are the "
                 "ZeRO paper's accounting, not checked against a measured run)")
       ->transform(decimal_integer<int>());
+  a->add_option("--optimizer-instances", f->optimizer_instances,
+                "Megatron-LM's --num-distributed-optimizer-instances: the data- x context-parallel ranks split into N "
+                "instances of the distributed optimizer, each sharding its state over its own ranks (implies --zero 1)")
+      ->capture_default_str();
   a->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch (default: searched over 1, 2, 4, 8)");
   a->add_option("--global-batch", f->global_batch,
                 "sequences per optimizer step (default: the --model's published one)");

@@ -171,6 +171,7 @@ struct OpNode {
   int64_t in_width = 0;     //   (q and k of a fused qkv projection); 0: all of them
   int64_t chunks = 0;       // chunked_cross_entropy: chunks of the tokens it runs one at a time
   bool upcast = false;      // cross_entropy on bf16/fp16 logits: PyTorch's autograd of logits.float()
+  bool compiled = false;    // cross_entropy as Megatron-LM's fused one under torch.compile (Loss::Fused)
   bool eager = false;       // planning: run unfused by eager PyTorch (ModelConfig::eager_ops, OpDef::eager_saved)
   int64_t rotary_dims = 0;  // rope: the leading dimensions of each head it turns; 0: all (attn.head_dim)
   Routing routing;          // route, dispatch: the mixture of experts' routing

@@ -55,6 +55,9 @@ enum class Loss : uint8_t {
             // fp32 copy beside the fp32 log-probabilities in the forward, and nll_loss's and
             // log_softmax's fp32 gradients together in the backward
   Model,    // log-probabilities in the model's dtype
+  Fused,    // Megatron-LM's --cross-entropy-loss-fusion (its native implementation, under torch.compile):
+            // Fp32's tensors, and in the forward and in the backward one more fp32 logits tensor, the new
+            // value Inductor makes before writing it over the fp32 copy (bf16 models only)
   Chunked,  // fused linear + cross-entropy over `loss_chunks` chunks of the tokens: only a chunk's
             // fp32 logits ever exist, each recomputed in the backward (torchtune, Liger)
 };
@@ -187,7 +190,7 @@ inline int64_t dtype_size(DType t) {
 }
 
 // Names as used on the command line and in reports: "fp32"/"bf16"/"fp16", "math"/"flash",
-// "layer"/"rms", "learned"/"rope"/"none", "gelu"/"swiglu", "fp32"/"model"/"chunked:N". The parsers
+// "layer"/"rms", "learned"/"rope"/"none", "gelu"/"swiglu", "fp32"/"upcast"/"model"/"fused"/"chunked:N". The parsers
 // throw remat::Error naming the field and listing the allowed names.
 std::string_view to_string(DType t);
 std::string_view to_string(AttentionImpl a);
@@ -204,7 +207,7 @@ Positions parse_positions(std::string_view s);
 Mlp parse_mlp(std::string_view s);
 Router parse_router(std::string_view s);
 ExpertWeights parse_expert_weights(std::string_view s);
-// "fp32", "model", "chunked:N" into cfg.loss and cfg.loss_chunks.
+// "fp32", "upcast", "model", "fused", "chunked:N" into cfg.loss and cfg.loss_chunks.
 void parse_loss(std::string_view s, ModelConfig& cfg);
 
 // The loss as the head computes it: Default resolved by the dtype.

@@ -107,8 +107,13 @@ struct Layout {
   // ranks of a stage regrouped as etp x ep x edp; the experts' parameters are sharded over the
   // expert-data-parallel ranks, edp = dp x cp x tp / (ep x etp).
   int64_t ep = 1;
-  int64_t etp = 1;           // 1 here; search_layouts takes SearchSpace::etp, tp unless given (Megatron-LM's default)
-  int zero = 0;              // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
+  int64_t etp = 1;  // 1 here; search_layouts takes SearchSpace::etp, tp unless given (Megatron-LM's default)
+  int zero = 0;     // ZeRO stage 0-3 (1 is Megatron's distributed optimizer)
+  // ZeRO-1 as Megatron-LM's --num-distributed-optimizer-instances: the data- x context-parallel
+  // ranks split into this many instances of consecutive ranks, each sharding the optimizer state
+  // over its own ranks (optimizer_shards), the instances' shards all-reduced with one another; 1:
+  // one instance over them all. The weight and gradient buffers stay whole on every rank.
+  int64_t optimizer_instances = 1;
   bool fsdp = false;         // FSDP2 over dp x cp instead (torchtitan): sharded fp32 weights as the master
                              // copy, each stage's weights all-gathered for its passes and its gradients
                              // reduce-scattered after its backward, overlapped with compute
@@ -124,6 +129,10 @@ struct Layout {
   int64_t shards() const { return dp * cp; }
   // The ranks that hold the same experts' shards: the expert-data-parallel group.
   int64_t expert_shards() const { return dp * cp * tp / (ep * etp); }
+  // The ranks the optimizer state is sharded over (ZeRO-1's instance), of the dense parameters and
+  // of the routed experts'.
+  int64_t optimizer_shards() const { return shards() / optimizer_instances; }
+  int64_t expert_optimizer_shards() const { return expert_shards() / optimizer_instances; }
   // Whether a stage's ranks regroup as etp x ep x edp: etp divides tp, and ep the ranks over etp.
   bool expert_grid_divides() const { return tp % etp == 0 && shards() * tp / etp % ep == 0; }
   // Sequences per step.
@@ -265,6 +274,7 @@ struct SearchSpace {
   int64_t first_layers = 0, last_layers = 0;  // an uneven pipeline's first and last stages (Layout)
   bool fsdp = false;                          // every layout shards with FSDP2 (zero 0)
   int zero_fixed = -1, sp_fixed = -1;         // -1: searched; else the ZeRO stage, and sp off (0) or on (1)
+  int64_t optimizer_instances = 1;            // Layout::optimizer_instances; > 1 tries ZeRO-1 alone
 };
 
 struct SearchResult {

@@ -178,6 +178,7 @@ BlockSpec decoder_head(const ModelConfig& c, const DecoderStyle& s, const std::s
                         {"logp", {c.batch, c.local_seq(), c.rank_vocab()}, logp, 0, "log-probabilities"}})[0];
   b.last().tp = {Split::Vocab, c.tp, c.sp};
   b.last().upcast = kind == Loss::Upcast;
+  b.last().compiled = kind == Loss::Fused;
   return b.finish(out);
 }
 

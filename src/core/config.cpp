@@ -68,6 +68,8 @@ std::string to_string(Loss l, int64_t chunks) {
       return "upcast";
     case Loss::Model:
       return "model";
+    case Loss::Fused:
+      return "fused";
     case Loss::Chunked:
       return fmt::format("chunked:{}", chunks);
   }
@@ -132,6 +134,8 @@ void parse_loss(std::string_view s, ModelConfig& cfg) {
     cfg.loss = Loss::Upcast;
   } else if (s == "model") {
     cfg.loss = Loss::Model;
+  } else if (s == "fused") {
+    cfg.loss = Loss::Fused;
   } else if (s.rfind("chunked:", 0) == 0) {
     const std::string_view n = s.substr(8);
     int64_t v = n.empty() || n.size() > 6 ? -1 : 0;
@@ -140,7 +144,7 @@ void parse_loss(std::string_view s, ModelConfig& cfg) {
     cfg.loss = Loss::Chunked;
     cfg.loss_chunks = v;
   } else {
-    fail("unknown ModelConfig.loss '{}'; allowed: fp32, upcast, model, chunked:N", s);
+    fail("unknown ModelConfig.loss '{}'; allowed: fp32, upcast, model, fused, chunked:N", s);
   }
 }
 

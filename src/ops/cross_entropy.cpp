@@ -66,14 +66,26 @@ int64_t upcast_bytes(const BlockSpec& b, const OpNode& n, int64_t per_logit) {
   return b.tensors[n.out[1]].numel() * per_logit;
 }
 
-// Forward: nll_loss's total_weight scalar, and the fp32 copy of upcast logits. Backward: a (tokens,
-// 1) column for the targets' entries (ATen's scaled loss gradient, 4 bytes, comes after it is
-// freed), and of upcast logits the two fp32 gradients, the first freed before this op's gradient
-// is made.
+// Megatron-LM's fused cross-entropy (OpNode::compiled, Loss::Fused) runs its in-place steps as
+// torch.compile'd functions. Inductor computes a mutated input's new value into a buffer of its own
+// and then copies it into the input (torch/_inductor/ir.py, MutationLayoutSHOULDREMOVE.realize_into):
+// in the forward exp(x - max) and the division by the sum, each a new fp32 logits tensor beside the
+// fp32 copy; in the backward the softmax with the targets' entries lowered, beside the saved
+// softmax and the bf16 gradient the same kernel writes. Measured: the peak of Megatron-LM's
+// gpt3_mcore_te_tp2_pp2 runs with --cross-entropy-loss-fusion lies one fp32 logits shard above the
+// same run's without it (docs/validation.md).
+int64_t compiled_bytes(const BlockSpec& b, const OpNode& n) { return n.compiled ? b.tensors[n.out[1]].numel() * 4 : 0; }
+
+// Forward: nll_loss's total_weight scalar, and the fp32 copy of upcast logits (or a compiled
+// loss's new value). Backward: a (tokens, 1) column for the targets' entries (ATen's scaled loss
+// gradient, 4 bytes, comes after it is freed), and of upcast logits the two fp32 gradients, the
+// first freed before this op's gradient is made (of a compiled loss, the new value, alive while its
+// gradient is made).
 std::vector<int64_t> scratch_tensors(const BlockSpec& b, const OpNode& n, bool backward) {
-  if (!backward) return {4, upcast_bytes(b, n, 4)};
+  if (!backward) return {4, upcast_bytes(b, n, 4) + compiled_bytes(b, n)};
   const TensorSpec& logp = b.tensors[n.out[1]];
   const int64_t column = std::max<int64_t>(logp.numel() / logp.shape.back() * 4, 4), fp32 = upcast_bytes(b, n, 4);
+  if (n.compiled) return {column, compiled_bytes(b, n)};
   if (fp32 == 0) return {column};
   return {column, fp32, fp32, -fp32};
 }

@@ -21,6 +21,7 @@
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/executor.h"
+#include "remat/memory_model.h"
 #include "remat/policy.h"
 #include "test_util.h"
 #include "util/gemm.h"
@@ -607,6 +608,42 @@ TEST(CrossEntropy, UpcastScratchByHand) {
   c.loss = Loss::Model;
   EXPECT_EQ(scratch(c, false), 4);
   EXPECT_EQ(scratch(c, true), 4 * tokens);
+}
+
+// Megatron-LM's fused cross-entropy under torch.compile (Loss::Fused), by hand on the same head:
+// the fp32 log-probabilities kept as Fp32's are, and one more fp32 logits tensor in the forward
+// (beside nll_loss's scalar) and in the backward (beside the column, alive while the op's bf16
+// gradient is made: the replay's peak, one fp32 logits tensor above Fp32's). Only bf16 models run it.
+TEST(CrossEntropy, FusedScratchByHand) {
+  ModelConfig c;
+  c.arch = "llama", c.layers = 1, c.dim = 64, c.heads = 4, c.batch = 2, c.seq = 16, c.vocab = 512;
+  c.dtype = DType::BF16, c.loss = Loss::Fused;
+  const int64_t tokens = 2 * 16, logits = tokens * 512;
+  const BlockSpec head = make_model(c).head;
+  int found = 0;
+  for (size_t i = 0; i < head.ops.size(); ++i) {
+    if (head.ops[i].kind != OpKind::CrossEntropy) continue;
+    ++found;
+    EXPECT_EQ(head.tensors[head.ops[i].out[1]].bytes(), 4 * logits);
+    EXPECT_EQ(op_def(OpKind::CrossEntropy).scratch_tensors(head, head.ops[i], false),
+              (std::vector<int64_t>{4, 4 * logits}));
+    EXPECT_EQ(op_def(OpKind::CrossEntropy).scratch_tensors(head, head.ops[i], true),
+              (std::vector<int64_t>{4 * tokens, 4 * logits}));
+  }
+  EXPECT_EQ(found, 1);
+  auto peak = [](const ModelConfig& cfg) {
+    auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
+    const StepMemory m = simulate_memory(compile_step(spec, Policy::parse("none").resolve(spec->block, cfg.layers)),
+                                         {1, 1}, nullptr, StepShape{});
+    EXPECT_NE(m.peak_at.find("'loss'"), std::string::npos) << m.peak_at;
+    return m.peak;
+  };
+  c.batch = 8, c.seq = 32;  // more tokens: the loss's tensors outweigh the weights' gradients
+  ModelConfig plain = c;
+  plain.loss = Loss::Fp32;
+  EXPECT_EQ(peak(c) - peak(plain), 4 * 8 * 32 * 512);
+  c.dtype = DType::F16;
+  EXPECT_THROW(make_model(c), Error);
 }
 
 }  // namespace

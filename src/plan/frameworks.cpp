@@ -164,6 +164,13 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
   nccl("tensor-parallel group", l.tp, ring);
   nccl("context-parallel group", l.cp, ring);
   nccl("data-parallel group", l.shards(), ring);
+  // Optimizer instances (megatron/core/parallel_state.py): the gradients reduce-scattered and the
+  // weights gathered within an instance, the shards all-reduced across the instances, over one
+  // group for the dense parameters and the experts alike.
+  if (l.optimizer_instances > 1) {
+    nccl("distributed optimizer instance", l.optimizer_shards(), ring);
+    nccl("across optimizer instances", l.optimizer_instances, ring);
+  }
   // Pipeline sends and receives with the neighbouring stages, tp x cp x dp ranks apart (two, or one
   // when pp is 2), on the stage with the most of them in its node (a stage inside a node's run of
   // stages, where one holds three or more). The first and last stage of a pipeline without virtual
@@ -183,7 +190,10 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
     nccl("expert-parallel all-to-all", l.ep, peer_bytes(l.ep - 1, l.etp, l.ep, d.gpus_per_node));
     nccl("expert-tensor-parallel group", l.etp, ring);
   }
-  if (l.ep > 1 || l.etp != l.tp) nccl("expert-data-parallel group", l.expert_shards(), ring);
+  if (l.ep > 1 || l.etp != l.tp) {
+    nccl("expert-data-parallel group", l.expert_shards(), ring);
+    if (l.optimizer_instances > 1) nccl("experts' distributed optimizer instance", l.expert_optimizer_shards(), ring);
+  }
   return out;
 }
 

@@ -53,6 +53,7 @@ std::string to_string(const Layout& l, bool experts) {
   if (experts && l.ep > 1) s += fmt::format(", ep {}", l.ep);
   if (experts && l.etp != l.tp) s += fmt::format(", etp {}", l.etp);
   if (l.zero > 0) s += fmt::format(", zero {}", l.zero);
+  if (l.optimizer_instances > 1) s += fmt::format(" in {} instances", l.optimizer_instances);
   if (l.fsdp) s += ", fsdp";
   s += fmt::format(", micro-batch {} x {}", l.micro_batch, l.micro_batches());
   return s;
@@ -94,6 +95,11 @@ void validate_on_engine(const Layout& l, const ModelConfig& cfg) {
         "tp {} cp {} pp {} ep {} etp {} for a GPU --device",
         l.tp, l.cp, l.pp, l.ep, l.etp);
   if (l.zero > 1) fail("device cpu: remat train shards optimizer state (zero 1); zero {} is planned for GPUs", l.zero);
+  if (l.optimizer_instances > 1)
+    fail(
+        "device cpu: remat train shards optimizer state over all its ranks; optimizer instances {} are planned for "
+        "GPUs (Megatron-LM)",
+        l.optimizer_instances);
   if (cfg.dtype != DType::F32) fail("device cpu: the engine trains fp32, got {}", to_string(cfg.dtype));
 }
 
@@ -114,6 +120,15 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
   if (l.global_batch < 0 || l.global_batch > kMaxGlobalBatch)
     fail("Layout.global_batch must be in 0..{} (0 = micro_batch * dp), got {}", kMaxGlobalBatch, l.global_batch);
   if (l.zero < 0 || l.zero > 3) fail("Layout.zero must be 0, 1, 2 or 3, got {}", l.zero);
+  positive("optimizer_instances", l.optimizer_instances);
+  if (l.optimizer_instances > 1 && l.zero != 1)
+    fail(
+        "Layout.optimizer_instances {} are instances of the distributed optimizer (ZeRO-1); Layout.zero must be 1, "
+        "got {}",
+        l.optimizer_instances, l.zero);
+  if (l.shards() % l.optimizer_instances != 0)
+    fail("Layout.optimizer_instances {} must divide the data- x context-parallel ranks (dp {} x cp {})",
+         l.optimizer_instances, l.dp, l.cp);
   if (l.grad_bytes != 2 && l.grad_bytes != 4)
     fail("Layout.grad_bytes must be 4 (fp32 gradient buffers) or 2 (fp16/bf16), got {}", l.grad_bytes);
   if (cfg.dtype == DType::F32 && l.grad_bytes != 4)
@@ -155,6 +170,11 @@ void validate(const Layout& l, const ModelConfig& cfg, const Device& device) {
         "Layout.ep {} must divide the data- x context- x tensor-parallel ranks over etp ({} x {} x {} / {}): experts "
         "are split over them",
         l.ep, l.dp, l.cp, l.tp, l.etp);
+  if (routes_experts(cfg.arch) && l.expert_grid_divides() && l.expert_shards() % l.optimizer_instances != 0)
+    fail(
+        "Layout.optimizer_instances {} must divide the expert-data-parallel ranks ({}), which shard the experts' "
+        "optimizer state",
+        l.optimizer_instances, l.expert_shards());
   if (routes_experts(cfg.arch) && l.fsdp && l.etp != l.tp)
     fail("Layout.etp {} with FSDP is not modelled: FSDP shards over the data-parallel ranks; give etp = tp ({})", l.etp,
          l.tp);
@@ -312,9 +332,9 @@ class Evaluator {
   // choices, a held tensor apart from a kept one (the search and each stage's policy search ask for
   // the same replay many times).
   StepMemory memory(Shapes& sh, const Layout& l, int stage, const ResolvedPolicy& layers) {
-    std::string key =
-        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch, l.pp, l.vpp, l.dp,
-                    l.zero, l.fsdp, l.global_batch, l.grad_bytes, stage, l.ep, l.etp, layers.segment);
+    std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}|", l.tp, l.sp, l.cp, l.micro_batch,
+                                  l.pp, l.vpp, l.dp, l.zero, l.optimizer_instances, l.fsdp, l.global_batch,
+                                  l.grad_bytes, stage, l.ep, l.etp, layers.segment);
     for (const LayerRange& c : stage_layers(cfg_.layers, l, stage))
       for (int64_t x = c.first; x < c.end; ++x) layers.layers[x].append_key(key);
     auto it = memo_.find(key);
@@ -334,9 +354,11 @@ class Evaluator {
     } else {
       shape.micro = m;
       shape.scaled_loss = m * l.shards() > 1;
-      shape.world = static_cast<int>(l.shards());
-      shape.rank = largest_shard(numel, l.shards());
-      shape.expert_world = static_cast<int>(l.expert_shards());
+      // The ranks the weights, gradients or optimizer state are sharded over: FSDP's and ZeRO's
+      // (an instance of Megatron-LM's distributed optimizer), and the experts' within them.
+      shape.world = static_cast<int>(l.optimizer_shards());
+      shape.rank = largest_shard(numel, l.optimizer_shards());
+      shape.expert_world = static_cast<int>(l.expert_optimizer_shards());
       // Under FSDP2 each weight gradient is a tensor autograd makes and FSDP reduce-scatters: no
       // GEMM fills a main-gradient buffer.
       shape.fused_wgrad = options_.framework == Framework::Megatron && options_.fused_wgrad && !l.fsdp;
@@ -570,16 +592,24 @@ class Evaluator {
     // Data parallelism, on the most-loaded rank's parameters: all-reduce the gradients (ZeRO:
     // reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights again for
     // the backward), overlapped with the last micro-batch's backward. The dense parameters' ring
-    // spans the data- x context-parallel ranks, the routed experts' the expert-data-parallel ones.
+    // spans the data- x context-parallel ranks, the routed experts' the expert-data-parallel ones;
+    // with optimizer instances, the ranks of one instance, the shards then all-reduced across the
+    // instances.
     const ModelSpec& spec = *sh.spec;
     const StepMemory& worst = p.rank().memory;
     const int64_t wbytes = dtype_size(spec.block.dtype);
     const double d = static_cast<double>(l.shards()), share = (d - 1) / d;
     const double de = std::max<double>(1, static_cast<double>(l.expert_shards()));               // (validate: >= 1)
     const double unsharded = l.zero >= 3 ? d : 1.0, unsharded_experts = l.zero >= 3 ? de : 1.0;  // ZeRO-3: a shard
+    const double instances = static_cast<double>(l.optimizer_instances);
+    const double ring = d / instances, expert_ring = std::max(1.0, de / instances);
+    const double dense = static_cast<double>(worst.params - worst.expert_params) / wbytes,
+                 experts = static_cast<double>(worst.expert_params) / wbytes;
     // Elements each rank's ring moves once: (n - 1) / n of the gradients it reduces.
-    const double moved = share * static_cast<double>(worst.params - worst.expert_params) / wbytes * unsharded +
-                         (de - 1) / de * static_cast<double>(worst.expert_params) / wbytes * unsharded_experts;
+    const double moved =
+        (ring - 1) / ring * dense * unsharded + (expert_ring - 1) / expert_ring * experts * unsharded_experts;
+    // And across the instances: an all-reduce of each rank's shard of the gradients.
+    const double across = 2 * (instances - 1) / instances * (dense / ring + experts / expert_ring);
     double bytes = 0;
     if (l.fsdp) {
       // FSDP2: every micro-batch gathers each stage's weights (the model's dtype) for its forward
@@ -601,7 +631,7 @@ class Evaluator {
       if (l.zero == 0)
         bytes = 2 * moved * l.grad_bytes;
       else
-        bytes = moved * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1));
+        bytes = moved * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1)) + across * l.grad_bytes;
       if (!device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
     }
@@ -671,6 +701,16 @@ void check_search_space(const SearchSpace& space, int top) {
     fail("SearchSpace.sp_fixed must be -1 (searched), 0 or 1, got {}", space.sp_fixed);
   if (space.zero.empty() || std::any_of(space.zero.begin(), space.zero.end(), [](int z) { return z < 0 || z > 3; }))
     fail("SearchSpace.zero lists the ZeRO stages to try: give some of 0..3, got [{}]", fmt::join(space.zero, ", "));
+  if (space.optimizer_instances < 1 || space.optimizer_instances > kMostGpus)
+    fail("SearchSpace.optimizer_instances must be in 1..{}, got {}", kMostGpus, space.optimizer_instances);
+  const bool tries_zero1 =
+      space.zero_fixed == 1 ||
+      (space.zero_fixed < 0 && std::find(space.zero.begin(), space.zero.end(), 1) != space.zero.end());
+  if (space.optimizer_instances > 1 && (space.fsdp || !tries_zero1))
+    fail(
+        "SearchSpace.optimizer_instances {} are instances of the distributed optimizer (ZeRO-1): the search must try "
+        "zero 1 without FSDP",
+        space.optimizer_instances);
   if (space.micro_batch == 0 && space.micro_batches.empty())
     fail("SearchSpace.micro_batches lists the micro-batch sizes to try: give some, or fix micro_batch");
   if (std::any_of(space.micro_batches.begin(), space.micro_batches.end(), [](int64_t m) { return m < 1; }))
@@ -725,9 +765,12 @@ void add_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device&
     if (first > 0 ? vpp > 1 : cfg.layers % (l.pp * vpp) != 0) continue;
     for (int64_t mb : micro_batches)
       for (int zero : space.zero_fixed >= 0 ? std::vector<int>{space.zero_fixed} : space.zero) {
-        if (zero > 0 && l.dp == 1 && space.zero_fixed < 0) continue;  // nothing to shard over
+        // Instances are ZeRO-1's, over the dp x cp ranks (validate names a count that does not divide them).
+        if (space.optimizer_instances > 1 && zero != 1 && space.zero_fixed < 0) continue;
+        if (zero > 0 && l.dp == 1 && space.zero_fixed < 0 && space.optimizer_instances == 1)
+          continue;  // nothing to shard over
         if (space.fsdp && zero != 0) continue;
-        l.vpp = vpp, l.micro_batch = mb, l.zero = zero;
+        l.vpp = vpp, l.micro_batch = mb, l.zero = zero, l.optimizer_instances = space.optimizer_instances;
         try {
           validate(l, cfg, device);
         } catch (const Error& e) {

@@ -147,6 +147,30 @@ TEST(MegatronBytes, EighteenPerParameterAndSixPlusTwelveOverD) {
   }
 }
 
+// Megatron-LM's --num-distributed-optimizer-instances: dp 4 in 2 instances keeps the weights and
+// gradient buffers of dp 4 and the optimizer state of a dp-2 shard; its data-parallel time moves
+// each rank's gradients within its instance's ring (a reduce-scatter of 1/2, then the gather of
+// the weights), and its shard's gradients across the 2 instances in an all-reduce.
+TEST(MegatronBytes, OptimizerInstancesShardTheStateWithinAnInstance) {
+  const ModelConfig c = mixed_model();
+  const Device d = parse_device("h100-80gb");
+  auto plan = [&](int64_t dp, int64_t instances) {
+    Layout l;
+    l.dp = dp, l.zero = 1, l.optimizer_instances = instances, l.micro_batch = 2, l.global_batch = 8;
+    return plan_layout(c, l, d, "none");
+  };
+  const LayoutPlan split = plan(4, 2), whole = plan(4, 1), pair = plan(2, 1);
+  const StepMemory &m = split.rank().memory, &one = whole.rank().memory;
+  EXPECT_EQ(m.params, one.params);
+  EXPECT_EQ(m.grads, one.grads);
+  EXPECT_EQ(m.optimizer, pair.rank().memory.optimizer);
+  EXPECT_GT(m.optimizer, one.optimizer);
+  const double rate = d.intra_gbps * d.link_efficiency * 1e9, elements = static_cast<double>(m.params) / 2;
+  const double ring = 0.5 * elements * (4 + 2), across = 2 * 0.5 * elements / 2 * 4;  // fp32 gradients, bf16 weights
+  EXPECT_NEAR(split.time.dp_comm_s, (ring + across) / rate, 1e-12);
+  EXPECT_NEAR(whole.time.dp_comm_s, 0.75 * elements * (4 + 2) / rate, 1e-12);  // one instance: the plain ring
+}
+
 // The ZeRO paper (Rajbhandari et al. 2020), fp16 gradients, K = 12: stage 0 (2 + 2 + K) psi,
 // stage 1 2psi + 2psi + K psi / N, stage 2 2psi + (2 + K) psi / N, stage 3 (2 + 2 + K) psi / N.
 TEST(ZeroBytes, StagesZeroToThreeAsThePaperDefinesThem) {
@@ -391,6 +415,15 @@ TEST(Layouts, RefusesLayoutsThatDoNotFitTheModel) {
   l = {};
   l.pp = 2, l.vpp = 2, l.global_batch = 3;
   EXPECT_NE(message(l).find("vpp"), std::string::npos);
+  l = {};
+  l.dp = 4, l.optimizer_instances = 2;  // instances of the distributed optimizer: zero 1 only
+  EXPECT_NE(message(l).find("Layout.zero must be 1"), std::string::npos);
+  l.zero = 1, l.optimizer_instances = 3;
+  EXPECT_NE(message(l).find("Layout.optimizer_instances 3 must divide"), std::string::npos);
+  l.optimizer_instances = 0;
+  EXPECT_NE(message(l).find("Layout.optimizer_instances must be a positive integer"), std::string::npos);
+  l.optimizer_instances = 2;
+  EXPECT_EQ(message(l), "");
   EXPECT_EQ(message(Layout{}), "");
 }
 
@@ -632,6 +665,13 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   l.dp = 2;  // 16 GPUs: the other stage in another node
   EXPECT_EQ(total(l), context + 3 * ring + net);
   EXPECT_TRUE(outside_allocator({}, parse_device("cpu"), ModelConfig{}, l).empty());
+  l = {};
+  l.dp = 4, l.zero = 1;
+  const int64_t one_instance = total(l);
+  l.optimizer_instances = 2;  // the ring within an instance, and the one across the instances
+  EXPECT_EQ(total(l), one_instance + 2 * ring);
+  l.optimizer_instances = 4;  // an instance of one rank reduces nothing within it
+  EXPECT_EQ(total(l), one_instance + ring);
 }
 
 // A pipeline stage's two neighbours, by how many stages a node holds: all 8 (both in the node), 2
@@ -864,6 +904,57 @@ TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
   EXPECT_EQ(stages(), (std::set<int>{3}));
   space.zero_fixed = -1, space.zero = {0, 1, 2, 3};
   EXPECT_EQ(stages(), (std::set<int>{0, 1, 2, 3}));
+}
+
+// Optimizer instances make a search try ZeRO-1 alone, over dp x cp ranks (dp 1 with cp 2 too), and
+// a count that divides no layout's ranks is named; a space that cannot try ZeRO-1 is refused.
+TEST(Layouts, ASearchWithOptimizerInstancesTriesZeroOneOverTheirRanks) {
+  ModelConfig c = mixed_model();
+  c.layers = 8, c.seq = 512, c.attention = AttentionImpl::Flash;
+  const Device d = parse_device("a100-80gb");
+  SearchSpace space;
+  space.gpus = 8, space.global_batch = 16, space.policies = {"none"}, space.tp = 1, space.pp = 1;
+  space.optimizer_instances = 2;
+  const SearchResult r = search_layouts(c, space, d, 100);
+  ASSERT_FALSE(r.best.empty());
+  for (const LayoutPlan& p : r.best) {
+    EXPECT_EQ(p.layout.zero, 1);
+    EXPECT_EQ(p.layout.optimizer_instances, 2);
+  }
+  space.gpus = 2, space.global_batch = 2, space.cp = 2;  // dp 1 x cp 2: one instance per rank
+  EXPECT_FALSE(search_layouts(c, space, d, 100).best.empty());
+  space.cp = 1, space.optimizer_instances = 4;  // dp 2
+  const SearchResult none = search_layouts(c, space, d, 100);
+  EXPECT_EQ(none.candidates, 0);
+  EXPECT_NE(none.refused.find("optimizer_instances 4 must divide"), std::string::npos) << none.refused;
+  space.optimizer_instances = 2, space.zero_fixed = 0;
+  EXPECT_THROW(search_layouts(c, space, d, 100), Error);
+  space.zero_fixed = -1, space.zero = {0};
+  EXPECT_THROW(search_layouts(c, space, d, 100), Error);
+}
+
+// A mixture of experts' instances shard the experts' optimizer state over the expert-data-parallel
+// ranks of one instance: dp 4 with ep 2 leaves 2 such ranks, 1 in each of 2 instances, whose count
+// must divide them.
+TEST(Layouts, OptimizerInstancesShardTheExpertsWithinAnInstance) {
+  const ModelConfig c = small_moe();
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.dp = 4, l.ep = 2, l.zero = 1, l.micro_batch = 2, l.global_batch = 8;
+  auto optimizer = [&](int64_t instances) {
+    l.optimizer_instances = instances;
+    const StepMemory m = plan_layout(c, l, d, "none").rank().memory;
+    const double dense = static_cast<double>(m.params - m.expert_params) / 2, experts = m.expert_params / 2.0;
+    return std::pair<double, double>{
+        static_cast<double>(m.optimizer),
+        12 * (dense / (4.0 / static_cast<double>(instances)) + experts / (2.0 / static_cast<double>(instances)))};
+  };
+  for (int64_t n : {1, 2}) {
+    const auto [bytes, expected] = optimizer(n);
+    EXPECT_NEAR(bytes, expected, 24) << n << " instances";  // a shard rounds to whole parameters
+  }
+  l.dp = 2, l.optimizer_instances = 2;  // 1 expert-data-parallel rank
+  EXPECT_THROW(plan_layout(c, l, d, "none"), Error);
 }
 
 // FSDP2's first all-gather, which no compute hides, is the root unit's (embeddings, final norm,

@@ -94,10 +94,10 @@ int run(BenchFlags& f) {
   fmt::print("  BLAS: {}\n  GEMM: {}\n", r.blas, r.gemm);
   fmt::print(
       "  floor {:.1f} ms: the model's {:.2f} GFLOP per step at {:.1f} GFLOP/s, the fastest GEMM here on 1024^3 "
-      "({}; medians of {} interleaved rounds before the steps: {}), sampled before each of the {} timed steps "
-      "(rounds' medians {:.1f}-{:.1f})\n",
-      r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.floor_gemm, r.floor_rounds, tried,
-      r.sampled_gflops.size(), *slowest, *fastest);
+      "(every GEMM sampled before each of the {} timed steps, the fastest taken; rounds' medians {:.1f}-{:.1f}; "
+      "before the steps {} was fastest, medians of {} interleaved rounds: {})\n",
+      r.floor_ms, static_cast<double>(r.flops_per_step) / 1e9, r.matmul_gflops, r.sampled_gflops.size(), *slowest,
+      *fastest, r.floor_gemm, r.floor_rounds, tried);
   if (r.peak.gflops <= 0)
     fmt::print("  peak: {}\n\n", r.peak.how);
   else if (r.matmul_gflops <= r.peak.gflops)

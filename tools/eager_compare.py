@@ -218,7 +218,7 @@ def markdown(a, rows, config, floor, floors, torch, torch_kernel, threads):
         f"remat bench (ops engine) against PyTorch {torch.__version__} eager, seed model "
         f"L={LAYERS} C={DIM} H={HEADS} B={BATCH} T={SEQ} fp32; {a.rounds} alternating rounds of {a.steps} steps",
         f"remat: BLAS {config['blas']}; GEMM {config.get('gemm', 'BLAS')}; matmul {config['matmul_gflops']:.1f} "
-        f"GFLOP/s on {config.get('floor_gemm', 'its GEMM')}, the fastest here (last remat round)",
+        f"GFLOP/s, the fastest GEMM here beside each step (last remat round)",
         f"PyTorch: OpenBLAS kernel {torch_kernel}; torch threads {torch.get_num_threads()}, the faster measured "
         f"(none step, median of {thread_steps}: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {ms:.0f} ms"
                                                  for n, ms in sorted(thread_ms.items())) +

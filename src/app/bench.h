@@ -88,14 +88,15 @@ struct BenchResult {
   std::string gemm;         // the engine's GEMM (gemm_name)
   std::string gemm_record;  // and as a saved run keeps it (gemm_record): the bits depend on it
   // The floor's GEMM: the fastest this build has on the 1024^3 product, tried before the rounds
-  // (floor_gemm_rates), then sampled beside every step. No step's products run faster than it.
+  // (floor_gemm_rates). Beside every step each is sampled again and the fastest taken
+  // (sampled_gflops): no step's products run faster than the fastest GEMM here.
   std::string floor_gemm;
   std::vector<std::pair<std::string, double>> floor_gemm_rates;
   int floor_rounds = 0;                // interleaved rounds each of floor_gemm_rates is the median of
   PeakRate peak;                       // the CPU's FMA peak on the run's threads, the faster of a measurement
                                        // before the steps and one after: what no GEMM can beat
-  double matmul_gflops = 0;            // 1024^3 float32 rate of floor_gemm: median of sampled_gflops
-  std::vector<double> sampled_gflops;  // the rate sampled before every timed step, round by round
+  double matmul_gflops = 0;            // 1024^3 float32 rate of the fastest GEMM: median of sampled_gflops
+  std::vector<double> sampled_gflops;  // the fastest GEMM's rate before every timed step, round by round
   std::vector<double> round_gflops;    // each timed round's median sample, in order: the floor's own spread
   int64_t flops_per_step = 0;          // of the model with math attention: what any row must compute
   double floor_ms = 0;                 // flops_per_step at the matmul rate

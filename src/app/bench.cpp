@@ -453,21 +453,15 @@ void run_step(const BenchOptions& o, Entry& e, int s, bool several) {
 }
 
 // The 1024^3 rate beside a step: every GEMM the floor was chosen among, the median of three
-// products each, the fastest kept. A round's floor then rests on whatever ran fastest beside its
-// steps, not on the GEMM the rounds before the steps found fastest: a busy spell there once chose
-// OpenBLAS's own threads over oneDNN (179.7 against 167.4 GFLOP/s, GPT-2's LLaMA-style block), and
-// rounds whose OpenBLAS samples were slow read their floor 3% above a step. OpenBLAS's own threads
-// run first, and are let sleep before the others and the step.
+// products each, the fastest kept (detail::fastest_gemm_rate). A round's floor then rests on
+// whatever ran fastest beside its steps, not on the GEMM the rounds before the steps ranked first:
+// a busy spell there can rank OpenBLAS's own threads over oneDNN (179.7 against 167.4 GFLOP/s
+// before `make llama`'s steps), and a round whose OpenBLAS samples were slow read its floor 3%
+// above a step.
 double fastest_beside_step(const BenchResult& result) {
   std::vector<std::string> gemms;
   for (const auto& [name, rate] : result.floor_gemm_rates) gemms.push_back(name);
-  std::stable_partition(gemms.begin(), gemms.end(), [](const std::string& g) { return g == "blas-threads"; });
-  double best = 0;
-  for (const std::string& g : gemms) {
-    best = std::max(best, matmul_gflops(1024, 3, g));
-    if (g == "blas-threads") detail::let_blas_threads_sleep();
-  }
-  return best;
+  return detail::fastest_gemm_rate(gemms, [](const std::string& g) { return matmul_gflops(1024, 3, g); });
 }
 
 // The matmul rate drifts with the machine's load as much as step times do: it is sampled before
@@ -618,6 +612,17 @@ void measure(const BenchOptions& o, const std::vector<Variant>& variants, std::v
 }
 
 }  // namespace
+
+double detail::fastest_gemm_rate(std::vector<std::string> gemms,
+                                 const std::function<double(const std::string&)>& sample) {
+  std::stable_partition(gemms.begin(), gemms.end(), [](const std::string& g) { return g == "blas-threads"; });
+  double best = 0;
+  for (const std::string& g : gemms) {
+    best = std::max(best, sample(g));
+    if (g == "blas-threads") let_blas_threads_sleep();  // the next to run has the cores
+  }
+  return best;
+}
 
 BenchResult run_bench(const BenchOptions& o) {
   check_bench_options(o);

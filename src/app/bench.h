@@ -136,4 +136,11 @@ void check_bench_options(const BenchOptions& options);
 // budget no policy meets, before running anything.
 BenchResult run_bench(const BenchOptions& options);
 
+namespace detail {
+// The floor's rate beside a step: the fastest of `gemms`' rates as `sample` gives them (in a run,
+// matmul_gflops(1024, 3, gemm)), OpenBLAS's own threads sampled first and let sleep after, so that
+// the others and the step have the cores.
+double fastest_gemm_rate(std::vector<std::string> gemms, const std::function<double(const std::string&)>& sample);
+}  // namespace detail
+
 }  // namespace remat

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -108,6 +110,21 @@ TEST(Bench, TheFloorIsAtTheFastestGemm) {
   EXPECT_GT(r.peak.gflops, 0);
   EXPECT_NE(r.json().find("\"floor_gemm\""), std::string::npos);
   EXPECT_NE(r.json().find("\"gemm_record\""), std::string::npos);
+}
+
+// The floor beside a step is the fastest GEMM there, whichever was ranked first before the steps:
+// OpenBLAS's own threads are sampled first (their workers then sleep), and the fastest rate wins.
+TEST(Bench, TheFloorBesideAStepIsTheFastestGemmThere) {
+  std::vector<std::string> order;
+  const std::map<std::string, double> rates = {{"onednn", 210.0}, {"blas", 150.0}, {"blas-threads", 180.0}};
+  auto sample = [&](const std::string& g) {
+    order.push_back(g);
+    return rates.at(g);
+  };
+  EXPECT_EQ(detail::fastest_gemm_rate({"onednn", "blas", "blas-threads"}, sample), 210.0);
+  EXPECT_EQ(order, (std::vector<std::string>{"blas-threads", "onednn", "blas"}));
+  order.clear();
+  EXPECT_EQ(detail::fastest_gemm_rate({"blas", "blas-threads"}, sample), 180.0);
 }
 
 // A results file names what produced it: the remat release and the CPU it ran on.

@@ -455,9 +455,8 @@ void run_step(const BenchOptions& o, Entry& e, int s, bool several) {
 // The 1024^3 rate beside a step: every GEMM the floor was chosen among, the median of three
 // products each, the fastest kept (detail::fastest_gemm_rate). A round's floor then rests on
 // whatever ran fastest beside its steps, not on the GEMM the rounds before the steps ranked first:
-// a busy spell there can rank OpenBLAS's own threads over oneDNN (179.7 against 167.4 GFLOP/s
-// before `make llama`'s steps), and a round whose OpenBLAS samples were slow read its floor 3%
-// above a step.
+// a busy spell there can rank OpenBLAS's own threads over oneDNN, and a round whose OpenBLAS
+// samples then ran slow would put its floor above a step that ran on oneDNN.
 double fastest_beside_step(const BenchResult& result) {
   std::vector<std::string> gemms;
   for (const auto& [name, rate] : result.floor_gemm_rates) gemms.push_back(name);
@@ -491,7 +490,7 @@ std::vector<std::vector<double>> run_rounds(const BenchOptions& o, std::vector<E
     }
     for (Entry& e : entries) {
       if (timed && s == o.warmup && e.exec.timer) e.exec.timer->zero();  // count timed steps only
-      if (timed) {  // 1024^3 products on every GEMM, ~0.35 s, just before the step they are compared with
+      if (timed) {  // 1024^3 products on every GEMM, just before the step they are compared with
         e.row.step_gflops.push_back(fastest_beside_step(result));
         round_samples.back().push_back(e.row.step_gflops.back());
       }

@@ -223,7 +223,7 @@ bad "--optimizer-instances 2 splits Megatron-LM's distributed optimizer (--zero 
 bad "--optimizer-instances 2 splits Megatron-LM's distributed optimizer; --framework torchtitan has none" plan "${gpt3[@]}" --framework torchtitan --optimizer-instances 2
 bad "--optimizer-instances 4 must divide the data- x context-parallel ranks, --dp 2 x --cp 1: give a divisor of 2" plan --model gpt3-175b --device a100-80gb --tp 8 --pp 8 --dp 2 --optimizer-instances 4
 bad "--optimizer-instances 3 must divide the data- x context-parallel ranks, which divide --gpus 64: give a divisor of 64" plan "${gpt3[@]}" --optimizer-instances 3
-bad "--loss fused is Megatron-LM's fused cross-entropy, which hands back bf16 gradients; it needs dtype bf16, got fp16" plan "${gpt3[@]}" --dtype fp16 --loss fused
+bad "--loss fused is Megatron-LM's fused cross-entropy, modelled for dtype bf16 only (its gradient is made in bf16; under another dtype a cast follows, not measured); got fp16" plan "${gpt3[@]}" --dtype fp16 --loss fused
 bad "--budget and --reserve both" plan "${gpt3[@]}" --budget 70GiB --reserve 1GiB
 bad "is a budget; a layout plans each stage" plan "${gpt3[@]}" --policies budget:50%
 bad "--top must be in 1..100, got 0" plan "${gpt3[@]}" --top 0

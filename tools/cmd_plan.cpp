@@ -9,6 +9,7 @@
 
 #include "app/report.h"
 #include "cli.h"
+#include "remat/block.h"
 #include "remat/costs.h"
 #include "remat/error.h"
 #include "remat/layout.h"
@@ -452,12 +453,33 @@ PlanOptions plan_options(const PlanFlags& f) {
 }
 
 // The layouts to search: what the flags fix, the rest searched (sized by size_space).
-SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanOptions& opt) {
+// The default policies a search leaves out: those with nothing to drop in the block, and why.
+struct LeftOut {
+  std::vector<std::string> policies;
+  std::string reason;  // the first one's
+};
+
+// Without --policies, the default list less the presets that drop nothing in this block (attn under
+// flash attention, which keeps no T x T tensor), named in `left_out`; a policy the user lists is
+// refused instead.
+SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanOptions& opt, LeftOut& left_out) {
   SearchSpace space;
   space.policies = split_policy_list(f.policies);
   if (space.policies.empty()) fail("--policies needs at least one policy, e.g. none,attn,full,auto");
   for (const std::string& p : space.policies)
     if (p != "auto") (void)Policy::parse(p);  // a bad one is refused before any work
+  if (f.app->count("--policies") == 0) {
+    const BlockSpec block = make_block(cfg);
+    std::vector<std::string> kept;
+    for (const std::string& p : space.policies) try {
+        if (p != "auto") (void)Policy::parse(p).resolve(block, cfg.layers);
+        kept.push_back(p);
+      } catch (const Error& e) {
+        if (left_out.policies.empty()) left_out.reason = e.what();
+        left_out.policies.push_back(p);
+      }
+    space.policies = kept;
+  }
   space.grad_bytes = f.grad_dtype == "fp32" || cfg.dtype == DType::F32 ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.cp = f.cp;
@@ -530,11 +552,14 @@ void size_space(SearchSpace& space, const PlanFlags& f, const ModelConfig& cfg, 
 }
 
 // What the plan assumes: the device, its rates, the memory a GPU may use, the margin.
-void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
-                         const PlanOptions& opt) {
+void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const Device& device, const PlanOptions& opt,
+                         const LeftOut& left_out) {
   fmt::print("remat plan: {} | {} x {} | {} tokens per step\n", describe(cfg), space.gpus, device.name,
              space.global_batch * cfg.seq);
   fmt::print("  device: {}\n", device.source);
+  if (!left_out.policies.empty())
+    fmt::print("  policies: {}; {} left out of the default list ({})\n", fmt::join(space.policies, ", "),
+               fmt::join(left_out.policies, ", "), left_out.reason);
   if (!device.engine)
     fmt::print(
         "  assumed: matmuls at {:.0f}% of the peak, memory-bound ops at {:.0f}% of HBM bandwidth, collectives "
@@ -680,12 +705,17 @@ void print_layouts(const ModelConfig& cfg, const std::vector<LayoutPlan>& best, 
 
 int run_layouts(PlanFlags& f) {
   ModelConfig cfg = f.shape.resolve();
+  // The GPU frameworks planned run fused attention (Transformer Engine's, PyTorch's SDPA): a causal
+  // block gets flash attention unless --attention says math. remat's engine (--device cpu) runs math
+  // by default, as bench and train do; the seed's block attends to every position (math only).
+  if (f.app->count("--attention") == 0 && f.device != "cpu" && cfg.arch != "seed") cfg.attention = AttentionImpl::Flash;
   // torchtitan computes its loss as PyTorch's cross_entropy(logits.float()) (components/loss.py).
   if (f.framework == "torchtitan" && f.shape.loss.empty() && cfg.dtype != DType::F32) cfg.loss = Loss::Upcast;
   check_layout_flags(f);
   const double tokens = f.tokens.empty() ? 0 : parse_tokens(f.tokens);
   const PlanOptions opt = plan_options(f);
-  SearchSpace space = search_space(f, cfg, opt);
+  LeftOut left_out;
+  SearchSpace space = search_space(f, cfg, opt, left_out);
   size_gpus(space, f);
   const Device device = parse_device(f.device);  // (cpu: calibrates this machine once)
   if (opt.budget > device.memory)
@@ -703,7 +733,7 @@ int run_layouts(PlanFlags& f) {
     write_json();
     fail_no_layout(cfg, space, device, a);
   }
-  print_layout_header(cfg, space, device, opt);
+  print_layout_header(cfg, space, device, opt, left_out);
   fmt::print("  searched {} layouts ({} memory replays) in {:.2f} s\n", a.res.candidates, a.res.evaluated,
              a.searched_s);
   print_layouts(cfg, a.res.best, device);
@@ -808,6 +838,11 @@ Command add_plan(CLI::App& parent) {
   f->shape.cfg.arch = "gpt2";
   f->shape.add(a);
   f->shape.add_planning(a);
+  a->get_option("--attention")
+      ->description(
+          "math (T x T scores and probabilities) or flash (one fused op, no T x T); default: flash with a GPU "
+          "--device (a causal block), as the frameworks planned run it, else math")
+      ->default_str("");
   a->add_option("--budget", f->budget,
                 "one process: total peak memory, e.g. 300MiB, 2GB, 1.5GiB, or 60% (of none's activations and "
                 "gradients, above weights, optimizer and data); with --device: bytes per GPU");

@@ -9,7 +9,7 @@ set -eu
 remat=$1
 
 cell() {  # cell MODEL PP POLICY SP-FLAG: "activations / total" of the most-loaded stage
-  local flags=(--model "$1" --tp 8 --pp "$2" --dp 1 --vpp 1 --micro-batch 1 --policies "$3" "$4" --attn-block 2048)
+  local flags=(--model "$1" --tp 8 --pp "$2" --dp 1 --vpp 1 --micro-batch 1 --policies "$3" "$4" --attention math --attn-block 2048)
   local out row
   # The breakdown on an A100's compute with memory to spare, so that every setting prints one;
   # bold when the same layout fits an 80 GB A100 (remat plan's budget and margin).

@@ -137,8 +137,8 @@ void validate(const ModelConfig& c) {
     fail("ModelConfig.dtype {} is not a floating-point type; allowed: fp32, bf16, fp16", to_string(c.dtype));
   if (c.loss == Loss::Fused && c.dtype != DType::BF16)
     fail(
-        "ModelConfig.loss fused is Megatron-LM's fused cross-entropy, which hands back bf16 gradients; it needs dtype "
-        "bf16, got {}",
+        "ModelConfig.loss fused is Megatron-LM's fused cross-entropy, modelled for dtype bf16 only (its gradient "
+        "is made in bf16; under another dtype a cast follows, not measured); got {}",
         to_string(c.dtype));
   if (!(c.rope_theta > 0)) fail("ModelConfig.rope_theta must be > 0, got {}", c.rope_theta);
   if (!(c.norm_eps > 0 && c.norm_eps < 1)) fail("ModelConfig.norm_eps must be in (0, 1), got {}", c.norm_eps);

@@ -444,6 +444,13 @@ class Evaluator {
     return (l.tp * l.cp * l.dp > device_.gpus_per_node ? device_.inter_gbps : device_.intra_gbps) *
            device_.link_efficiency;
   }
+  // An optimizer instance's ranks are a consecutive tp cp dp / N of them (Megatron-LM's rank order,
+  // parallel_state.py): its ring runs within a node while they fit in one (dp_gbps with N = 1).
+  double instance_gbps(const Layout& l) const {
+    return (l.tp * l.cp * l.dp / l.optimizer_instances > device_.gpus_per_node ? device_.inter_gbps
+                                                                               : device_.intra_gbps) *
+           device_.link_efficiency;
+  }
 
   // The block's frontier for `sh`, cheapest recompute first. Its choice sets are those of the first
   // micro-batch size planned at this split (sizes scale with the micro-batch; computing it is the
@@ -628,11 +635,14 @@ class Evaluator {
       const double first = l.shards() > 1 ? share * static_cast<double>(root * wbytes) / (dp_gbps(l) * 1e9) : 0.0;
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - t.compute_s) + first;
     } else {
+      // The rings within an instance at its rate; the all-reduce across the instances spans the
+      // whole data- x context-parallel group.
+      double across_bytes = 0;
       if (l.zero == 0)
         bytes = 2 * moved * l.grad_bytes;
       else
-        bytes = moved * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1)) + across * l.grad_bytes;
-      if (!device_.engine) t.dp_comm_s = bytes / (dp_gbps(l) * 1e9);
+        bytes = moved * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1)), across_bytes = across * l.grad_bytes;
+      if (!device_.engine) t.dp_comm_s = bytes / (instance_gbps(l) * 1e9) + across_bytes / (dp_gbps(l) * 1e9);
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
     }
     // A word embedding tied across the first and last stage: its gradient all-reduced between them,

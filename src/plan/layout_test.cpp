@@ -171,6 +171,20 @@ TEST(MegatronBytes, OptimizerInstancesShardTheStateWithinAnInstance) {
   EXPECT_NEAR(whole.time.dp_comm_s, 0.75 * elements * (4 + 2) / rate, 1e-12);  // one instance: the plain ring
 }
 
+// dp 16 on 8-GPU nodes in 2 instances: each instance is one node, so its ring runs at NVLink's
+// rate; only the all-reduce across the instances crosses the network.
+TEST(MegatronBytes, AnInstanceInOneNodeRingsAtTheNodesRate) {
+  const ModelConfig c = mixed_model();
+  const Device d = parse_device("h100-80gb");
+  Layout l;
+  l.dp = 16, l.zero = 1, l.optimizer_instances = 2, l.micro_batch = 1, l.global_batch = 16;
+  const LayoutPlan p = plan_layout(c, l, d, "none");
+  const double elements = static_cast<double>(p.rank().memory.params) / 2;
+  const double ring = 7.0 / 8 * elements * (4 + 2), across = 2 * 0.5 * elements / 8 * 4;
+  const double intra = d.intra_gbps * d.link_efficiency * 1e9, inter = d.inter_gbps * d.link_efficiency * 1e9;
+  EXPECT_NEAR(p.time.dp_comm_s, ring / intra + across / inter, 1e-12);
+}
+
 // The ZeRO paper (Rajbhandari et al. 2020), fp16 gradients, K = 12: stage 0 (2 + 2 + K) psi,
 // stage 1 2psi + 2psi + K psi / N, stage 2 2psi + (2 + K) psi / N, stage 3 (2 + 2 + K) psi / N.
 TEST(ZeroBytes, StagesZeroToThreeAsThePaperDefinesThem) {

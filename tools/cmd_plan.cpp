@@ -459,9 +459,9 @@ struct LeftOut {
   std::string reason;  // the first one's
 };
 
-// Without --policies, the default list less the presets that drop nothing in this block (attn under
-// flash attention, which keeps no T x T tensor), named in `left_out`; a policy the user lists is
-// refused instead.
+// Without --policies, the default list less the policies that drop nothing in this block (attn and
+// attn+mlp-act under flash attention, which keeps no T x T tensor), named in `left_out`; a policy the
+// user lists is refused instead.
 SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanOptions& opt, LeftOut& left_out) {
   SearchSpace space;
   space.policies = split_policy_list(f.policies);
@@ -780,7 +780,9 @@ void add_layout_flags(CLI::App* a, PlanFlags* f) {
   a->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch (default: searched over 1, 2, 4, 8)");
   a->add_option("--global-batch", f->global_batch,
                 "sequences per optimizer step (default: the --model's published one)");
-  a->add_option("--policies", f->policies, "recompute policies to try, comma-separated; auto plans each stage")
+  a->add_option("--policies", f->policies,
+                "recompute policies to try, comma-separated; auto plans each stage (by default, those listed with "
+                "something to drop in the block)")
       ->capture_default_str();
   a->add_option("--grad-dtype", f->grad_dtype, "gradient buffers: fp32 (Megatron) or bf16/fp16 (the ZeRO paper)")
       ->capture_default_str();

@@ -117,6 +117,7 @@ bad "--fsdp with pp 2: FSDP2 under pipeline stages is not modelled" plan --arch 
 bad "unknown --router-dtype 'fp16'; allowed: model, fp32" plan "${moe[@]}" --global-batch 8 --gpus 2 --router-dtype fp16
 bad "--expert-imbalance must be in [1, 1024]" plan "${moe[@]}" --global-batch 8 --gpus 2 --expert-imbalance 0.5
 bad "model 'deepseek-v3' is not modelled: its multi-head latent attention" plan --model deepseek-v3 --gpus 256 --device h100-80gb
+bad "preset 'attn' in 'attn' drops nothing in a llama block: it has no T x T attention tensor" plan --arch llama --layers 2 --dim 256 --heads 4 --seq 256 --vocab 1024 --dtype bf16 --global-batch 8 --gpus 8 --device h100-80gb --policies attn
 bad "--fsdp-root 'drop': allowed are reshard (PyTorch 2.8 and later) and keep" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --fsdp-root drop
 bad "--no-fused-wgrad describes Megatron-LM; --framework torchtitan has no such setting" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-fused-wgrad
 bad "--no-grouped-gemm: --arch llama has no experts" plan --model llama2-70b --gpus 16 --device h100-80gb --no-grouped-gemm
@@ -311,7 +312,7 @@ bad "--budget 200GiB is more than device a100-80gb has" plan "${gpt3[@]}" --budg
 bad "--tp is a GPU layout; --device cpu plans remat's own trainer" plan --device cpu --gpus 2 --tp 2 --layers 2 --dim 16 --heads 4 --seq 8
 bad "--pp is a GPU layout" plan --device cpu --gpus 2 --pp 2 --layers 2 --dim 16 --heads 4 --seq 8
 bad "--global-batch must be in 1..1048576" plan "${gpt3[@]}" --global-batch 1099511627776
-bad "--policies lists 'attn' twice" plan "${gpt3[@]}" --policies attn,attn
+bad "--policies lists 'full' twice" plan "${gpt3[@]}" --policies full,full
 bad "--first-stage-layers and --last-stage-layers split a pipeline together" plan "${gpt3[@]}" --first-stage-layers 2
 bad "--first-stage-layers 2 + --last-stage-layers 3 leave 91 of the 96 layers" plan "${gpt3[@]}" --pp 4 --first-stage-layers 2 --last-stage-layers 3
 bad "--policies lists 'full' twice" bench "${tiny[@]}" --policies full,none,full

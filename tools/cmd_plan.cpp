@@ -459,27 +459,25 @@ struct LeftOut {
   std::string reason;  // the first one's
 };
 
-// Without --policies, the default list less the policies that drop nothing in this block (attn and
-// attn+mlp-act under flash attention, which keeps no T x T tensor), named in `left_out`; a policy the
-// user lists is refused instead.
+// Each policy resolved for the block as the search will, before any work: one the user lists is
+// refused; one of the default list that cannot run there (attn and attn+mlp-act under flash
+// attention, which keeps no T x T tensor) is left out, named in `left_out`.
 SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanOptions& opt, LeftOut& left_out) {
   SearchSpace space;
   space.policies = split_policy_list(f.policies);
   if (space.policies.empty()) fail("--policies needs at least one policy, e.g. none,attn,full,auto");
-  for (const std::string& p : space.policies)
-    if (p != "auto") (void)Policy::parse(p);  // a bad one is refused before any work
-  if (f.app->count("--policies") == 0) {
-    const BlockSpec block = make_block(cfg);
-    std::vector<std::string> kept;
-    for (const std::string& p : space.policies) try {
-        if (p != "auto") (void)Policy::parse(p).resolve(block, cfg.layers);
-        kept.push_back(p);
-      } catch (const Error& e) {
-        if (left_out.policies.empty()) left_out.reason = e.what();
-        left_out.policies.push_back(p);
-      }
-    space.policies = kept;
-  }
+  const bool listed = f.app->count("--policies") > 0;
+  const BlockSpec block = make_block(cfg);
+  std::vector<std::string> kept;
+  for (const std::string& p : space.policies) try {
+      if (p != "auto") (void)resolve_layout_policy(p, block, cfg.layers);
+      kept.push_back(p);
+    } catch (const Error& e) {
+      if (listed) throw;
+      if (left_out.policies.empty()) left_out.reason = e.what();
+      left_out.policies.push_back(p);
+    }
+  space.policies = kept;
   space.grad_bytes = f.grad_dtype == "fp32" || cfg.dtype == DType::F32 ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.cp = f.cp;

@@ -289,6 +289,12 @@ struct SearchResult {
 // layers, split evenly when it divides them, else with the middle stages at ceil(layers / pp) and
 // the first and last sharing the rest, as torchtitan splits; dp = gpus / (tp cp pp), micro-batch,
 // ZeRO stage, sp, vpp, recompute), fastest first; at most `top`.
+// `policy` for every layer of `block`, as a layout runs it ("auto" is the search's, not this):
+// refuses a budget (a layout plans each stage against the device's memory), an unknown tensor, a
+// preset with nothing to drop in the block, a layer range past `layers`. Throws remat::Error naming
+// the policy and what is allowed.
+ResolvedPolicy resolve_layout_policy(const std::string& policy, const BlockSpec& block, int64_t layers);
+
 SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
                             const PlanOptions& options = {});
 

@@ -292,11 +292,7 @@ class Evaluator {
   const ResolvedPolicy& resolve(Shapes& sh, const std::string& policy) {
     auto it = sh.resolved.find(policy);
     if (it != sh.resolved.end()) return it->second;
-    const Policy parsed = Policy::parse(policy);
-    if (parsed.is_budget())
-      fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto", policy);
-    ResolvedPolicy r = parsed.resolve(sh.spec->block, cfg_.layers);
-    return sh.resolved.emplace(policy, std::move(r)).first->second;
+    return sh.resolved.emplace(policy, resolve_layout_policy(policy, sh.spec->block, cfg_.layers)).first->second;
   }
 
   // Bytes a stage of `l` may peak at, and the share of its peak kept free.
@@ -917,6 +913,13 @@ LayoutPlan plan_layout(const ModelConfig& cfg, const Layout& layout, const Devic
   validate(cfg);
   Evaluator e(cfg, device, options);
   return e.plan(layout, policy, options.all_stages);
+}
+
+ResolvedPolicy resolve_layout_policy(const std::string& policy, const BlockSpec& block, int64_t layers) {
+  const Policy parsed = Policy::parse(policy);
+  if (parsed.is_budget())
+    fail("policy '{}' is a budget; a layout plans each stage against the device's memory: use --policy auto", policy);
+  return parsed.resolve(block, layers);
 }
 
 SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,

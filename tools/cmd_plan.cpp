@@ -705,8 +705,9 @@ int run_layouts(PlanFlags& f) {
   ModelConfig cfg = f.shape.resolve();
   // The GPU frameworks planned run fused attention (Transformer Engine's, PyTorch's SDPA): a causal
   // block gets flash attention unless --attention says math. remat's engine (--device cpu) runs math
-  // by default, as bench and train do; the seed's block attends to every position (math only).
-  if (f.app->count("--attention") == 0 && f.device != "cpu" && cfg.arch != "seed") cfg.attention = AttentionImpl::Flash;
+  // by default, as bench and train do; a block that attends to every position runs math only.
+  if (f.app->count("--attention") == 0 && f.device != "cpu" && attends_causally(cfg.arch))
+    cfg.attention = AttentionImpl::Flash;
   // torchtitan computes its loss as PyTorch's cross_entropy(logits.float()) (components/loss.py).
   if (f.framework == "torchtitan" && f.shape.loss.empty() && cfg.dtype != DType::F32) cfg.loss = Loss::Upcast;
   check_layout_flags(f);

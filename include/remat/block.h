@@ -241,6 +241,8 @@ struct ModelSpec {
 std::vector<std::string> block_kinds();
 // Whether a kind routes tokens to experts (moe): ModelConfig.ep and Layout.ep apply to it.
 bool routes_experts(std::string_view kind);
+// Whether a kind's attention is causal (gpt2, llama, moe): only those run flash attention.
+bool attends_causally(std::string_view kind);
 // A one-line description of a kind, for --help.
 std::string block_kind_doc(std::string_view kind);
 // The block of cfg.arch at cfg's sizes. Throws remat::Error when validate(cfg) does.

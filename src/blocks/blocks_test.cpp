@@ -65,6 +65,19 @@ TEST(Block, FlashAttentionStoresNoTxTTensor) {
             (std::vector<std::string>{"qkv", "atty", "lse"}));
 }
 
+// attends_causally is what decides the flash default (remat plan): it must name exactly the kinds
+// whose blocks build under flash attention.
+TEST(Block, FlashAttentionBuildsForTheCausalKindsOnly) {
+  for (const std::string& kind : block_kinds()) {
+    ModelConfig cfg = tiny(kind);
+    cfg.attention = AttentionImpl::Flash;
+    if (attends_causally(kind))
+      EXPECT_NO_THROW(make_block(cfg)) << kind;
+    else
+      EXPECT_THROW(make_block(cfg), Error) << kind;
+  }
+}
+
 TEST(Block, MatmulFlopsOfTheSeedBlock) {
   ModelConfig c = tiny("seed");
   const BlockSpec b = make_block(c);

@@ -43,6 +43,8 @@ std::string block_kind_doc(std::string_view kind) { return blocks::block_kind(ki
 
 bool routes_experts(std::string_view kind) { return blocks::block_kind(kind).routes; }
 
+bool attends_causally(std::string_view kind) { return blocks::block_kind(kind).causal; }
+
 namespace {
 
 // Every size positive and below a bound far past any model trained, so that every size and

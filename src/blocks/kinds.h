@@ -21,6 +21,7 @@ struct BlockKind {
   void (*validate)(const ModelConfig&) = nullptr;
   bool has_logits = false;  // head(cfg, false) is defined
   bool routes = false;      // a mixture of experts: ModelConfig.ep may split its experts
+  bool causal = true;       // attends to earlier positions only: flash attention can run it
 };
 
 // The kind named cfg.arch. Throws remat::Error listing the kinds for an unknown name.

@@ -43,7 +43,8 @@ void check(const ModelConfig& c) {
     fail("ModelConfig.kv_heads {} is for grouped-query attention, which seed blocks do not have; use arch llama",
          c.kv_heads);
   if (c.attention != AttentionImpl::Math)
-    fail("ModelConfig.attention flash is for causal blocks (gpt2, llama); the seed block attends to all positions");
+    fail(
+        "ModelConfig.attention flash is for causal blocks (gpt2, llama, moe); the seed block attends to all positions");
   if (c.tp > 1) fail("ModelConfig.tp {}: seed blocks have no tensor-parallel split; use arch gpt2 or llama", c.tp);
   // Each decoder choice the config sets: a field the CLI shows as its flag, or (only a
   // --model-config or --model sets them) a feature by name.
@@ -73,6 +74,8 @@ extern const BlockKind kSeed{"seed",
                              block,
                              head,
                              check,
-                             /*has_logits=*/false};
+                             /*has_logits=*/false,
+                             /*routes=*/false,
+                             /*causal=*/false};
 
 }  // namespace remat::blocks

@@ -290,9 +290,13 @@ TEST(TrainState, CorruptFileIsRefused) {
   const std::string run = saved_run(dir);
   const std::string file = run + "/state.bin";
   {
+    // One byte in the middle, inverted: a fixed value could be the byte already there.
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(file) / 2));
-    f.put('\x5a');
+    const auto middle = static_cast<std::streamoff>(std::filesystem::file_size(file) / 2);
+    f.seekg(middle);
+    const int byte = f.get();
+    f.seekp(middle);
+    f.put(static_cast<char>(byte ^ 0xff));
   }
   try {
     load_train_state(run);

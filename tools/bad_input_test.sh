@@ -153,6 +153,7 @@ bad "the seed block takes no decoder choice (those are for gpt2 and llama); this
 bad "--engine lists 'ops' twice" bench "${tiny[@]}" --engine ops,ops
 bad "--engine 'ops,' has an empty item" bench "${tiny[@]}" --engine ops,
 bad "--attention lists 'math' twice" bench "${tiny[@]}" --arch gpt2 --attention math,math
+bad "attention flash is for causal blocks (gpt2, llama, moe); a seed block attends to all positions" bench "${tiny[@]}" --attention flash
 bad "--nproc 4 starts its own ranks, and --rank makes this process one rank" train --rank 0 --world-size 2 --master 127.0.0.1:29500 --nproc 4
 bad "--rank 5 must be in 0..1 for --world-size 2" train --rank 5 --world-size 2 --master 127.0.0.1:29500
 bad "--master '127.0.0.1: 29500': the port must be in 1..65535" train --rank 0 --world-size 2 --master '127.0.0.1: 29500'

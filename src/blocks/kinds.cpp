@@ -15,9 +15,11 @@ namespace {
 // The block kinds, in the order --arch lists them.
 const BlockKind* const kKinds[] = {&kSeed, &kGpt2, &kLlama, &kMoe};
 
-std::string names() {
+// The kinds' names, those with `causal` set only when `causal_only`.
+std::string names(bool causal_only = false) {
   std::string s;
-  for (const BlockKind* k : kKinds) s += (s.empty() ? "" : ", ") + std::string(k->name);
+  for (const BlockKind* k : kKinds)
+    if (k->causal || !causal_only) s += (s.empty() ? "" : ", ") + std::string(k->name);
   return s;
 }
 
@@ -149,6 +151,9 @@ void validate(const ModelConfig& c) {
     fail("ModelConfig.ep {} splits experts over ranks; a {} block has none (use arch moe)", c.ep, c.arch);
   if (c.etp != 1 && !kind.routes)
     fail("ModelConfig.etp {} splits experts' linears over ranks; a {} block has none (use arch moe)", c.etp, c.arch);
+  if (c.attention == AttentionImpl::Flash && !kind.causal)
+    fail("ModelConfig.attention flash is for causal blocks ({}); a {} block attends to all positions",
+         blocks::names(/*causal_only=*/true), c.arch);
   if (kind.validate) kind.validate(c);
 }
 

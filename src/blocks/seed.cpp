@@ -42,9 +42,6 @@ void check(const ModelConfig& c) {
   if (c.kv() != c.heads)
     fail("ModelConfig.kv_heads {} is for grouped-query attention, which seed blocks do not have; use arch llama",
          c.kv_heads);
-  if (c.attention != AttentionImpl::Math)
-    fail(
-        "ModelConfig.attention flash is for causal blocks (gpt2, llama, moe); the seed block attends to all positions");
   if (c.tp > 1) fail("ModelConfig.tp {}: seed blocks have no tensor-parallel split; use arch gpt2 or llama", c.tp);
   // Each decoder choice the config sets: a field the CLI shows as its flag, or (only a
   // --model-config or --model sets them) a feature by name.

@@ -34,6 +34,10 @@ ln "$box/keep.csv" "$box/hard.csv"
 echo '{' > "$box/device-syntax.json"
 echo '{"memory": 1e30, "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/device-float.json"
 echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000, "gpus_per_node": 2.5}' > "$box/device-half.json"
+echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 3000, "link_efficiency": 1.5}' > "$box/device-eff.json"
+echo '{"memory": "80GiB", "hbm_gbps": 3000}' > "$box/device-flops.json"
+echo '{"memory": 0, "bf16_tflops": 900, "hbm_gbps": 3000}' > "$box/device-memory.json"
+echo '{"memory": "80GiB", "bf16_tflops": 900, "hbm_gbps": 0}' > "$box/device-hbm.json"
 
 # The sandbox as (type, path, inode; size and mtime but for folders, whose mtime a write check's
 # temporary file moves) and the content of every regular file.
@@ -211,6 +215,11 @@ bad "GPUS_PER_NODE must be a whole number in 1..1048576, got '1e30'" plan --mode
 bad "GPUS_PER_NODE must be a whole number in 1..1048576, got '2.5'" plan --model gpt3-175b --gpus 64 --device custom:80GiB,900,3000,400,50,2.5
 bad "bf16_tflops must be at most 1e+06 (a thousand times any GPU's), got 1e+308" plan --model gpt3-175b --gpus 64 --device custom:80GiB,1e308,3000
 bad "--device file 'device-syntax.json' is not JSON" plan --model gpt3-175b --gpus 64 --device device-syntax.json
+bad "link_efficiency must be in (0, 1], got 1.5" plan --model gpt3-175b --gpus 64 --device device-eff.json
+bad "give bf16_tflops or fp32_tflops > 0, got 0 and 0" plan --model gpt3-175b --gpus 64 --device device-flops.json
+bad "hbm_gbps must be positive, got 0" plan --model gpt3-175b --gpus 64 --device device-hbm.json
+bad "memory must be a positive number of bytes, got 0" plan --model gpt3-175b --gpus 64 --device device-memory.json
+bad "memory must be a size such as 96GiB, got '0GiB'" plan --model gpt3-175b --gpus 64 --device custom:0GiB,900,3000
 bad "--device is required to plan a multi-GPU run" plan --model gpt3-175b --gpus 64
 bad "--tp 3 x --pp 2 x --dp 2 is 12 GPUs, not --gpus 8" plan --model gpt3-175b --gpus 8 --tp 3 --pp 2 --dp 2 --device h100-80gb
 bad "--tp 1 x --pp 1 x --dp 2 is 2 GPUs, not --gpus 4" plan --gpus 4 --tp 1 --pp 1 --dp 2 --device cpu --budget 1GB

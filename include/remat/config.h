@@ -97,7 +97,7 @@ struct ModelConfig {
   Switch tied = Switch::Default;       // the LM head is the token embedding
   Switch fused_qkv = Switch::Default;  // q, k, v from one linear (GPT-2, Megatron-LM) or three (HF Llama, torchtitan)
   Loss loss = Loss::Default;           // the cross-entropy's form (Loss above); Default: by the dtype (resolved_loss)
-  int64_t loss_chunks = 8;             // Loss::Chunked: chunks of the micro-batch's tokens
+  int64_t loss_chunks = 8;             // Loss::Chunked: chunks of the micro-batch's tokens, 1..999999
   double rotary_fraction = 1.0;        // positions rope: the share of each head's dimensions turned (GPT-NeoX: 0.25)
   bool parallel_residual = false;      // the MLP reads the block input, not the stream after attention (GPT-NeoX)
   bool qk_norm = false;                // RMSNorm of each head of q and k before rope (Qwen3); separate q, k, v
@@ -215,7 +215,7 @@ inline Loss resolved_loss(const ModelConfig& c) {
   return c.loss != Loss::Default ? c.loss : (c.dtype == DType::F32 ? Loss::Model : Loss::Fp32);
 }
 
-// One line, e.g. "gpt2 L=6 C=512 H=8 B=8 T=1024 fp32 dropout=0.1".
+// One line, e.g. "gpt2 L=6 C=512 H=8 B=8 T=1024 fp32 V=50304 dropout=0.1".
 std::string describe(const ModelConfig& cfg);
 
 }  // namespace remat

@@ -121,8 +121,8 @@ MachineRates measure_rates();
 MachineRates calibrated_rates(const ThreadConfig& threads, const std::string& cache_dir = "");
 
 enum class CostSource : uint8_t {
-  Auto,       // measured when one layer of the config runs here (fp32, tp 1) and its estimated step is
-              // under kLongestMeasuredLayerMs; estimated otherwise
+  Auto,       // measured when the engine runs the config here (check_engine) and one layer's estimated
+              // step is under kLongestMeasuredLayerMs; estimated otherwise
   Measured,   // always measured; refused for configs the engine does not run here
   Estimated,  // from this machine's calibrated rates (calibrated_rates)
 };

@@ -3,7 +3,7 @@
 //
 //   remat::DistConfig d = remat::dist_config_from_env();      // RANK, WORLD_SIZE, MASTER_ADDR, ...
 //   remat::Communicator comm(d);                               // rendezvous through a c10d TCPStore
-//   remat::GradientBuckets buckets(model->compiled_step(), model->parameters(), 2 << 20, comm);
+//   remat::GradientBuckets buckets(model->compiled_step(), model->parameters(), 2 << 20, /*micro=*/1, comm);
 //   model->set_grad_sink(buckets.sink());                      // the engine hands gradients over
 //   ... forward, backward: each bucket's all-reduce starts when its last gradient arrives ...
 //   buckets.wait();                                            // only what is still in flight

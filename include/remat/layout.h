@@ -49,7 +49,7 @@ struct Device {
   double matmul_gflops(DType dtype) const;
 };
 
-// The presets: h100-80gb, h200-141gb, a100-80gb, a100-40gb, cpu.
+// The presets: h100-80gb, h100-96gb, h200-141gb, a100-80gb, a100-40gb, cpu.
 std::vector<std::string> device_names();
 // A preset; "cpu" (this machine: memory from /proc/meminfo, rates from calibrated_rates);
 // "custom:MEM,TFLOPS,GBPS[,INTRA_GBPS[,INTER_GBPS[,GPUS_PER_NODE]]]" (bf16 TFLOPS, HBM GB/s,
@@ -85,7 +85,7 @@ inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
 inline constexpr size_t kMaxPolicies = 64;
 // The most GPUs a plan takes, and the most any one parallel degree may be.
 inline constexpr int64_t kMostGpus = int64_t{1} << 20;
-// Bytes a plan on this machine's engine leaves to the system and other processes (LayoutOptions.reserve -1).
+// Bytes a plan on this machine's engine leaves to the system and other processes (PlanOptions::reserve -1).
 inline constexpr int64_t kCpuReserve = int64_t{2} << 30;
 
 // How one training step is laid out over tp x cp x pp x dp devices. Ranks are ordered
@@ -167,7 +167,8 @@ struct RankPlan {
   int64_t params = 0;              // parameters this stage's GPUs hold (their tensor-parallel share)
   // memory.allocated_peak and memory.reserved_peak: PyTorch's caching allocator replayed over the
   // stage's step (memory_model.h, StepShape::cuda) for the plans a search reports, and for
-  // plan_layout with PlanOptions::all_stages.
+  // plan_layout with PlanOptions::all_stages, on the stages that can hold the largest (the first,
+  // the last and the one with the most bytes); 0 on the others and on the engine's CPU device.
   double micro_ms = 0;     // forward + backward (+ recompute) of one micro-batch, all chunks
   double backward_ms = 0;  // the backward part of micro_ms
   double p2p_ms = 0;       // sending and receiving activations and gradients per micro-batch
@@ -265,7 +266,7 @@ struct SearchSpace {
   std::vector<int> zero = {0, 1};
   std::vector<int64_t> micro_batches = {1, 2, 4, 8};  // micro-batch sizes tried
   int grad_bytes = 4;                                 // a gradient element's bytes (4: fp32 buffers)
-  int64_t max_vpp = 4;
+  int64_t max_vpp = 4;  // the most model chunks per stage tried when vpp is searched (pp > 1)
   // Fixed by the caller when > 0 (tp, pp, dp, vpp) or >= 0 (zero_fixed, sp_fixed: 0 or 1).
   int64_t tp = 0, pp = 0, dp = 0, vpp = 0, micro_batch = 0;
   int64_t ep = 0;   // expert-parallel ranks, arch moe (0: searched over the experts' divisors)
@@ -285,16 +286,19 @@ struct SearchResult {
   LayoutPlan least;              // when none fits: the one with the smallest per-device peak
 };
 
-// Every layout of `space` on `device` (tp dividing the heads and within a node; pp any count up to the
-// layers, split evenly when it divides them, else with the middle stages at ceil(layers / pp) and
-// the first and last sharing the rest, as torchtitan splits; dp = gpus / (tp cp pp), micro-batch,
-// ZeRO stage, sp, vpp, recompute), fastest first; at most `top`.
 // `policy` for every layer of `block`, as a layout runs it ("auto" is the search's, not this):
 // refuses a budget (a layout plans each stage against the device's memory), an unknown tensor, a
 // preset with nothing to drop in the block, a layer range past `layers`. Throws remat::Error naming
 // the policy and what is allowed.
 ResolvedPolicy resolve_layout_policy(const std::string& policy, const BlockSpec& block, int64_t layers);
 
+// Every layout of `space` on `device` (tp dividing the heads and within a node; pp any count up to the
+// layers, split evenly when it divides them, else with the middle stages at ceil(layers / pp) and
+// the first and last sharing the rest, as torchtitan splits; dp = gpus / (tp cp pp), micro-batch,
+// ZeRO stage, sp, vpp, recompute): the `top` fastest that fit the device's memory, fastest first,
+// or, when none fits, the one with the smallest per-device peak (SearchResult::least); a layout
+// the config cannot take is skipped, the first such refusal kept (SearchResult::refused). Throws
+// remat::Error, naming the value, for an invalid config, space or `top`.
 SearchResult search_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device, int top,
                             const PlanOptions& options = {});
 

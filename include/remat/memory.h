@@ -64,11 +64,11 @@ class MemoryTracker {
   static void release_cache();
   // CPU: most bytes the free-block cache may hold; beyond it freed blocks go back to the system.
   // Default 8 GiB; 0 disables the cache. Always 0 under AddressSanitizer (make sanitize), where a
-  // reused block would hide a use-after-free.
+  // reused block would hide a use-after-free. Throws remat::Error for a negative size.
   static void set_cache_limit(int64_t bytes);
   // CPU: the most bytes of tensor storage that may be live; an allocation beyond it throws
   // OutOfMemory, as a device's memory would (rehearse a GPU's limit on CPU). 0 (the default): no
-  // limit but the system's.
+  // limit but the system's. Throws remat::Error for a negative size.
   static void set_limit(int64_t bytes);
   // The limit set, or 0 for none.
   static int64_t limit();
@@ -76,8 +76,9 @@ class MemoryTracker {
   static int64_t allocations();
 };
 
-// Measures one region of code. Construction resets the peak; the enclosing scope's peak is
-// restored on destruction, so scopes nest.
+// Measures one region of code. Construction resets the peak; on the CPU the enclosing scope's
+// peak is restored on destruction, so scopes nest. (A CUDA scope resets the caching allocator's
+// peak statistics, which cannot be set back: CUDA scopes do not nest.)
 class MemoryScope {
  public:
   explicit MemoryScope(MemoryDevice device = MemoryDevice::CPU);

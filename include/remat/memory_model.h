@@ -55,7 +55,7 @@ struct StepMemory {
 };
 
 // How a training step runs beyond one forward and one backward: gradient accumulation, a scaled
-// loss, data parallelism (data_parallel.h), and the layouts of large runs (parallel.h). With
+// loss, data parallelism (data_parallel.h), and the layouts of large runs (layout.h). With
 // gradient buffers (always so with world > 1), each stage's parameter gradients are handed to
 // persistent flat buffers, and freed, as the stage's backward returns; ZeRO shards what each rank
 // keeps. A pipeline rank (stages > 1) runs the 1F1B schedule (interleaved with chunks > 1) over the

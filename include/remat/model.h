@@ -94,8 +94,9 @@ class GPTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT);
 
-// Throws remat::Error unless the engine runs `cfg` on this build (validate(cfg), fp32, math
-// attention): what GPT's constructor checks first, without building anything.
+// Throws remat::Error unless the engine runs `cfg` on this build (validate(cfg); fp32; tp, cp, ep
+// and etp 1; neither eager_ops nor deterministic): what GPT's constructor checks first, without
+// building anything.
 void check_engine(const ModelConfig& cfg);
 
 // A batch of random data for `cfg`, from the default generator: (B, T) token ids for input and

@@ -30,11 +30,12 @@ const NamedModel& named_model(std::string_view name);
 
 // A Hugging Face config.json as a ModelConfig (batch 1, bf16, seq the file's context length, which
 // a plan replaces with its run's): LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-// Qwen3ForCausalLM become the llama kind (biased q/k/v for Qwen2, per-head q/k norms for Qwen3),
-// GPT2LMHeadModel the gpt2 kind, GPTNeoXForCausalLM gpt2 with rotary positions on a share of each
-// head and the parallel residual. Any other architecture is refused by name, with what is
-// missing; so are fields that change the model and are not modelled (a head_dim other than
-// hidden / heads, biases on o_proj or the MLP alone). Throws remat::Error naming the file and field.
+// Qwen3ForCausalLM become the llama kind (biased q/k/v for Qwen2, per-head q/k norms for Qwen3; a
+// head_dim other than hidden / heads becomes ModelConfig.head_size), MixtralForCausalLM and
+// Qwen3MoeForCausalLM the moe kind, GPT2LMHeadModel the gpt2 kind, GPTNeoXForCausalLM gpt2 with
+// rotary positions on a share of each head and the parallel residual. Any other architecture is
+// refused by name, with what is missing; so are fields that change the model and are not
+// modelled (biases on o_proj or the MLP alone). Throws remat::Error naming the file and field.
 ModelConfig read_model_config(const std::string& path);
 
 }  // namespace remat

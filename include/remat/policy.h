@@ -20,6 +20,9 @@
 //            | mlp-act               drop the MLP activation output (llm.c's GELU recompute)
 //            | norm                  drop normalisation outputs; their statistics stay saved
 //            | mlp                   drop the MLP's inner tensors; recompute it from its input
+//            | moe-act               drop the routed experts' activation (Megatron's moe_act)
+//            | moe                   drop the router's and the routed experts' tensors (Megatron's moe)
+//            | shared                drop the shared expert's tensors (Megatron's shared_experts)
 //            | torchtitan-op         torchtitan's selective op mode: keep every other matmul's output
 //                                    (the 1st, 3rd, ...) and attention's, recompute the rest
 //            | save:NAME[,NAME...]   must save these, recompute every other tensor

@@ -1,4 +1,5 @@
-// The one way a policy string becomes per-layer choices: bench, plan and train all call this.
+// The one way a policy string becomes per-layer choices where a model runs: bench and train call
+// this (remat plan --budget, which runs nothing, calls parse_budget and make_plan directly).
 //
 //   remat::Resolution r = remat::resolve_policy(remat::Policy::parse("budget:60%"), cfg, {});
 //   remat::GPT model(cfg, r.policy);   // r.text: the plan as a policy; r.memory: its exact bytes

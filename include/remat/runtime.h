@@ -107,6 +107,12 @@ struct GemmClassRates {
 inline constexpr int kGemmRounds = 10;
 inline constexpr int kGemmRoundsLost = 1;
 inline constexpr int kGemmRoundsLostOfTwice = 3;
+// A challenger that won most rounds also replaces the incumbent, whatever it lost, when it was
+// this many times faster in its middle round (the median of the incumbent's time over its own):
+// on a host busy in spells, a GEMM 30% faster by its median can lose a round in four to a spell
+// that fell on its sample, and the sign test alone would keep the slower one. A tie reaches it
+// only when at least half the rounds slowed the incumbent alone by 15% or more.
+inline constexpr double kGemmClearLead = 1.15;
 struct GemmMeasurement {
   std::vector<GemmClassRates> classes;
   // A pass of every class in turn, ms, with the linears on remat's kernel threads and on the BLAS's
@@ -120,11 +126,12 @@ struct GemmMeasurement {
 // `threads`, in kGemmRounds rounds that run each GEMM once (in one order, then the other; as many
 // again while a challenger is undecided), and keeps each class on the BLAS unless another GEMM on
 // remat's kernel threads was faster in all rounds but kGemmRoundsLost (kGemmRoundsLostOfTwice of
-// twice the rounds; detail::faster_in_nearly_every_round). Whether the linears run on the BLAS's own threads instead is
-// a property of the whole pass (the kernel threads poll for their jobs only when every product runs on them), so it is
-// chosen by timing a pass of every class both ways, by the same rule. The result is cached per CPU model, BLAS and its
-// kernel, oneDNN version, threads and remat release (cache_dir, or remat's cache folder, $REMAT_CACHE): a machine
-// chooses once, and the same choice gives the same bits. A few seconds when it measures.
+// twice the rounds), or in most rounds by kGemmClearLead (detail::winner_of_rounds). Whether the linears run on the
+// BLAS's own threads instead is a property of the whole pass (the kernel threads poll for their jobs only when every
+// product runs on them), so it is chosen by timing a pass of every class both ways, by the same rule. The result is
+// cached per CPU model, BLAS and its kernel, oneDNN version, threads and remat release (cache_dir, or remat's cache
+// folder, $REMAT_CACHE): a machine chooses once, and the same choice gives the same bits. A few seconds when it
+// measures.
 GemmMeasurement choose_gemm(const ThreadConfig& threads, const std::string& cache_dir = "");
 
 // While on, no measurement remat caches for this machine (the GEMM choice, the op costs, the

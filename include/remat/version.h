@@ -5,7 +5,7 @@
 
 namespace remat {
 
-// "0.4.0": the release this library was built from (CHANGELOG.md lists what each one changed).
+// "0.19.0": the release this library was built from (CHANGELOG.md lists what each one changed).
 std::string_view version();
 
 }  // namespace remat

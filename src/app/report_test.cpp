@@ -26,21 +26,17 @@ std::string temp_dir() {
   return dir.string();
 }
 
-TEST(Report, AtomicWriteReplacesTheFile) {
-  const std::string path = temp_dir() + "/a.txt";
-  write_file_atomic(path, "old");
-  write_file_atomic(path, "new contents");
-  EXPECT_EQ(read(path), "new contents");
-  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
-}
-
-TEST(Report, FailedWriteLeavesNoFileAndNamesThePath) {
+// A write that cannot happen is a runtime failure (exit code 1, not a usage error), names the path,
+// and creates nothing.
+TEST(Report, AFailedWriteNamesThePathAndCreatesNothing) {
   try {
     write_file_atomic("/nonexistent-dir/x.json", "{}");
     FAIL();
   } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Runtime);
     EXPECT_NE(std::string(e.what()).find("cannot write '/nonexistent-dir/x.json'"), std::string::npos);
   }
+  EXPECT_FALSE(std::filesystem::exists("/nonexistent-dir"));
 }
 
 TEST(Report, CheckWritableIsAUsageErrorAndCreatesNothing) {

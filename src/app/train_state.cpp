@@ -213,7 +213,8 @@ TrainState load_train_state(const std::string& dir) {
         numel *= static_cast<uint64_t>(d);
       }
       if (numel * c10::elementSize(type) != bytes)
-        fail("train state '{}' is corrupt: tensor '{}' has the wrong size", file, name);
+        fail("train state '{}' is corrupt: tensor '{}' of {} elements of {} is {} bytes, the header says {}", file,
+             name, numel, c10::toString(type), numel * c10::elementSize(type), bytes);
       at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
       std::memcpy(t.data_ptr(), data.data() + payload + off, bytes);
       state.tensors.emplace_back(name, std::move(t));

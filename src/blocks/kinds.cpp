@@ -144,6 +144,8 @@ void validate(const ModelConfig& c) {
         "ModelConfig.loss fused is Megatron-LM's fused cross-entropy, modelled for dtype bf16 only (its gradient "
         "is made in bf16; under another dtype a cast follows, not measured); got {}",
         to_string(c.dtype));
+  if (c.loss == Loss::Chunked && (c.loss_chunks < 1 || c.loss_chunks > 999999))
+    fail("ModelConfig.loss_chunks must be in 1..999999 for the chunked loss (chunked:N), got {}", c.loss_chunks);
   if (!(c.rope_theta > 0)) fail("ModelConfig.rope_theta must be > 0, got {}", c.rope_theta);
   if (!(c.norm_eps > 0 && c.norm_eps < 1)) fail("ModelConfig.norm_eps must be in (0, 1), got {}", c.norm_eps);
   validate_split(c);

@@ -60,6 +60,18 @@ TEST(Config, RejectsNonPositiveSizes) {
   }
 }
 
+// A chunked loss of 0 chunks would run as one and print as chunked:0.
+TEST(Config, RejectsAChunkedLossOfNoChunks) {
+  ModelConfig c = tiny("gpt2");
+  c.loss = Loss::Chunked;
+  c.loss_chunks = 0;
+  EXPECT_NE(error_of(c).find("ModelConfig.loss_chunks must be in 1..999999 for the chunked loss (chunked:N), got 0"),
+            std::string::npos)
+      << error_of(c);
+  c.loss_chunks = 4;
+  EXPECT_EQ(error_of(c), "");
+}
+
 TEST(Config, RejectsDropoutOutsideRangeOrOnSeed) {
   ModelConfig c = tiny("gpt2");
   c.dropout = 1.0;

@@ -14,7 +14,7 @@ GradientBuckets::GradientBuckets(const CompiledStep& plan, const std::vector<at:
   if (params.size() != plan.params.size())
     fail("gradient buckets: {} parameters for a step of {}; give the model's parameters, in its order", params.size(),
          plan.params.size());
-  if (bucket_bytes <= 0) fail("gradient buckets must be positive, got {} bytes", bucket_bytes);
+  if (bucket_bytes <= 0) fail("GradientBuckets bucket_bytes must be positive, got {}", bucket_bytes);
   if (micro < 1) fail("gradient buckets need at least one backward per step, got {}", micro);
   const int n = static_cast<int>(params.size());
   // The stage that gives each parameter its last gradient: the first one (in forward order) to use it.

@@ -5,6 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -69,14 +74,42 @@ TEST(DataParallel, BucketsFollowTheBackwardAndTiedWeightsAreReducedOnce) {
     EXPECT_TRUE(testing::bitwise_equal(buckets.grad(static_cast<int>(i)), twin->parameters()[i].grad())) << i;
 }
 
-TEST(DataParallel, EnvironmentIsValidated) {
+// A rank past the world and a port past 65535 are refused by name; a config inside both is not.
+TEST(DataParallel, AConfigOutsideItsRangesIsRefused) {
   DistConfig d;
   d.world = 2;
   d.rank = 2;
-  EXPECT_THROW(validate(d), Error);
+  EXPECT_NE(testing::error_of([&] { validate(d); }).find("DistConfig.rank 2 must be in [0, 2)"), std::string::npos);
   d.rank = 1;
   d.master_port = 70000;
-  EXPECT_THROW(validate(d), Error);
+  EXPECT_NE(testing::error_of([&] { validate(d); }).find("DistConfig.master_port must be in 1..65535, got 70000"),
+            std::string::npos);
+  d.master_port = 29500;
+  EXPECT_EQ(testing::error_of([&] { validate(d); }), "");
+}
+
+// torchrun's variables: read as given, and a value that is not an integer in range is refused with
+// the variable's name (RANK must lie in the WORLD_SIZE read before it).
+TEST(DataParallel, TheEnvironmentIsReadAndChecked) {
+  const char* names[] = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* n : names)
+    saved.push_back(std::getenv(n) ? std::optional<std::string>(std::getenv(n)) : std::nullopt);
+  setenv("WORLD_SIZE", "4", 1), setenv("RANK", "3", 1), unsetenv("LOCAL_RANK");
+  setenv("MASTER_ADDR", "10.0.0.1", 1), setenv("MASTER_PORT", "29600", 1);
+  const DistConfig d = dist_config_from_env();
+  EXPECT_EQ(d.world, 4);
+  EXPECT_EQ(d.rank, 3);
+  EXPECT_EQ(d.local_rank, 3) << "LOCAL_RANK defaults to RANK";
+  EXPECT_EQ(d.master_addr, "10.0.0.1");
+  EXPECT_EQ(d.master_port, 29600);
+  setenv("RANK", "4", 1);
+  EXPECT_NE(testing::error_of([] { dist_config_from_env(); }).find("RANK='4' must be an integer in [0, 3]"),
+            std::string::npos);
+  setenv("RANK", "0", 1), setenv("MASTER_PORT", "80x", 1);
+  EXPECT_NE(testing::error_of([] { dist_config_from_env(); }).find("MASTER_PORT='80x' must be an integer"),
+            std::string::npos);
+  for (size_t i = 0; i < saved.size(); ++i) saved[i] ? setenv(names[i], saved[i]->c_str(), 1) : unsetenv(names[i]);
 }
 
 }  // namespace

@@ -70,9 +70,12 @@ std::string random_policy(const BlockSpec& b, int64_t layers, std::mt19937& rng)
 class EngineKinds : public ::testing::TestWithParam<testing::EngineCase> {
  protected:
   ModelConfig cfg() const { return GetParam().cfg; }
+  // Whether the kind has tensors for `preset` to drop. Parsed outside the try: a preset the
+  // grammar no longer knows fails the test instead of being skipped on every kind.
   bool has(const char* preset) const {
+    const Policy policy = Policy::parse(preset);
     try {
-      Policy::parse(preset).resolve(make_block(cfg()), cfg().layers);
+      policy.resolve(make_block(cfg()), cfg().layers);
       return true;
     } catch (const Error&) {
       return false;

@@ -34,6 +34,41 @@ TEST(Adam, RefusesAGradientOfAnotherSize) {
   EXPECT_EQ(error_of([&] { adam.step(); }), "");
 }
 
+// eps = 0 would divide 0 by 0 where a parameter's gradient and moments are all 0 (a token row no
+// batch has used): the weight would turn NaN.
+TEST(Adam, RefusesAnEpsOfZero) {
+  AdamOptions o;
+  o.eps = 0.0;
+  EXPECT_NE(error_of([&] { Adam({at::zeros({4})}, o); }).find("eps must be finite and > 0, got 0"), std::string::npos);
+  o.eps = 1e-8;
+  at::Tensor p = at::ones({4});
+  Adam adam({p}, o);
+  p.mutable_grad() = at::zeros({4});
+  adam.step();
+  EXPECT_TRUE(at::equal(p, at::ones({4})));
+}
+
+// Two shards of the parameters' flat range, stepped on the same gradients, end at Adam's weights
+// bit for bit (the update is elementwise; weight decay on the parameters whose flag says so).
+TEST(ShardedAdam, TwoShardsHaveTheBitsOfAdam) {
+  AdamOptions o;
+  o.lr = 0.01;
+  o.weight_decay = 0.1;
+  const at::Tensor w0 = at::randn({5}, at::TensorOptions().dtype(at::kFloat)), w1 = at::randn({3});
+  std::vector<at::Tensor> whole = {w0.clone(), w1.clone()}, sharded = {w0.clone(), w1.clone()};
+  Adam adam(whole, o);
+  ShardedAdam low(sharded, {true, true}, o, 0, 4), high(sharded, {true, true}, o, 4, 8);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<at::Tensor> grads = {at::randn({5}), at::randn({3})};
+    whole[0].mutable_grad() = grads[0].clone(), whole[1].mutable_grad() = grads[1].clone();
+    adam.step();
+    low.step(grads), high.step(grads);
+  }
+  EXPECT_TRUE(at::equal(whole[0], sharded[0]));
+  EXPECT_TRUE(at::equal(whole[1], sharded[1]));
+  EXPECT_FALSE(at::equal(whole[0], w0)) << "the weights moved";
+}
+
 TEST(ShardedAdam, RefusesAGradientListOfAnotherLength) {
   ShardedAdam adam({at::zeros({4}), at::zeros({2})}, {true, false}, AdamOptions{}, 0, 6);
   EXPECT_NE(error_of([&] { adam.step({at::ones({4})}); }).find("1 gradients for 2 parameters"), std::string::npos);

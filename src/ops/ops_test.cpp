@@ -164,9 +164,6 @@ TEST_P(OpsTest, EveryOpRecomputesBitwise) {
   EXPECT_GE(tested, 11);
 }
 
-// The attention ops' float32 products run head by head from compact copies of the operands
-// (NOTE [The engine's GEMMs], 5), float64 and CUDA on the batched path: both paths must give the
-// same bits (the example is causal, in row blocks, with two query heads per key/value head).
 // A broken invariant is an Internal error naming the file and line that found it, never a
 // user's mistake.
 TEST(OpRegistry, AnUnknownOpKindIsAnInternalErrorWithItsPlace) {
@@ -179,6 +176,9 @@ TEST(OpRegistry, AnUnknownOpKindIsAnInternalErrorWithItsPlace) {
   }
 }
 
+// The attention ops' float32 products run head by head from compact copies of the operands
+// (NOTE [The engine's GEMMs], 5), float64 and CUDA on the batched path: both paths must give the
+// same bits (the example is causal, in row blocks, with two query heads per key/value head).
 TEST(AttentionOps, HeadByHeadProductsHaveTheBatchedPathsBits) {
   if (!detail::gemm_available()) GTEST_SKIP() << "no oneDNN sgemm: float32 takes the batched path too";
   for (const Case& c : all_cases(at::kFloat)) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "remat/error.h"
+#include "remat/model.h"
 
 namespace remat {
 
@@ -122,11 +123,17 @@ CostSource parse_cost_source(std::string_view text) {
 }
 
 CostModel choose_costs(const ModelConfig& cfg, CostSource source, const ThreadConfig& threads) {
-  // Measured where one layer runs here (the engine runs fp32, tp 1) in seconds.
-  const bool runnable = cfg.dtype == DType::F32 && cfg.tp == 1;
+  const ModelSpec spec = make_model(cfg);  // refuses an invalid config first
+  // Measured where one layer runs here in seconds: what the engine's own check lets through.
+  std::string refusal;
+  try {
+    check_engine(cfg);
+  } catch (const Error& e) {
+    refusal = e.what();
+  }
+  const bool runnable = refusal.empty();
   if (source == CostSource::Measured && !runnable)
-    fail("measured costs need ModelConfig.dtype fp32 and ModelConfig.tp 1 (what the engine runs here)");
-  const ModelSpec spec = make_model(cfg);
+    fail("measured costs need a config the engine runs here: {}; use estimated costs", refusal);
   apply_threads(threads);
   if (source != CostSource::Measured) {
     CostModel est = estimate_costs(spec, calibrated_rates(threads));

@@ -97,19 +97,23 @@ int64_t gpu_count(const std::string& text, const std::string& what, std::string_
 constexpr double kMostRate = 1e6;
 
 void check(const Device& d, std::string_view whole) {
-  if (d.memory <= 0) fail("bad --device '{}': memory must be positive", whole);
+  if (d.memory <= 0) fail("bad --device '{}': memory must be a positive number of bytes, got {}", whole, d.memory);
   for (const auto& [rate, name] : {std::pair{d.bf16_tflops, "bf16_tflops"}, std::pair{d.fp32_tflops, "fp32_tflops"},
                                    std::pair{d.hbm_gbps, "hbm_gbps"}, std::pair{d.intra_gbps, "intra_gbps"},
                                    std::pair{d.inter_gbps, "inter_gbps"}})
     if (rate > kMostRate)
       fail("bad --device '{}': {} must be at most {:g} (a thousand times any GPU's), got {:g}", whole, name, kMostRate,
            rate);
-  if (!(d.bf16_tflops > 0) && !(d.fp32_tflops > 0)) fail("bad --device '{}': give bf16_tflops or fp32_tflops", whole);
-  if (!(d.hbm_gbps > 0)) fail("bad --device '{}': hbm_gbps must be positive", whole);
+  if (!(d.bf16_tflops > 0) && !(d.fp32_tflops > 0))
+    fail("bad --device '{}': give bf16_tflops or fp32_tflops > 0, got {:g} and {:g}", whole, d.bf16_tflops,
+         d.fp32_tflops);
+  if (!(d.hbm_gbps > 0)) fail("bad --device '{}': hbm_gbps must be positive, got {:g}", whole, d.hbm_gbps);
   if (d.gpus_per_node < 1 || d.gpus_per_node > kMostGpus)
     fail("bad --device '{}': gpus_per_node must be in 1..{}, got {}", whole, kMostGpus, d.gpus_per_node);
-  for (double e : {d.matmul_efficiency, d.memory_efficiency, d.link_efficiency})
-    if (!(e > 0 && e <= 1)) fail("bad --device '{}': efficiencies must be in (0, 1], got {}", whole, e);
+  for (const auto& [e, name] :
+       {std::pair{d.matmul_efficiency, "matmul_efficiency"}, std::pair{d.memory_efficiency, "memory_efficiency"},
+        std::pair{d.link_efficiency, "link_efficiency"}})
+    if (!(e > 0 && e <= 1)) fail("bad --device '{}': {} must be in (0, 1], got {:g}", whole, name, e);
 }
 
 Device custom(std::string_view text) {
@@ -122,7 +126,12 @@ Device custom(std::string_view text) {
         text);
   Device d;
   d.name = std::string(text);
-  const Budget mem = parse_budget(parts[0]);
+  Budget mem;
+  try {
+    mem = parse_budget(parts[0]);
+  } catch (const Error&) {  // refused below as a device's memory, not as a budget
+    mem.bytes = 0;
+  }
   if (mem.bytes <= 0) fail("bad --device '{}': memory must be a size such as 96GiB, got '{}'", text, parts[0]);
   d.memory = mem.bytes;
   d.bf16_tflops = positive(parts[1], "TFLOPS (dense bf16)", text);

@@ -694,7 +694,7 @@ void check_search_space(const SearchSpace& space, int top) {
                          {"ep", space.ep},
                          {"etp", space.etp},
                          {"micro_batch", space.micro_batch}})
-    if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 1..{} (0: searched), got {}", name, kMostGpus, v);
+    if (v < 0 || v > kMostGpus) fail("SearchSpace.{} must be in 0..{} (0: searched), got {}", name, kMostGpus, v);
   if (space.cp < 1 || space.cp > kMostGpus) fail("SearchSpace.cp must be in 1..{}, got {}", kMostGpus, space.cp);
   if (space.max_vpp < 1 || space.max_vpp > kMostGpus)
     fail("SearchSpace.max_vpp must be in 1..{}, got {}", kMostGpus, space.max_vpp);

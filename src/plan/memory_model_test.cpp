@@ -38,9 +38,12 @@ void expect_equal(const ModelConfig& c, const std::string& p) {
 class MemoryModelKinds : public ::testing::TestWithParam<testing::EngineCase> {
  protected:
   ModelConfig cfg() const { return GetParam().cfg; }
+  // Whether the kind has tensors for `preset` to drop. Parsed outside the try: a preset the
+  // grammar no longer knows fails the test instead of being skipped on every kind.
   bool has(const char* preset) const {
+    const Policy policy = Policy::parse(preset);
     try {
-      Policy::parse(preset).resolve(make_block(cfg()), cfg().layers);
+      policy.resolve(make_block(cfg()), cfg().layers);
       return true;
     } catch (const Error&) {
       return false;

@@ -342,5 +342,18 @@ TEST(Plan, AnswersForGpt3Shapes) {
   EXPECT_GT(p.min_budget, 170'000'000'000LL * 16);  // 174.6B parameters at 16 B (weights, grads, Adam)
 }
 
+// Costs are measured only for what the engine runs: a config it refuses (here one that plans a
+// GPU framework's unfused ops) is estimated under auto, and refused by name under measured.
+TEST(ChooseCosts, AConfigTheEngineDoesNotRunIsEstimated) {
+  ModelConfig c = tiny("gpt2");
+  c.eager_ops = true;
+  const CostModel auto_costs = choose_costs(c, CostSource::Auto, ThreadConfig{1, 1});
+  EXPECT_FALSE(auto_costs.measured) << auto_costs.source;
+  EXPECT_NE(testing::error_of([&] {
+              choose_costs(c, CostSource::Measured, ThreadConfig{1, 1});
+            }).find("measured costs need a config the engine runs here: ModelConfig.eager_ops"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace remat

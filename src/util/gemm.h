@@ -130,15 +130,16 @@ nlohmann::json gemm_classes_json(const std::vector<GemmClassRates>& classes);
 
 // choose_gemm's one rule for every choice it makes: times[i] are candidate i's samples (ms), taken
 // in interleaved rounds (sample r of every candidate in round r). The incumbent stays unless
-// another candidate was faster than it in every round but at most `lost`; of those, the one with
-// the lowest median. A tie then keeps the incumbent but in (1 + rounds) / 2^rounds of
-// re-measurements for lost = 1 (a sign test), so a machine re-measured keeps its choice, and its
-// bits, unless one GEMM is faster there.
-size_t faster_in_nearly_every_round(const std::vector<std::vector<double>>& times, size_t incumbent,
-                                    int lost = kGemmRoundsLost);
+// another candidate was faster than it in more than half the rounds and either in every round but
+// at most `lost` or by kGemmClearLead in its middle round (the median over rounds of the
+// incumbent's time over its own); of those, the one with the lowest median. A tie then keeps the
+// incumbent but in (1 + rounds) / 2^rounds of re-measurements for lost = 1 (a sign test), or where
+// at least half the rounds slowed the incumbent alone by 15% or more, so a machine re-measured keeps its
+// choice, and its bits, unless one GEMM is faster there.
+size_t winner_of_rounds(const std::vector<std::vector<double>>& times, size_t incumbent, int lost = kGemmRoundsLost);
 // Whether `times` leave a challenger undecided under that rule: faster than the incumbent in more
-// than half the rounds, yet slower in more than `lost` of them. choose_gemm then times as many
-// rounds again and decides on all of them with kGemmRoundsLostOfTwice.
+// than half the rounds, yet slower in more than `lost` of them, and without a clear lead. choose_gemm then times as
+// many rounds again and decides on all of them with kGemmRoundsLostOfTwice.
 bool undecided(const std::vector<std::vector<double>>& times, size_t incumbent, int lost = kGemmRoundsLost);
 // One choice's timed rounds: round(r) for r = 1..kGemmRounds (each adds a sample of every
 // candidate to what times() returns), then kGemmRounds more when no challenger won them and one

@@ -206,7 +206,7 @@ double run_pass(const std::vector<Workload>& classes, const GemmTable& t) {
 // threads sleep between jobs (waking one costs the host's scheduler), so what they cost shows in a
 // whole pass, not in a product timed alone. Passes run in pairs, each in the other order from the
 // last; the kernel threads, which the engine's passes own, are the incumbent of
-// faster_in_nearly_every_round: the BLAS's threads cost most in spells (steps 10-25% slower on a busy
+// winner_of_rounds: the BLAS's threads cost most in spells (steps 10-25% slower on a busy
 // host) that a median of kGemmRounds passes can miss.
 void choose_linear_threads(GemmTable& table, GemmMeasurement& m) {
   if (!detail::available(GemmImpl::BlasThreads)) return;
@@ -248,16 +248,29 @@ int slower_rounds(const std::vector<std::vector<double>>& times, size_t incumben
   return slower;
 }
 
+// Challenger i's lead in its middle round: the median over rounds of the incumbent's time over
+// its own (1.2: 20% faster). REQUIRES: slower_rounds(times, incumbent, i) >= 0.
+double median_lead(const std::vector<std::vector<double>>& times, size_t incumbent, size_t i) {
+  std::vector<double> leads;
+  for (size_t r = 0; r < times[i].size(); ++r) leads.push_back(times[incumbent][r] / times[i][r]);
+  return detail::median(leads);
+}
+
+// Whether challenger i beats the incumbent under winner_of_rounds' rule, with `lost` rounds forgiven.
+bool beats(const std::vector<std::vector<double>>& times, size_t incumbent, size_t i, int lost) {
+  const int slower = slower_rounds(times, incumbent, i);
+  if (slower < 0 || 2 * slower >= static_cast<int>(times[i].size())) return false;  // a majority, at the least
+  return slower <= lost || median_lead(times, incumbent, i) >= kGemmClearLead;
+}
+
 }  // namespace
 
-size_t detail::faster_in_nearly_every_round(const std::vector<std::vector<double>>& times, size_t incumbent, int lost) {
+size_t detail::winner_of_rounds(const std::vector<std::vector<double>>& times, size_t incumbent, int lost) {
   size_t chosen = incumbent;
-  for (size_t i = 0; i < times.size(); ++i) {
-    const int slower = slower_rounds(times, incumbent, i);
-    if (slower < 0) continue;
-    const bool wins = slower <= lost && 2 * slower < static_cast<int>(times[i].size());  // a majority, at the least
-    if (wins && (chosen == incumbent || detail::median(times[i]) < detail::median(times[chosen]))) chosen = i;
-  }
+  for (size_t i = 0; i < times.size(); ++i)
+    if (beats(times, incumbent, i, lost) &&
+        (chosen == incumbent || detail::median(times[i]) < detail::median(times[chosen])))
+      chosen = i;
   return chosen;
 }
 
@@ -265,16 +278,17 @@ size_t detail::decide_by_rounds(const std::function<void(int round)>& round,
                                 const std::function<std::vector<std::vector<double>>()>& times, size_t incumbent) {
   for (int r = 1; r <= kGemmRounds; ++r) round(r);
   const std::vector<std::vector<double>> ten = times();
-  const size_t first = faster_in_nearly_every_round(ten, incumbent);
+  const size_t first = winner_of_rounds(ten, incumbent);
   if (first != incumbent || !undecided(ten, incumbent)) return first;
   for (int r = kGemmRounds + 1; r <= 2 * kGemmRounds; ++r) round(r);
-  return faster_in_nearly_every_round(times(), incumbent, kGemmRoundsLostOfTwice);
+  return winner_of_rounds(times(), incumbent, kGemmRoundsLostOfTwice);
 }
 
 bool detail::undecided(const std::vector<std::vector<double>>& times, size_t incumbent, int lost) {
   for (size_t i = 0; i < times.size(); ++i) {
     const int slower = slower_rounds(times, incumbent, i);
-    if (slower > lost && 2 * slower < static_cast<int>(times[i].size())) return true;
+    if (slower > lost && 2 * slower < static_cast<int>(times[i].size()) && !beats(times, incumbent, i, lost))
+      return true;
   }
   return false;
 }

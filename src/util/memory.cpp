@@ -147,7 +147,10 @@ std::string OutOfMemory::describe(int64_t requested, int64_t live, int64_t limit
                      limit > 0 ? "the limit is " + bytes_str(limit) : std::string("the system refused"));
 }
 
-void MemoryTracker::set_limit(int64_t bytes) { g_limit.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
+void MemoryTracker::set_limit(int64_t bytes) {
+  if (bytes < 0) fail("MemoryTracker::set_limit: bytes must be >= 0 (0: no limit), got {}", bytes);
+  g_limit.store(bytes, std::memory_order_relaxed);
+}
 
 int64_t MemoryTracker::limit() { return g_limit.load(std::memory_order_relaxed); }
 
@@ -215,12 +218,13 @@ void MemoryTracker::release_cache() {
 }
 
 void MemoryTracker::set_cache_limit(int64_t bytes) {
+  if (bytes < 0) fail("MemoryTracker::set_cache_limit: bytes must be >= 0 (0: no cache), got {}", bytes);
   {
     std::lock_guard<std::mutex> lock(cache().mu);
 #ifdef REMAT_ASAN
     bytes = 0;  // see REMAT_ASAN above
 #endif
-    cache().limit = bytes < 0 ? 0 : bytes;
+    cache().limit = bytes;
   }
   if (reserved() - live() > bytes) release_cache();
 }

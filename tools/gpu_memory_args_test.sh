@@ -3,15 +3,18 @@
 # value, nothing written. Needs no GPU and no PyTorch. Usage: gpu_memory_args_test.sh
 set -u
 tool=$(realpath "$(dirname "$0")/gpu_memory.py")
-box=$(mktemp -d)
-trap 'rm -rf "$box"' EXIT
+box=$(mktemp -d) guard=$(mktemp -d)
+trap 'rm -rf "$box" "$guard"' EXIT
 failures=0
+# A torch that fails on import, found first: a refusal must come before PyTorch is imported.
+mkdir "$guard/torch"
+echo 'raise SystemExit("torch imported before the arguments were checked")' >"$guard/torch/__init__.py"
 
 # bad TEXT ARGS...: one row.
 bad() {
   local text=$1
   shift
-  (cd "$box" && timeout 60 python3 "$tool" "$@" >"$box/.out" 2>"$box/.err" </dev/null)
+  (cd "$box" && PYTHONPATH="$guard" timeout 60 python3 "$tool" "$@" >"$box/.out" 2>"$box/.err" </dev/null)
   local rc=$? why=""
   if [ "$rc" -ne 2 ]; then why="exit $rc, not 2"
   elif [ "$(grep -c . "$box/.err")" -ne 1 ]; then why="$(grep -c . "$box/.err") lines on stderr, not 1"

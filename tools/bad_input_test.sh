@@ -321,6 +321,25 @@ RANK=0 bad "--nproc 2 starts its own ranks, but RANK=0 is set" train --nproc 2 -
 bad "--budget 200GiB is more than device a100-80gb has" plan "${gpt3[@]}" --budget 200GiB
 bad "--tp is a GPU layout; --device cpu plans remat's own trainer" plan --device cpu --gpus 2 --tp 2 --layers 2 --dim 16 --heads 4 --seq 8
 bad "--pp is a GPU layout" plan --device cpu --gpus 2 --pp 2 --layers 2 --dim 16 --heads 4 --seq 8
+bad "--zero is a GPU layout" plan --device cpu --gpus 2 --zero 2 --layers 2 --dim 16 --heads 4 --seq 8
+bad "--fsdp describes a GPU framework or PyTorch's allocator; --device cpu plans remat's own trainer" plan --device cpu --gpus 2 --fsdp --layers 2 --dim 16 --heads 4 --seq 8
+bad "--dtype bf16: --device cpu plans remat's own trainer, which trains fp32" plan --device cpu --gpus 2 --dtype bf16 --layers 2 --dim 16 --heads 4 --seq 8
+bad "--batch sizes a one-process plan; a multi-GPU plan takes --micro-batch and --global-batch" plan "${gpt3[@]}" --batch 4
+bad "--grad-dtype bf16 is for mixed precision; --dtype fp32 keeps fp32 gradients" plan "${gpt3[@]}" --dtype fp32 --grad-dtype bf16
+bad "--dispatcher: --arch gpt2 has no experts to dispatch tokens to" plan "${gpt3[@]}" --dispatcher alltoall
+bad "--fsdp-root sets FSDP2's root unit; this plan does not shard with FSDP2" plan "${gpt3[@]}" --fsdp-root keep
+bad "--reserve 100GiB is all of device a100-80gb's memory" plan "${gpt3[@]}" --reserve 100GiB
+bad "--cublas-workspace 1TiB is all of device a100-80gb's memory" plan "${gpt3[@]}" --cublas-workspace 1TiB
+bad "--expert-imbalance sizes the busiest expert-parallel rank's tokens; a one-process plan" plan --arch moe --layers 2 --dim 16 --heads 4 --seq 8 --budget 1GB --expert-imbalance 2
+bad "--vocab sizes a token model's embedding and LM head; the seed block" plan --arch seed --vocab 1000 --budget 1GB
+bad "the seed block takes no decoder choice (those are for gpt2 and llama); this model sets --head-dim" bench "${tiny[@]}" --head-dim 8
+bad "--verify is for the op-level engine; add it to --engine" bench "${tiny[@]}" --engine module --verify
+bad "--frontier draws the planner's frontier on the chart: give --chart" bench --arch gpt2 --layers 2 --dim 16 --heads 4 --seq 8 --frontier
+bad "--master goes with --rank and --world-size" train --master 10.0.0.1:29500 --data "$box/text.txt"
+bad "--bucket-mb is for a data-parallel run" train --bucket-mb 4 --data "$box/text.txt"
+bad "--save-every 5 saves the train state every so many steps; give --save DIR too" train --save-every 5 --data "$box/text.txt"
+bad "--accum 40000 on 2 ranks is 80000 micro-batches a step; at most 65536" train --nproc 2 --accum 40000 --data "$box/text.txt"
+bad "budget 1000 B cannot be met: the smallest peak any policy reaches is" train --policy budget:1KB --data "$box/text.txt"
 bad "--global-batch must be in 1..1048576" plan "${gpt3[@]}" --global-batch 1099511627776
 bad "--policies lists 'full' twice" plan "${gpt3[@]}" --policies full,full
 bad "--first-stage-layers and --last-stage-layers split a pipeline together" plan "${gpt3[@]}" --first-stage-layers 2

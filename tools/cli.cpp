@@ -25,7 +25,9 @@ void ShapeFlags::add(CLI::App* a) {
   a->add_option("--kv-heads", cfg.kv_heads, "llama: key/value heads (grouped-query attention); 0 = --heads")
       ->capture_default_str();
   a->add_option("--head-dim", cfg.head_size, "width of one attention head; 0 = --dim / --heads")->capture_default_str();
-  a->add_option("--batch", cfg.batch, "sequences per step")->capture_default_str();
+  a->add_option("--batch", cfg.batch,
+                "sequences per micro-batch (train: per rank; plan: a one-process plan or --device cpu)")
+      ->capture_default_str();
   a->add_option("--seq", cfg.seq, "tokens per sequence")->capture_default_str();
   a->add_option("--ffn", cfg.ffn, "MLP hidden width; 0 = 4 * dim")->capture_default_str();
   a->add_option("--dropout", cfg.dropout, "gpt2, llama: dropout probability")->capture_default_str();
@@ -143,6 +145,10 @@ ModelConfig ShapeFlags::resolve() {
                              "--expert-weights", "--router-dtype", "--expert-imbalance"})
       if (app->get_option_no_throw(flag) != nullptr && app->count(flag) > 0)
         fail("{} is for a mixture of experts (--arch moe); a {} block has no experts: leave it out", flag, cfg.arch);
+  if (cfg.arch == "seed" && app->get_option_no_throw("--vocab") != nullptr && app->count("--vocab") > 0)
+    fail(
+        "--vocab sizes a token model's embedding and LM head; the seed block (--arch seed) takes float inputs and "
+        "has neither: leave --vocab out, or give --arch gpt2, llama or moe");
   return cfg;
 }
 

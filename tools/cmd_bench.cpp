@@ -32,10 +32,6 @@ struct BenchFlags {
 void check(BenchFlags& f) {
   BenchOptions o;
   o.model = f.shape.resolve();
-  if (o.model.arch == "seed" && f.shape.app->count("--vocab") > 0)
-    fail(
-        "--vocab sizes a token model's embedding and LM head; the seed block (--arch seed) takes float inputs and "
-        "has neither: leave --vocab out, or give --arch gpt2, llama or moe");
   for (const std::string& a : split_list(f.shape.attention, "--attention", "math, flash"))
     o.attentions.push_back(parse_attention(a));
   o.policies = split_policy_list(f.policies);
@@ -52,6 +48,8 @@ void check(BenchFlags& f) {
   o.warmup = f.warmup;
   o.seed = f.seed;
   if (!f.threads.empty()) o.threads = parse_threads(f.threads);
+  if (f.frontier && f.charts.empty())
+    fail("--frontier draws the planner's frontier on the chart: give --chart FILE.png (or .svg) too");
   FileRoles files;
   files.output("--json", f.json);
   files.output("--csv", f.csv);

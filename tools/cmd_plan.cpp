@@ -153,6 +153,10 @@ void print_single_plan(const Plan& p) {
 
 int run_single(PlanFlags& f) {
   const ModelConfig cfg = f.shape.resolve();
+  if (f.app->count("--expert-imbalance") > 0)
+    fail(
+        "--expert-imbalance sizes the busiest expert-parallel rank's tokens; a one-process plan has every expert "
+        "on one rank: plan a cluster (--gpus N --device D) to use it");
   if (f.budget.empty())
     fail(
         "--budget is required, e.g. --budget 300MiB, --budget 2GB or --budget 60%; or plan a multi-GPU run with "
@@ -377,7 +381,7 @@ void print_breakdown(const LayoutPlan& p, const ModelConfig& cfg, const PlanOpti
 }
 
 // The flags a multi-GPU plan checks before it reads the device.
-void check_layout_flags(const PlanFlags& f) {
+void check_layout_flags(const PlanFlags& f, const ModelConfig& cfg) {
   if (f.device.empty())
     fail("--device is required to plan a multi-GPU run; allowed: {}, custom:..., or a JSON file",
          fmt::join(device_names(), ", "));
@@ -411,13 +415,29 @@ void check_layout_flags(const PlanFlags& f) {
   files.output("--json", f.json);
   files.check();
   if (!f.json.empty()) check_writable(f.json);
-  if (f.device == "cpu")  // before parse_device, which calibrates this machine once
-    for (const char* flag : {"--tp", "--pp", "--vpp", "--sp", "--ep", "--etp"})
-      if (f.app->count(flag) > 0 && (std::string(flag) == "--sp" ? f.sp : f.app->get_option(flag)->as<int64_t>() > 1))
-        fail(
-            "{} is a GPU layout; --device cpu plans remat's own trainer (data parallel only): leave {} out, or plan "
-            "a GPU --device",
-            flag, flag);
+  if (f.device != "cpu") {
+    // On a GPU the micro-batch is searched (or --micro-batch), the step's sequences --global-batch.
+    if (f.app->count("--batch") > 0)
+      fail("--batch sizes a one-process plan; a multi-GPU plan takes --micro-batch and --global-batch");
+    return;
+  }
+  // Before parse_device, which calibrates this machine once.
+  for (const char* flag : {"--tp", "--pp", "--vpp", "--sp", "--ep", "--etp", "--cp", "--zero", "--optimizer-instances"})
+    if (f.app->count(flag) > 0 && (std::string(flag) == "--sp" ? f.sp : f.app->get_option(flag)->as<int64_t>() > 1))
+      fail(
+          "{} is a GPU layout; --device cpu plans remat's own trainer (data parallel, optimizer state sharded over "
+          "all ranks): leave {} out, or plan a GPU --device",
+          flag, flag);
+  for (const char* flag :
+       {"--framework", "--no-batch-mask", "--no-fused-wgrad", "--deterministic", "--dispatcher", "--no-grouped-gemm",
+        "--fsdp", "--fsdp-root", "--pure-bf16", "--expandable-segments", "--cublas-workspace", "--grad-dtype"})
+    if (f.app->count(flag) > 0)
+      fail(
+          "{} describes a GPU framework or PyTorch's allocator; --device cpu plans remat's own trainer: leave {} "
+          "out, or plan a GPU --device",
+          flag, flag);
+  if (cfg.dtype != DType::F32)
+    fail("--dtype {}: --device cpu plans remat's own trainer, which trains fp32", to_string(cfg.dtype));
 }
 
 // A size flag, positive, in bytes; `none` when not given. example: "such as 2GiB".
@@ -498,6 +518,12 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
            to_string(opt.framework));
   if (f.no_grouped_gemm && !routes_experts(cfg.arch))
     fail("--no-grouped-gemm: --arch {} has no experts; it applies to --arch moe", cfg.arch);
+  if (f.app->count("--dispatcher") > 0 && !routes_experts(cfg.arch))
+    fail("--dispatcher: --arch {} has no experts to dispatch tokens to; it applies to --arch moe", cfg.arch);
+  if (f.app->count("--fsdp-root") > 0 && !space.fsdp)
+    fail("--fsdp-root sets FSDP2's root unit; this plan does not shard with FSDP2 (--fsdp, --framework torchtitan)");
+  if (f.app->count("--grad-dtype") > 0 && f.grad_dtype != "fp32" && cfg.dtype == DType::F32)
+    fail("--grad-dtype {} is for mixed precision; --dtype fp32 keeps fp32 gradients", f.grad_dtype);
   space.zero_fixed = f.zero;
   if (f.optimizer_instances < 1 || f.optimizer_instances > kMostGpus)
     fail("--optimizer-instances must be in 1..{}, got {}", kMostGpus, f.optimizer_instances);
@@ -710,7 +736,7 @@ int run_layouts(PlanFlags& f) {
     cfg.attention = AttentionImpl::Flash;
   // torchtitan computes its loss as PyTorch's cross_entropy(logits.float()) (components/loss.py).
   if (f.framework == "torchtitan" && f.shape.loss.empty() && cfg.dtype != DType::F32) cfg.loss = Loss::Upcast;
-  check_layout_flags(f);
+  check_layout_flags(f, cfg);
   const double tokens = f.tokens.empty() ? 0 : parse_tokens(f.tokens);
   const PlanOptions opt = plan_options(f);
   LeftOut left_out;
@@ -719,6 +745,12 @@ int run_layouts(PlanFlags& f) {
   const Device device = parse_device(f.device);  // (cpu: calibrates this machine once)
   if (opt.budget > device.memory)
     fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, device.name,
+         bytes_str(device.memory));
+  if (opt.reserve >= device.memory)
+    fail("--reserve {} is all of device {}'s memory ({}) or more; give less", f.reserve, device.name,
+         bytes_str(device.memory));
+  if (opt.cublas_workspace >= device.memory)
+    fail("--cublas-workspace {} is all of device {}'s memory ({}) or more; give less", f.cublas_workspace, device.name,
          bytes_str(device.memory));
   size_space(space, f, cfg, device);
   const LayoutAnswer a = answer_layouts(cfg, space, device, f.top, opt);

@@ -38,6 +38,7 @@ struct TrainFlags {
   double bucket_mb = 2;
   std::vector<std::string> argv;  // as given, for --nproc's ranks
   bool checked = false;           // check() has turned the flags into `o`
+  CLI::App* app = nullptr;        // the subcommand, for which flags were given
 };
 
 // This process launches the ranks (--nproc N, not itself a rank).
@@ -143,6 +144,17 @@ void check(TrainFlags& f) {
     if (b.bytes <= 0) fail("--memory-limit takes a size such as 2GiB or 300MiB, got '{}'", f.memory_limit);
     f.o.memory_limit = b.bytes;
   }
+  if (f.app->count("--master") > 0 && f.rank < 0)
+    fail(
+        "--master goes with --rank and --world-size (this process as one rank of a run); --nproc starts its own "
+        "ranks, and a launcher's ranks read MASTER_ADDR and MASTER_PORT");
+  if (f.nproc == 1 && f.o.dist.world == 1)
+    for (const char* flag : {"--bucket-mb", "--dist-timeout"})
+      if (f.app->count(flag) > 0)
+        fail("{} is for a data-parallel run (--nproc N, or a rank of one); this run is one process: leave it out",
+             flag);
+  if (f.o.save_every > 0 && f.o.save_dir.empty() && f.resume.empty())
+    fail("--save-every {} saves the train state every so many steps; give --save DIR too", f.o.save_every);
   if (f.nproc > 1 && f.rank < 0)
     for (const char* var : {"RANK", "WORLD_SIZE"})
       if (const char* v = std::getenv(var))
@@ -336,6 +348,7 @@ Command add_train(CLI::App& parent, int argc, char** argv) {
   auto f = std::make_shared<TrainFlags>();
   f->argv.assign(argv, argv + argc);
   CLI::App* a = parent.add_subcommand("train", "train a GPT on text with any recompute policy");
+  f->app = a;
   f->shape.cfg = default_train_model();
   f->shape.add(a);
   TrainOptions& o = f->o;

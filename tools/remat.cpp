@@ -42,12 +42,18 @@ std::string as_flags(const std::string& message) {
                                                                            {"world", "world-size"},
                                                                            {"timeout", "dist-timeout"},
                                                                            {"master_port", "master"},
-                                                                           {"master_addr", "master"}};
+                                                                           {"master_addr", "master"},
+                                                                           {"loss_chunks", "loss"},
+                                                                           {"allgather_dispatch", "dispatcher"}};
+  // Fields only a --model preset or a --model-config file sets: no flag to name, so the field stays.
+  static const std::vector<std::string> unflagged = {"norm_eps",   "norm_topk",       "parallel_residual", "qk_norm",
+                                                     "rope_theta", "rotary_fraction", "eager_ops"};
   std::string out;
   auto it = std::sregex_iterator(message.begin(), message.end(), field);
   size_t last = 0;
   for (; it != std::sregex_iterator(); ++it) {
     std::string name = (*it)[2];
+    if (std::find(unflagged.begin(), unflagged.end(), name) != unflagged.end()) continue;
     for (const auto& [api, flag] : renamed)
       if (name == api) name = flag;
     for (char& c : name)

@@ -218,6 +218,11 @@ void check_bench_options(const BenchOptions& o) {
       if (o.attentions[i] == o.attentions[j])
         fail("BenchOptions.attentions lists '{}' twice", to_string(o.attentions[i]));
   const bool has_ops = runs_engine(o, Engine::Ops), has_module = runs_engine(o, Engine::Module);
+  if (!has_ops)
+    for (const auto& [on, name] :
+         {std::pair{o.verify, "verify"}, std::pair{o.profile, "profile"}, std::pair{o.frontier, "frontier"}})
+      if (on)
+        fail("BenchOptions.{} is for the op-level engine; add it to BenchOptions.engines (ops, or module,ops)", name);
   const std::vector<AttentionImpl> attentions = bench_attentions(o);
   if (has_module && (attentions.size() > 1 || attentions[0] != AttentionImpl::Math))
     fail("the module path runs math attention only; give BenchOptions.engines ops with ModelConfig.attention flash");

@@ -132,6 +132,21 @@ void check_chart_path(const std::string& path) {
   const std::string ext = extension(path);
   if (ext != ".png" && ext != ".svg")
     fail("chart '{}': unknown format '{}'; allowed: .png, .svg", path, ext.empty() ? "(none)" : ext);
+  // render_chart runs gnuplot as execvp finds it: in a folder of $PATH.
+  const char* env = std::getenv("PATH");
+  const std::string folders = env != nullptr ? env : "";
+  bool found = false;
+  for (size_t begin = 0; !found && begin <= folders.size();) {
+    const size_t end = std::min(folders.find(':', begin), folders.size());
+    const std::string folder = end > begin ? folders.substr(begin, end - begin) : ".";
+    found = ::access((folder + "/gnuplot").c_str(), X_OK) == 0;
+    begin = end + 1;
+  }
+  if (!found)
+    fail(
+        "chart '{}' is drawn by gnuplot, which is not on PATH: install it (make setup, gnuplot-nox) or leave the chart "
+        "out",
+        path);
 }
 
 void render_chart(const Chart& chart, const std::string& path) {

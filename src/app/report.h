@@ -46,7 +46,7 @@ struct Chart {
 // Throws remat::Error for another extension or when gnuplot fails.
 void render_chart(const Chart& chart, const std::string& path);
 
-// The extension check alone, for validating flags before a long run.
+// The extension check, and gnuplot on PATH, for validating flags before a long run.
 void check_chart_path(const std::string& path);
 
 // A model's shape as every JSON report (bench, plan) writes it: describe, arch, layers, dim, heads,

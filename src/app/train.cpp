@@ -202,6 +202,10 @@ void check_train_options(const TrainOptions& o, const std::string& resume_dir) {
   static_cast<void>(Policy::parse(o.policy));  // syntax only: a budget is planned once the corpus is loaded
   if (o.steps < 1) fail("--steps must be >= 1, got {}", o.steps);
   if (o.accum < 1 || o.accum > kMaxAccum) fail("--accum must be in 1..{}, got {}", kMaxAccum, o.accum);
+  // dropout_seed keeps 16 bits of a micro-batch's index in the step: more would repeat masks.
+  if (o.accum * o.dist.world > kMaxAccum)
+    fail("--accum {} on {} ranks is {} micro-batches a step; at most {} (each draws dropout masks of its own)", o.accum,
+         o.dist.world, o.accum * o.dist.world, kMaxAccum);
   // Written as !(x >= 0) so that NaN is refused too.
   if (!(o.lr > 0) || !std::isfinite(o.lr) || !(o.min_lr >= 0) || o.min_lr > o.lr)
     fail("--lr {} and --min-lr {} need 0 <= min-lr <= lr, lr > 0 and finite", o.lr, o.min_lr);
@@ -404,11 +408,13 @@ void restore(Run& r, const TrainState& s, const std::string& dir) {
 // rank compares what sets its trajectory (its step, its weights, and the options that change them
 // or the exchange) with rank 0's, and all stop when one differs. Left out: the policy, evaluation
 // and save settings, and each host's arithmetic (its ATen threads, GEMM and BLAS kernel, which
-// change the last bits of a rank's gradients, not what it trains).
+// change the last bits of a rank's gradients, not what it trains). Under ZeRO-1 a save gathers
+// every rank's share of the moments, so whether and when the ranks save must agree too.
 void check_ranks_agree(Run& r) {
   Json opts = options_json(r.o, "");
   for (const char* free : {"policy", "eval-every", "eval-batches", "save-every", "aten-threads", "gemm", "blas-kernel"})
     opts.erase(free);
+  if (r.o.zero == 1) opts["saves"] = {!r.o.save_dir.empty(), r.o.save_every};
   const auto data = split_corpus_id(r.corpus.id);
   opts["data"] = data ? data->second : r.corpus.id;  // its size and hash, not its path
   const std::string text = fmt::format("{} {} {}", r.step, digest(r.params), opts.dump());
@@ -496,8 +502,12 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
   if (!named("eval-batches") && was.contains("eval-batches")) o.eval_batches = was.at("eval-batches");
   if (!named("save-every") && was.contains("save-every")) o.save_every = was.at("save-every");
   if (!named("zero") && was.contains("zero")) o.zero = was.at("zero");
-  if (!named("bucket-mb") && was.contains("bucket-mb"))
-    o.bucket_bytes = static_cast<int64_t>(was.at("bucket-mb").get<double>() * (1 << 20));
+  if (!named("bucket-mb") && was.contains("bucket-mb")) {
+    const double mb = was.at("bucket-mb").get<double>();
+    if (!(mb > 0 && mb <= 4096))
+      fail("train state in '{}' is corrupt: its bucket-mb {} is not in (0, 4096]", resume_dir, mb);
+    o.bucket_bytes = static_cast<int64_t>(mb * (1 << 20));
+  }
   if (!named("save") && o.save_dir.empty()) {
     if (::access(resume_dir.c_str(), W_OK) != 0)
       fail(
@@ -729,9 +739,14 @@ auto read_header(const std::string& resume_dir, const F& read) {
 TrainOptions resolve_resume(const TrainOptions& given, const TrainState& saved, const std::string& resume_dir,
                             const std::vector<std::string>& explicit_flags) {
   TrainOptions o = read_header(resume_dir, [&] { return resumed_options(given, saved, resume_dir, explicit_flags); });
-  // (Before the corpus and the model: the header says it.)
-  if (read_header(resume_dir, [&] { return saved.header.at("step").get<int64_t>(); }) >= o.steps)
-    fail("the run in '{}' already finished its {} steps", resume_dir, o.steps);
+  // (Before the corpus and the model: the header says it.) Adam steps once a step, so a header whose
+  // counts differ (or are negative) was not written by remat, however its checksum came out.
+  const int64_t step = read_header(resume_dir, [&] { return saved.header.at("step").get<int64_t>(); });
+  const int64_t adam_steps = read_header(resume_dir, [&] { return saved.header.at("adam_steps").get<int64_t>(); });
+  if (step < 0 || adam_steps != step)
+    fail("train state in '{}' is corrupt: its step {} and Adam's steps {} must be equal and >= 0", resume_dir, step,
+         adam_steps);
+  if (step >= o.steps) fail("the run in '{}' already finished its {} steps", resume_dir, o.steps);
   return o;
 }
 
@@ -748,7 +763,10 @@ void check_train_memory(const TrainOptions& given) {
   TrainOptions o = given;
   o.model.vocab = kByteVocab;
   const Policy policy = Policy::parse(o.policy);
-  if (policy.is_budget()) return;
+  if (policy.is_budget()) {  // a budget no policy meets, refused as build_model's planner would, measuring nothing
+    check_policy(policy, o.model, o.threads);
+    return;
+  }
   const auto spec = std::make_shared<const ModelSpec>(make_model(o.model));
   guard_memory(o, compile_step(spec, policy.resolve(spec->block, o.model.layers)), step_shape(o),
                MemoryTracker::live());

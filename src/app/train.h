@@ -122,7 +122,8 @@ void check_train_options(const TrainOptions& options, const std::string& resume_
 
 // Refuses, before a model is built or anything measured, a policy that names no budget and whose step
 // is predicted to peak over TrainOptions.memory_limit or over what this machine may take: the rule
-// train() applies to the model it builds. A budget policy is planned, and guarded, by train().
+// train() applies to the model it builds. A budget policy is planned, and guarded, by train(); one
+// that no policy meets is refused here (check_policy).
 void check_train_memory(const TrainOptions& options);
 
 // A resumed run's options as train() resolves them before its first step: the saved run's

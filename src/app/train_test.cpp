@@ -194,6 +194,27 @@ TEST(Train, AStateWithoutTheEarlierStepsMetricsResumesTwice) {
   std::filesystem::remove_all(dir);
 }
 
+// Adam steps once a step: a header whose counts differ (or are negative) is refused, naming both,
+// however its checksum came out (a state written by another program).
+TEST(Train, AHeaderWhoseStepsDisagreeIsRefused) {
+  const std::string dir = temp_dir("resume_steps");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 8;
+  o.save_dir = dir + "/run";
+  o.save_every = 4;
+  crash_after(o, 5);
+  TrainState s = load_train_state(o.save_dir);
+  ASSERT_EQ(s.header.at("adam_steps").get<int64_t>(), 4);
+  s.header["step"] = 2;
+  save_train_state(o.save_dir, s);
+  EXPECT_NE(testing::error_of([&] { train(o, o.save_dir); }).find("its step 2 and Adam's steps 4 must be equal"),
+            std::string::npos);
+  s.header["step"] = 4;
+  save_train_state(o.save_dir, s);
+  EXPECT_EQ(testing::error_of([&] { train(o, o.save_dir); }), "");
+  std::filesystem::remove_all(dir);
+}
+
 // A resumed run holds what a new one holds: the state it was read from is let go once restored,
 // and its steps peak at the memory model's prediction.
 TEST(Train, AResumedRunPeaksAsPredicted) {
@@ -437,7 +458,7 @@ TEST(Train, AResumeRefusesMomentsOfAnotherShape) {
   const std::string run = saved_run(dir);
   std::string name;
   forge(run + "/state.bin", [&](nlohmann::json& h) {
-    h["step"] = 1;  // a run not yet finished
+    h["step"] = h["adam_steps"] = 1;  // a run not yet finished
     for (auto& t : h["tensors"])
       if (t["name"].get<std::string>().rfind("adam.v:", 0) == 0 && t["shape"].size() == 2) {
         name = t["name"].get<std::string>();

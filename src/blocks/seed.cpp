@@ -55,6 +55,7 @@ void check(const ModelConfig& c) {
                                                            {c.tied != Switch::Default, "ModelConfig.tied"},
                                                            {c.fused_qkv != Switch::Default, "ModelConfig.fused_qkv"},
                                                            {c.loss != Loss::Default, "ModelConfig.loss"},
+                                                           {c.head_size > 0, "ModelConfig.head_size"},
                                                            {c.rotary_fraction != 1.0, "partial rotary"},
                                                            {c.parallel_residual, "a parallel residual"},
                                                            {c.qk_norm, "q/k norms"}})

@@ -140,7 +140,7 @@ void parse_loss(std::string_view s, ModelConfig& cfg) {
     const std::string_view n = s.substr(8);
     int64_t v = n.empty() || n.size() > 6 ? -1 : 0;
     for (char ch : n) v = v >= 0 && ch >= '0' && ch <= '9' ? v * 10 + (ch - '0') : -1;
-    if (v < 1) fail("ModelConfig.loss '{}': chunked:N needs a positive number of chunks, e.g. chunked:8", s);
+    if (v < 1) fail("ModelConfig.loss '{}': chunked:N needs N in 1..999999, e.g. chunked:8", s);
     cfg.loss = Loss::Chunked;
     cfg.loss_chunks = v;
   } else {

@@ -60,6 +60,14 @@ TEST(Config, RejectsNonPositiveSizes) {
   }
 }
 
+// A seed block's heads are dim / heads wide (its q, k and v sit at columns 0, dim and 2 dim): a head
+// size of its own would read past its qkv rows.
+TEST(Config, TheSeedBlockRefusesAHeadSize) {
+  ModelConfig c = tiny("seed");
+  c.head_size = 8;
+  EXPECT_NE(error_of(c).find("this model sets ModelConfig.head_size"), std::string::npos) << error_of(c);
+}
+
 // A chunked loss of 0 chunks would run as one and print as chunked:0.
 TEST(Config, RejectsAChunkedLossOfNoChunks) {
   ModelConfig c = tiny("gpt2");

@@ -330,6 +330,7 @@ bad "--dispatcher: --arch gpt2 has no experts to dispatch tokens to" plan "${gpt
 bad "--fsdp-root sets FSDP2's root unit; this plan does not shard with FSDP2" plan "${gpt3[@]}" --fsdp-root keep
 bad "--reserve 100GiB is all of device a100-80gb's memory" plan "${gpt3[@]}" --reserve 100GiB
 bad "--cublas-workspace 1TiB is all of device a100-80gb's memory" plan "${gpt3[@]}" --cublas-workspace 1TiB
+bad "--reserve 10TiB is all of device cpu's memory" plan --device cpu --gpus 2 --layers 2 --dim 16 --heads 4 --seq 8 --reserve 10TiB
 bad "--expert-imbalance sizes the busiest expert-parallel rank's tokens; a one-process plan" plan --arch moe --layers 2 --dim 16 --heads 4 --seq 8 --budget 1GB --expert-imbalance 2
 bad "--vocab sizes a token model's embedding and LM head; the seed block" plan --arch seed --vocab 1000 --budget 1GB
 bad "the seed block takes no decoder choice (those are for gpt2 and llama); this model sets --head-dim" bench "${tiny[@]}" --head-dim 8

@@ -76,7 +76,9 @@ void ShapeFlags::add_planning(CLI::App* a) {
       "--model-config", model_config,
       "a Hugging Face config.json (Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE, GPT-2, GPT-NeoX); flags override it");
   a->add_option("--vocab", cfg.vocab, "token models: vocabulary size")->capture_default_str();
-  a->add_option("--dtype", dtype, "fp32, bf16 or fp16 (the engine runs fp32; plan takes all)")->capture_default_str();
+  a->add_option("--dtype", dtype,
+                "fp32, bf16 or fp16 (the engine, and plan --device cpu, run fp32; other plans take all)")
+      ->capture_default_str();
   a->add_option("--router-dtype", router_dtype,
                 "moe: model (the router's logits and weights in the model's dtype) or fp32 (Megatron-LM's "
                 "--moe-router-dtype fp32: fp32 logits, weights, and the weighted products and combine they make)")

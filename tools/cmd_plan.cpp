@@ -16,6 +16,7 @@
 #include "remat/planner.h"
 #include "remat/policy.h"
 #include "remat/resolve.h"
+#include "remat/runtime.h"
 #include "remat/units.h"
 #include "util/paths.h"
 
@@ -742,16 +743,19 @@ int run_layouts(PlanFlags& f) {
   LeftOut left_out;
   SearchSpace space = search_space(f, cfg, opt, left_out);
   size_gpus(space, f);
+  // The device's memory against the sizes given, before parse_device calibrates this machine (cpu).
+  const auto check_sizes = [&](const std::string& name, int64_t memory) {
+    if (opt.budget > memory)
+      fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, name, bytes_str(memory));
+    if (opt.reserve >= memory)
+      fail("--reserve {} is all of device {}'s memory ({}) or more; give less", f.reserve, name, bytes_str(memory));
+    if (opt.cublas_workspace >= memory)
+      fail("--cublas-workspace {} is all of device {}'s memory ({}) or more; give less", f.cublas_workspace, name,
+           bytes_str(memory));
+  };
+  if (f.device == "cpu") check_sizes("cpu", physical_memory());
   const Device device = parse_device(f.device);  // (cpu: calibrates this machine once)
-  if (opt.budget > device.memory)
-    fail("--budget {} is more than device {} has ({}); give at most its memory", f.budget, device.name,
-         bytes_str(device.memory));
-  if (opt.reserve >= device.memory)
-    fail("--reserve {} is all of device {}'s memory ({}) or more; give less", f.reserve, device.name,
-         bytes_str(device.memory));
-  if (opt.cublas_workspace >= device.memory)
-    fail("--cublas-workspace {} is all of device {}'s memory ({}) or more; give less", f.cublas_workspace, device.name,
-         bytes_str(device.memory));
+  check_sizes(device.name, device.memory);
   size_space(space, f, cfg, device);
   const LayoutAnswer a = answer_layouts(cfg, space, device, f.top, opt);
   cfg.batch = space.global_batch;

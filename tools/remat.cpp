@@ -172,11 +172,12 @@ void add_shared_flags(const remat::cli::Command& c, std::string& blas_kernel, st
   c.app->add_option("--blas-kernel", blas_kernel,
                     "OpenBLAS kernel: auto (a faster one when OpenBLAS picked one below this CPU; default), keep, "
                     "or a name such as SkylakeX");
-  c.app->add_option("--gemm", gemm,
-                    "the engine's GEMM: auto (each class of products on the one measured fastest here on remat's "
-                    "threads, the linears on the BLAS's own threads when a pass runs faster so; cached; "
-                    "default), onednn, blas, or a record such as linear=onednn,onednn,blas;"
-                    "head=onednn,onednn,blas");
+  c.app->add_option(
+      "--gemm", gemm,
+      "the engine's GEMM: auto (each class of products on the BLAS unless another won its timed rounds "
+      "here on remat's threads, the linears on the BLAS's own threads when a pass runs faster so; cached; "
+      "default), onednn, blas, or a record such as linear=onednn,onednn,blas;"
+      "head=onednn,onednn,blas");
   if (c.reads_caches)
     c.app->add_flag("--remeasure", remeasure,
                     "measure this machine again (what this command reads from the cache: the GEMM choice, op costs, "

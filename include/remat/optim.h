@@ -24,7 +24,7 @@ struct AdamOptions {
 class Adam {
  public:
   // Throws remat::Error unless every param is a contiguous float32 CPU tensor, lr and
-  // weight_decay are finite and >= 0, the betas in [0, 1) and eps finite and > 0.
+  // weight_decay are finite and >= 0, the betas in [0, 1) and eps finite and > 0 in float32.
   Adam(std::vector<at::Tensor> params, const AdamOptions& options);
 
   // One update of every parameter whose grad is defined (float32, the parameter's element count).

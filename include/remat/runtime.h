@@ -78,7 +78,7 @@ std::string blas_name();
 // signal frame overwrites the heap. remat's kernel threads block asynchronous signals (the remat
 // CLI's handler runs so).
 enum class GemmChoice : uint8_t {
-  Auto,    // each class on the GEMM measured fastest on this machine (choose_gemm); until then,
+  Auto,    // each class on the BLAS unless another GEMM won its timed rounds here (choose_gemm); until then,
            // oneDNN when the loaded LibTorch exports its sgemm (Debian's does), else the BLAS
   OneDnn,  // oneDNN's sgemm for every class
   Blas,    // the loaded BLAS: cblas_sgemm per attention product, the linears on at::mm (its threads)
@@ -101,9 +101,9 @@ struct GemmClassRates {
 // Timed rounds of every choice choose_gemm makes (after one untimed), and how many of them a
 // challenger may lose and still replace the incumbent: one busy round on a shared host does not
 // keep a faster GEMM out. A challenger that won most rounds but lost more than that (a busy spell
-// over several) is timed in as many rounds again, and may lose kGemmRoundsLostOfTwice of all
-// 2 kGemmRounds. A true tie wins 9 or 10 of 10 rounds in 11 of 1024 re-measurements, and 17 of 20
-// after 6 to 8 of the first 10 in 615 of 2^20: the incumbent stays in 98.9% of them.
+// over several), without a clear lead (kGemmClearLead, which decides at once), is timed in as many
+// rounds again, and may lose kGemmRoundsLostOfTwice of all 2 kGemmRounds. A true tie wins 9 or 10 of 10 rounds in 11 of
+// 1024 re-measurements, and 17 of 20 after 6 to 8 of the first 10 in 615 of 2^20: the incumbent stays in 98.9% of them.
 inline constexpr int kGemmRounds = 10;
 inline constexpr int kGemmRoundsLost = 1;
 inline constexpr int kGemmRoundsLostOfTwice = 3;

@@ -19,7 +19,9 @@ void check(const char* who, const AdamOptions& o, const std::vector<at::Tensor>&
   if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
     fail("{}: beta1 and beta2 must be in [0, 1), got {} and {}", who, o.beta1, o.beta2);
   // 0 would divide 0 by 0 for a parameter whose gradient and moments are all 0 (an unused token row).
-  if (!(o.eps > 0 && std::isfinite(o.eps))) fail("{}: eps must be finite and > 0, got {}", who, o.eps);
+  // (The update runs in float32: an eps that rounds to 0 there is 0.)
+  if (!(o.eps > 0 && std::isfinite(o.eps) && static_cast<float>(o.eps) > 0))
+    fail("{}: eps must be finite and > 0 in float32, got {}", who, o.eps);
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
     fail("{}: weight_decay must be finite and >= 0, got {}", who, o.weight_decay);
   for (size_t i = 0; i < params.size(); ++i) {

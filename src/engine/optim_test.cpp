@@ -39,7 +39,10 @@ TEST(Adam, RefusesAGradientOfAnotherSize) {
 TEST(Adam, RefusesAnEpsOfZero) {
   AdamOptions o;
   o.eps = 0.0;
-  EXPECT_NE(error_of([&] { Adam({at::zeros({4})}, o); }).find("eps must be finite and > 0, got 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { Adam({at::zeros({4})}, o); }).find("eps must be finite and > 0 in float32, got 0"),
+            std::string::npos);
+  o.eps = 1e-50;  // 0 in float32, where the update runs
+  EXPECT_NE(error_of([&] { Adam({at::zeros({4})}, o); }).find("got 1e-50"), std::string::npos);
   o.eps = 1e-8;
   at::Tensor p = at::ones({4});
   Adam adam({p}, o);

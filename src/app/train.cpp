@@ -520,7 +520,8 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
   // A key a state of an earlier release lacks held its default then.
   const Json defaults = options_json(TrainOptions(), was.at("data").get<std::string>());
   for (const std::string& flag : explicit_flags) {
-    if (!now.contains(flag) || may_change(flag) || flag == "data") continue;
+    // (The BLAS kernel is check_same_arithmetic's: it matters only where the saved GEMM runs the BLAS.)
+    if (!now.contains(flag) || may_change(flag) || flag == "data" || flag == "blas-kernel") continue;
     // States before 0.4 name the GEMM "blas" or "onednn": compared as the tables they stand for.
     if (flag == "gemm" && was.contains("gemm") &&
         detail::parse_gemm_table(was.at("gemm").get<std::string>()) == detail::gemm_table())

@@ -215,6 +215,23 @@ TEST(Train, AHeaderWhoseStepsDisagreeIsRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// An explicit --blas-kernel on resume is the arithmetic check's to judge (it matters only where the
+// saved GEMM runs the BLAS), not refused as a flag that differs from the saved one.
+TEST(Train, AnExplicitBlasKernelIsLeftToTheArithmeticCheck) {
+  const std::string dir = temp_dir("resume_kernel");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 6;
+  o.save_dir = dir + "/run";
+  o.save_every = 3;
+  crash_after(o, 4);
+  TrainState s = load_train_state(o.save_dir);
+  s.header["options"]["blas-kernel"] = "Haswell";
+  save_train_state(o.save_dir, s);
+  const std::string refusal = testing::error_of([&] { train(o, o.save_dir, {"blas-kernel"}); });
+  EXPECT_EQ(refusal.find("differs from the run saved"), std::string::npos) << refusal;
+  std::filesystem::remove_all(dir);
+}
+
 // A resumed run holds what a new one holds: the state it was read from is let go once restored,
 // and its steps peak at the memory model's prediction.
 TEST(Train, AResumedRunPeaksAsPredicted) {

@@ -76,7 +76,9 @@ Corpus load_corpus(const std::string& path, double val_fraction, int64_t seq) {
   Corpus c;
   c.train = text.substr(0, n - val);
   c.val = text.substr(n - val);
-  c.id = fmt::format("{}:{}:{:016x}", path.empty() ? "fortunes" : path, n, detail::fnv1a(text.data(), text.size()));
+  // "fortunes" names the default text in an id; a file of that name is recorded as ./fortunes.
+  const std::string source = path.empty() ? "fortunes" : path == "fortunes" ? "./fortunes" : path;
+  c.id = fmt::format("{}:{}:{:016x}", source, n, detail::fnv1a(text.data(), text.size()));
   return c;
 }
 

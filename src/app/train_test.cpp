@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "app/corpus.h"
 #include "app/train_state.h"
 #include "remat/block.h"
 #include "remat/error.h"
@@ -229,6 +230,21 @@ TEST(Train, AnExplicitBlasKernelIsLeftToTheArithmeticCheck) {
   save_train_state(o.save_dir, s);
   const std::string refusal = testing::error_of([&] { train(o, o.save_dir, {"blas-kernel"}); });
   EXPECT_EQ(refusal.find("differs from the run saved"), std::string::npos) << refusal;
+  std::filesystem::remove_all(dir);
+}
+
+// A saved run's id names its text; "fortunes" stands for Debian's, so a file of that name is
+// recorded as ./fortunes and a resume without --data reads that file again.
+TEST(Corpus, AFileNamedFortunesIsNotTheDefaultText) {
+  const std::string dir = temp_dir("corpus_fortunes");
+  std::filesystem::rename(corpus_file(dir), dir + "/fortunes");
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  const Corpus c = load_corpus("fortunes", 0.1, 8);
+  std::filesystem::current_path(cwd);
+  const auto id = split_corpus_id(c.id);
+  ASSERT_TRUE(id.has_value()) << c.id;
+  EXPECT_EQ(id->first, "./fortunes");
   std::filesystem::remove_all(dir);
 }
 

@@ -75,6 +75,17 @@ void crash_after(TrainOptions& o, int64_t at, const std::string& resume_dir = ""
   o.progress = nullptr;
 }
 
+// A run of `steps` on tiny's model and a corpus in `dir`, saving into dir/run every `save_every`
+// steps, crashed at step `crash_at`: its options, for the resume a test makes of it.
+TrainOptions interrupted_run(const std::string& dir, int64_t steps, int64_t save_every, int64_t crash_at) {
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = steps;
+  o.save_dir = dir + "/run";
+  o.save_every = save_every;
+  crash_after(o, crash_at);
+  return o;
+}
+
 std::vector<double> losses(const TrainResult& r) {
   std::vector<double> v;
   for (const TrainRecord& rec : r.log) v.push_back(rec.loss);
@@ -199,11 +210,7 @@ TEST(Train, AStateWithoutTheEarlierStepsMetricsResumesTwice) {
 // however its checksum came out (a state written by another program).
 TEST(Train, AHeaderWhoseStepsDisagreeIsRefused) {
   const std::string dir = temp_dir("resume_steps");
-  TrainOptions o = tiny(corpus_file(dir));
-  o.steps = 8;
-  o.save_dir = dir + "/run";
-  o.save_every = 4;
-  crash_after(o, 5);
+  TrainOptions o = interrupted_run(dir, 8, 4, 5);
   TrainState s = load_train_state(o.save_dir);
   ASSERT_EQ(s.header.at("adam_steps").get<int64_t>(), 4);
   s.header["step"] = 2;
@@ -220,11 +227,7 @@ TEST(Train, AHeaderWhoseStepsDisagreeIsRefused) {
 // saved GEMM runs the BLAS), not refused as a flag that differs from the saved one.
 TEST(Train, AnExplicitBlasKernelIsLeftToTheArithmeticCheck) {
   const std::string dir = temp_dir("resume_kernel");
-  TrainOptions o = tiny(corpus_file(dir));
-  o.steps = 6;
-  o.save_dir = dir + "/run";
-  o.save_every = 3;
-  crash_after(o, 4);
+  TrainOptions o = interrupted_run(dir, 6, 3, 4);
   TrainState s = load_train_state(o.save_dir);
   s.header["options"]["blas-kernel"] = "Haswell";
   save_train_state(o.save_dir, s);
@@ -314,11 +317,7 @@ TEST(Train, AResumeLeavingSettingsOutKeepsTheSavedOnes) {
 
 TEST(Train, RefusesAMismatchedResume) {
   const std::string dir = temp_dir("mismatch");
-  TrainOptions o = tiny(corpus_file(dir));
-  o.steps = 5;
-  o.save_dir = dir + "/run";
-  o.save_every = 2;
-  crash_after(o, 3);
+  TrainOptions o = interrupted_run(dir, 5, 2, 3);
   TrainOptions other = o;
   other.model.dim = 64;
   try {

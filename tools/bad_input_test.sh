@@ -333,6 +333,7 @@ bad "--cublas-workspace 1TiB is all of device a100-80gb's memory" plan "${gpt3[@
 bad "--reserve 10TiB is all of device cpu's memory" plan --device cpu --gpus 2 --layers 2 --dim 16 --heads 4 --seq 8 --reserve 10TiB
 bad "--expert-imbalance sizes the busiest expert-parallel rank's tokens; a one-process plan" plan --arch moe --layers 2 --dim 16 --heads 4 --seq 8 --budget 1GB --expert-imbalance 2
 bad "--vocab sizes a token model's embedding and LM head; the seed block" plan --arch seed --vocab 1000 --budget 1GB
+bad "chunked:N needs N in 1..999999" bench --arch gpt2 --layers 2 --dim 16 --heads 4 --seq 8 --loss chunked:0
 bad "the seed block takes no decoder choice (those are for gpt2 and llama); this model sets --head-dim" bench "${tiny[@]}" --head-dim 8
 bad "--verify is for the op-level engine; add it to --engine" bench "${tiny[@]}" --engine module --verify
 bad "--frontier draws the planner's frontier on the chart: give --chart" bench --arch gpt2 --layers 2 --dim 16 --heads 4 --seq 8 --frontier

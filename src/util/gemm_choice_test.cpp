@@ -183,8 +183,8 @@ TEST(GemmChoice, AChallengerMustBeFasterInAllRoundsButOne) {
 }
 
 // A challenger that won most rounds by a clear lead takes the class whatever a busy spell cost it
-// (the Xeon's x W^T: oneDNN 305 GFLOP/s against the BLAS's 231 by their medians, 4 rounds of 20
-// lost); a small lead with those losses does not, nor a clear lead in too few rounds.
+// (here 1.32x, three rounds of ten lost); a small lead with those losses does not, nor a clear
+// lead in too few rounds.
 TEST(GemmChoice, AChallengerWithAClearLeadInMostRoundsTakesTheClass) {
   const std::vector<double> held(10, 10.0);
   auto challenger = [](double won_ms, std::initializer_list<int> lost) {

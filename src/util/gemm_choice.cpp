@@ -287,8 +287,8 @@ size_t detail::decide_by_rounds(const std::function<void(int round)>& round,
 bool detail::undecided(const std::vector<std::vector<double>>& times, size_t incumbent, int lost) {
   for (size_t i = 0; i < times.size(); ++i) {
     const int slower = slower_rounds(times, incumbent, i);
-    if (slower > lost && 2 * slower < static_cast<int>(times[i].size()) && !beats(times, incumbent, i, lost))
-      return true;
+    if (slower >= 0 && 2 * slower < static_cast<int>(times[i].size()) && !beats(times, incumbent, i, lost))
+      return true;  // won most rounds, yet lost more than `lost` without a clear lead
   }
   return false;
 }

@@ -245,6 +245,10 @@ bool routes_experts(std::string_view kind);
 bool attends_causally(std::string_view kind);
 // A one-line description of a kind, for --help.
 std::string block_kind_doc(std::string_view kind);
+// cfg with each choice it leaves Default (norm, positions, mlp, bias, tied, qkv, loss) set to the
+// one its kind builds: two configs of one kind that agree here build the same blocks. A kind that
+// takes no choices (seed) keeps cfg's. Throws remat::Error for an unknown cfg.arch.
+ModelConfig with_choices_resolved(const ModelConfig& cfg);
 // The block of cfg.arch at cfg's sizes. Throws remat::Error when validate(cfg) does.
 BlockSpec make_block(const ModelConfig& cfg);
 // The whole model of cfg.arch. Throws remat::Error when validate(cfg) does.

@@ -119,7 +119,10 @@ struct ModelConfig {
                                     // batch) order; its default, probs, keeps the highest-weight copies
                                     // and is not modelled)
   Router router = Router::Softmax;  // moe: how scores become each token's experts (Router above)
-  bool norm_topk = true;            // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3)
+  bool norm_topk = true;            // the top_k weights divided by their sum (Mixtral, Qwen3-MoE, DeepSeek-V3);
+                                    // not with top_k 1 under the sigmoid router, whose one weight stays its
+                                    // score (Megatron-LM). A softmax top_k 1 weight is then 1, and the router
+                                    // learns from the balancing loss alone (Megatron-LM's post-softmax top 1)
   double aux_loss = 0.01;           // coefficient of the load-balancing loss E * sum_e f_e P_e (Switch); 0 = off
   ExpertWeights expert_weights = ExpertWeights::Combine;  // moe: where the routing weights multiply
   // The router's logits and routing weights in fp32 whatever the model's dtype (Megatron-LM's

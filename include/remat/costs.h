@@ -111,7 +111,8 @@ class LayerProbe {
 CostModel measure_costs(const ModelConfig& cfg, const ThreadConfig& threads, int reps = 5,
                         const std::string& cache_dir = "");
 
-// This machine's float32 GEMM rate (1024^3 at::mm) and streaming memory rate (a 64 MiB add).
+// This machine's float32 GEMM rate (a 1024^3 product on the engine's GEMM for the linear dy W class,
+// matmul_gflops) and streaming memory rate (a 64 MiB add).
 MachineRates measure_rates();
 
 // measure_rates() once per machine (CPU model, the engine's GEMM, OpenBLAS's kernel when that

@@ -5,7 +5,7 @@
 //   loss.backward();                                      // trains with torch::optim or remat::Adam
 //
 // Any block kind (cfg.arch): seed (inputs and targets are (B, T, C) floats, MSE loss, the engine's
-// twin of ModuleModel), gpt2 and llama (tokens in, cross-entropy out). The model runs the CompiledStep
+// twin of ModuleModel), gpt2, llama and moe (tokens in, cross-entropy out). The model runs the CompiledStep
 // compiled from (cfg, policy): each stage is one autograd node, and each uniform:N segment of N
 // blocks one node too (run_segment, NOTE [Segments]).
 #pragma once

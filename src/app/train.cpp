@@ -54,6 +54,11 @@ Switch parse_switch(const std::string& s, const char* key, const char* on, const
   fail("saved option '{}' is '{}'; a train state holds default, {} or {}", key, s, on, off);
 }
 
+// The sigmoid router's arithmetic, saved with a run: 2 divides each token's scores by their sum in
+// the balancing loss and keeps one weight's score (1, states without the key: raw scores, and one
+// weight divided by itself).
+constexpr int kRouterArithmetic = 2;
+
 Json options_json(const TrainOptions& o, const std::string& corpus_id) {
   const ModelConfig& m = o.model;
   return {{"norm", to_string(m.norm)},
@@ -84,6 +89,7 @@ Json options_json(const TrainOptions& o, const std::string& corpus_id) {
           {"norm-topk", m.norm_topk},
           {"aux-loss", m.aux_loss},
           {"expert-weights", std::string(to_string(m.expert_weights))},
+          {"router-arithmetic", kRouterArithmetic},
           {"steps", o.steps},
           {"accum", o.accum},
           {"lr", o.lr},
@@ -519,6 +525,20 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
   const Json now = options_json(given, was.at("data").get<std::string>());
   // A key a state of an earlier release lacks held its default then.
   const Json defaults = options_json(TrainOptions(), was.at("data").get<std::string>());
+  // The decoder's choices compare as the blocks they build: --bias on continues a gpt2 run saved
+  // with the kind's own biases ("default").
+  const TrainOptions saved_run = options_from(was, TrainOptions());
+  TrainOptions this_run = saved_run;
+  ModelConfig& mine = this_run.model;
+  const ModelConfig& asked = given.model;
+  mine.norm = asked.norm, mine.positions = asked.positions, mine.mlp = asked.mlp;
+  mine.bias = asked.bias, mine.tied = asked.tied, mine.fused_qkv = asked.fused_qkv;
+  mine.loss = asked.loss, mine.loss_chunks = asked.loss_chunks;
+  auto built = [&](TrainOptions t) {
+    t.model = with_choices_resolved(t.model);
+    return options_json(t, was.at("data").get<std::string>());
+  };
+  const Json built_now = built(this_run), built_then = built(saved_run);
   for (const std::string& flag : explicit_flags) {
     // (The BLAS kernel is check_same_arithmetic's: it matters only where the saved GEMM runs the BLAS.)
     if (!now.contains(flag) || may_change(flag) || flag == "data" || flag == "blas-kernel") continue;
@@ -526,11 +546,19 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
     if (flag == "gemm" && was.contains("gemm") &&
         detail::parse_gemm_table(was.at("gemm").get<std::string>()) == detail::gemm_table())
       continue;
-    const Json& before = was.contains(flag) ? was.at(flag) : defaults.at(flag);
-    if (now.at(flag) != before)
+    const bool choice = flag == "norm" || flag == "positions" || flag == "mlp" || flag == "bias" || flag == "tied" ||
+                        flag == "qkv" || flag == "loss";
+    const Json& before = choice ? built_then.at(flag) : was.contains(flag) ? was.at(flag) : defaults.at(flag);
+    if ((choice ? built_now.at(flag) : now.at(flag)) != before)
       fail("--{} {} differs from the run saved in '{}' ({}); drop the flag to continue that run, or --save elsewhere",
            flag, now.at(flag).dump(), resume_dir, before.dump());
   }
+  if (o.model.arch == "moe" && o.model.router == Router::Sigmoid &&
+      was.value("router-arithmetic", 1) != kRouterArithmetic)
+    fail(
+        "the run in '{}' was trained with the sigmoid router's earlier arithmetic (its balancing loss on raw scores, "
+        "one expert's weight divided by itself); resume it with remat 0.19, or train it again",
+        resume_dir);
   // The world size lays out the batches; the ATen thread count sums some gradients in another order.
   const int world = was.contains("nproc") ? was.at("nproc").get<int>() : 1;
   if (world != o.dist.world)

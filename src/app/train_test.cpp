@@ -329,6 +329,32 @@ TEST(Train, RefusesAMismatchedResume) {
   std::filesystem::remove_all(dir);
 }
 
+// Explicit choices that name what gpt2 builds by default continue a run saved without them.
+TEST(Train, AResumeAcceptsChoicesTheSavedKindBuiltByDefault) {
+  const std::string dir = temp_dir("resume_choices");
+  TrainOptions o = interrupted_run(dir, 5, 2, 3);
+  o.model.norm = Norm::Layer, o.model.positions = Positions::Learned, o.model.mlp = Mlp::Gelu;
+  o.model.bias = Switch::On, o.model.tied = Switch::On, o.model.fused_qkv = Switch::On, o.model.loss = Loss::Model;
+  const TrainResult r = train(o, o.save_dir, {"norm", "positions", "mlp", "bias", "tied", "qkv", "loss"});
+  EXPECT_EQ(r.log.back().step, 5);
+  std::filesystem::remove_all(dir);
+}
+
+// A choice other than the one the saved run built is refused, named with the saved one.
+TEST(Train, AResumeRefusesAChoiceTheSavedRunDidNotBuild) {
+  const std::string dir = temp_dir("resume_choice_differs");
+  TrainOptions o = interrupted_run(dir, 5, 2, 3);
+  o.model.bias = Switch::Off;
+  try {
+    train(o, o.save_dir, {"bias"});
+    FAIL() << "accepted --bias off for a run built with biases";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "--bias \"off\" differs from the run saved in")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "(\"on\")")) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Trains two steps of the tiny model, saving to dir/run; returns that folder.
 std::string saved_run(const std::string& dir) {
   TrainOptions o = tiny(corpus_file(dir));
@@ -423,6 +449,19 @@ std::string load_error(const std::string& run) {
     return e.what();
   }
   return "";
+}
+
+// A sigmoid-routed run saved before the router's arithmetic changed would go on with other
+// arithmetic: it is refused, naming the change; a softmax-routed one is untouched by it.
+TEST(Train, AResumeRefusesASigmoidRunOfTheEarlierRouterArithmetic) {
+  const std::string dir = temp_dir("router_arithmetic");
+  TrainOptions o = tiny_moe(corpus_file(dir));
+  o.model.router = Router::Sigmoid;
+  o.steps = 4, o.save_dir = dir + "/run", o.save_every = 2;
+  crash_after(o, 3);
+  forge(o.save_dir + "/state.bin", [](nlohmann::json& h) { h["options"].erase("router-arithmetic"); });
+  EXPECT_TRUE(contains(testing::error_of([&] { train(o, o.save_dir); }), "the sigmoid router's earlier arithmetic"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainState, ForgedHeadersAreRefused) {

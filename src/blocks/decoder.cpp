@@ -93,6 +93,16 @@ DecoderStyle resolve_style(const ModelConfig& c, const DecoderStyle& kind) {
   return s;
 }
 
+void set_choices(ModelConfig& c, const DecoderStyle& kind) {
+  const DecoderStyle s = resolve_style(c, kind);
+  c.norm = s.rms_norm ? Norm::Rms : Norm::Layer;
+  c.positions = s.positions;
+  c.mlp = s.swiglu ? Mlp::Swiglu : Mlp::Gelu;
+  c.bias = s.bias ? Switch::On : Switch::Off;
+  c.tied = s.tied ? Switch::On : Switch::Off;
+  c.fused_qkv = s.fused_qkv ? Switch::On : Switch::Off;
+}
+
 void check_decoder(const ModelConfig& c, const DecoderStyle& s) {
   if (s.positions == Positions::Rope && c.head_dim() % 2 != 0)
     fail("ModelConfig.dim {} / ModelConfig.heads {} = {} is odd; rotary embeddings turn pairs of head dimensions",

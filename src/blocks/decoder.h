@@ -32,6 +32,8 @@ struct DecoderStyle {
 
 // `kind`'s defaults with what `cfg` sets over them.
 DecoderStyle resolve_style(const ModelConfig& cfg, const DecoderStyle& kind);
+// Sets each choice cfg leaves Default to `kind`'s, so that cfg names the decoder it builds.
+void set_choices(ModelConfig& cfg, const DecoderStyle& kind);
 
 // The stem, the block and the head of a decoder in `style`; `name` is the kind's ("gpt2"), the
 // stages are named name, name.stem, name.head and name.logits (the head without its loss).

@@ -16,6 +16,7 @@ const DecoderStyle kGpt2Style{/*rms_norm=*/false, Positions::Learned, /*swiglu=*
                               /*qkv_bias=*/false, /*tied=*/true,      /*fused_qkv=*/true};
 
 DecoderStyle style(const ModelConfig& c) { return resolve_style(c, kGpt2Style); }
+void choices(ModelConfig& c) { set_choices(c, kGpt2Style); }
 BlockSpec stem(const ModelConfig& c) { return decoder_stem(c, style(c), "gpt2"); }
 BlockSpec block(const ModelConfig& c) { return decoder_block(c, style(c), "gpt2"); }
 BlockSpec head(const ModelConfig& c, bool loss) { return decoder_head(c, style(c), "gpt2", loss); }
@@ -29,6 +30,7 @@ extern const BlockKind kGpt2{"gpt2",
                              block,
                              head,
                              check,
+                             choices,
                              /*has_logits=*/true};
 
 }  // namespace remat::blocks

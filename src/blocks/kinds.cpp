@@ -43,6 +43,15 @@ std::vector<std::string> block_kinds() {
 
 std::string block_kind_doc(std::string_view kind) { return blocks::block_kind(kind).doc; }
 
+ModelConfig with_choices_resolved(const ModelConfig& cfg) {
+  ModelConfig c = cfg;
+  if (const auto resolve = blocks::block_kind(c.arch).resolve_choices) {
+    resolve(c);
+    c.loss = resolved_loss(c);
+  }
+  return c;
+}
+
 bool routes_experts(std::string_view kind) { return blocks::block_kind(kind).routes; }
 
 bool attends_causally(std::string_view kind) { return blocks::block_kind(kind).causal; }

@@ -19,6 +19,9 @@ struct BlockKind {
   BlockSpec (*head)(const ModelConfig&, bool loss) = nullptr;
   // What this kind supports beyond validate()'s generic checks; throws remat::Error. May be null.
   void (*validate)(const ModelConfig&) = nullptr;
+  // Sets each decoder choice left Default in cfg (norm, positions, mlp, bias, tied, qkv) to the
+  // one this kind builds. Null: the kind takes no choices (validate refuses them).
+  void (*resolve_choices)(ModelConfig&) = nullptr;
   bool has_logits = false;  // head(cfg, false) is defined
   bool routes = false;      // a mixture of experts: ModelConfig.ep may split its experts
   bool causal = true;       // attends to earlier positions only: flash attention can run it

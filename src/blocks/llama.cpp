@@ -19,6 +19,7 @@ const DecoderStyle kLlamaStyle{/*rms_norm=*/true,  Positions::Rope, /*swiglu=*/t
                                /*qkv_bias=*/false, /*tied=*/false,  /*fused_qkv=*/false};
 
 DecoderStyle style(const ModelConfig& c) { return resolve_style(c, kLlamaStyle); }
+void choices(ModelConfig& c) { set_choices(c, kLlamaStyle); }
 BlockSpec stem(const ModelConfig& c) { return decoder_stem(c, style(c), "llama"); }
 BlockSpec block(const ModelConfig& c) { return decoder_block(c, style(c), "llama"); }
 BlockSpec head(const ModelConfig& c, bool loss) { return decoder_head(c, style(c), "llama", loss); }
@@ -32,6 +33,7 @@ extern const BlockKind kLlama{"llama",
                               block,
                               head,
                               check,
+                              choices,
                               /*has_logits=*/true};
 
 }  // namespace remat::blocks

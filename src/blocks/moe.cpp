@@ -30,6 +30,7 @@ const DecoderStyle kMoeStyle{/*rms_norm=*/true,  Positions::Rope, /*swiglu=*/tru
                              /*qkv_bias=*/false, /*tied=*/false,  /*fused_qkv=*/false};
 
 DecoderStyle style(const ModelConfig& c) { return resolve_style(c, kMoeStyle); }
+void choices(ModelConfig& c) { set_choices(c, kMoeStyle); }
 
 // One expert linear over the dispatch buffer: `out` features from each row's expert.
 int expert_linear(Builder& b, const std::string& name, int xs, int rows, int64_t out, uint32_t tags,
@@ -52,12 +53,13 @@ int shared_expert(Builder& b, const DecoderStyle& s, int n2) {
 }
 
 // How the block's tokens are routed: Sinkhorn's weights are a sigmoid for one expert per token, a
-// softmax for more, as they are (Megatron-LM's router.py).
+// softmax for more, as they are, and one sigmoid weight is not divided by itself (Megatron-LM's
+// router.py and topk_softmax_with_capacity).
 Routing routing_of(const ModelConfig& c) {
   const bool sinkhorn = c.router == Router::Sinkhorn;
   const bool sigmoid = c.router == Router::Sigmoid || (sinkhorn && c.top_k == 1);
-  Routing r{c.experts, c.top_k,  c.expert_capacity(), sigmoid, c.norm_topk && !sinkhorn, c.aux_loss,
-            c.ep,      sinkhorn, c.deterministic};
+  const bool normalize = c.norm_topk && !sinkhorn && !(sigmoid && c.top_k == 1);
+  Routing r{c.experts, c.top_k, c.expert_capacity(), sigmoid, normalize, c.aux_loss, c.ep, sinkhorn, c.deterministic};
   r.etp = c.etp;
   r.fp32_return = c.router_fp32 && c.dtype != DType::F32;
   r.allgather = c.allgather_dispatch;
@@ -200,6 +202,7 @@ extern const BlockKind kMoe{"moe",
                             block,
                             head,
                             check,
+                            choices,
                             /*has_logits=*/true,
                             /*routes=*/true};
 

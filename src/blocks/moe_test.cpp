@@ -9,6 +9,7 @@
 #include "remat/block.h"
 #include "remat/error.h"
 #include "remat/executor.h"
+#include "remat/memory.h"
 #include "remat/model.h"
 #include "remat/policy.h"
 #include "remat/schedule.h"
@@ -206,17 +207,20 @@ struct RouteRun {
   at::Tensor weights, experts, dlogits;
 };
 
-RouteRun run_route(const at::Tensor& logits, const Routing& routing, const at::Tensor& dweights) {
-  const int64_t k = routing.top_k;
+BlockSpec route_stage(const at::Tensor& logits, const Routing& routing) {
   ModelConfig cfg;
   detail::Builder b(cfg, "test.route");
   const int z = b.input("logits", logits.sizes().vec(), DType::F32, "router logits");
   std::vector<int64_t> per_token = logits.sizes().vec();
-  per_token.back() = k;
+  per_token.back() = routing.top_k;
   b.op(OpKind::Route, "route", {z},
        {{"weights", per_token}, {"experts", per_token, DType::I64}, {"probs", logits.sizes().vec()}});
   b.last().routing = routing;
-  const BlockSpec spec = b.finish(b.last().out[0]);
+  return b.finish(b.last().out[0]);
+}
+
+RouteRun run_route(const at::Tensor& logits, const Routing& routing, const at::Tensor& dweights) {
+  const BlockSpec spec = route_stage(logits, routing);
   BlockExecutor exec(spec, keep_everything(spec));
   BlockContext ctx;
   RouteRun r;
@@ -254,6 +258,43 @@ TEST(Moe, TheRouterBackwardAddsTheLoadBalancingLossGradient) {
   EXPECT_GT(want.abs().max().item<double>(), 1e-3);
 }
 
+// With sigmoid scores the loss's P_e is the mean of each token's scores divided by their sum
+// (Megatron-LM's compute_routing_scores_for_aux_loss), so lowering every logit does not lower it.
+TEST(Moe, TheSigmoidRoutersBalancingGradientIsOfScoresDividedByTheirSum) {
+  at::manual_seed(6);
+  const int64_t tokens = 10, experts = 5, k = 2;
+  const double coef = 0.3;
+  const at::Tensor logits = at::randn({tokens, experts}, at::kDouble);
+  const RouteRun r =
+      run_route(logits, Routing{experts, k, 0, /*sigmoid=*/true, true, coef}, at::zeros({tokens, k}, at::kDouble));
+  const at::Tensor f = at::one_hot(r.experts.reshape({-1}), experts).sum(0).to(at::kDouble) / (tokens * k);
+  const at::Tensor z = logits.clone().requires_grad_();
+  const at::Tensor s = at::sigmoid(z);
+  const at::Tensor P = (s / (s.sum(-1, true) + 1e-20)).mean(0);
+  const at::Tensor want = torch::autograd::grad({coef * experts * (f * P).sum()}, {z})[0];
+  EXPECT_TRUE(testing::close(r.dlogits, want, 1e-12));
+  // Scaling a token's scores together leaves P unchanged: sum_e p_e dL/dp_e = 0, dL/dp = dz / (p (1 - p)).
+  const at::Tensor p = s.detach();
+  EXPECT_LT((r.dlogits / (1 - p)).sum(-1).abs().max().item<double>(), 1e-12);
+}
+
+// One expert per token under the sigmoid router keeps its score as its weight (Megatron-LM): a
+// weight divided by itself is 1, and the main loss would never reach the router.
+TEST(Moe, OneSigmoidWeightIsItsScore) {
+  ModelConfig c = tiny("moe");
+  c.router = Router::Sigmoid, c.top_k = 1;
+  const BlockSpec spec = make_block(c);
+  const auto route =
+      std::find_if(spec.ops.begin(), spec.ops.end(), [](const OpNode& o) { return o.kind == OpKind::Route; });
+  ASSERT_NE(route, spec.ops.end());
+  EXPECT_FALSE(route->routing.normalize);
+  c.top_k = 2;
+  const BlockSpec two = make_block(c);
+  EXPECT_TRUE(std::find_if(two.ops.begin(), two.ops.end(), [](const OpNode& o) {
+                return o.kind == OpKind::Route;
+              })->routing.normalize);
+}
+
 // Megatron-LM's sinkhorn router, one expert per token, sigmoid weights: the routing of tokens that
 // all prefer expert 0.
 RouteRun sinkhorn_top1(const at::Tensor& logits) {
@@ -289,6 +330,37 @@ TEST(Moe, SinkhornSpreadsTokensThatAllPreferOneExpert) {
   const at::Tensor counts = at::bincount(sinkhorn_top1(z).experts.reshape({-1}), {}, experts);
   EXPECT_LE(counts.max().item<int64_t>(), tokens / experts * 3 / 2) << counts;
   EXPECT_GE(counts.min().item<int64_t>(), tokens / experts / 2) << counts;
+}
+
+// Sinkhorn's working memory (a double per token and expert, and per token) is the router's
+// declared forward scratch: the tracker's peak over the forward is the outputs and it, exactly.
+TEST(Moe, SinkhornsWorkingMemoryIsTheRoutersForwardScratch) {
+  const at::Tensor logits = prefer_expert_0(64, 4).to(at::kFloat);
+  Routing r{4, 1, 0, /*sigmoid=*/true, /*normalize=*/false};
+  r.sinkhorn = true;
+  const BlockSpec spec = route_stage(logits, r);
+  BlockExecutor exec(spec, keep_everything(spec));
+  BlockContext ctx;
+  const int64_t before = MemoryTracker::live();
+  MemoryTracker::reset_peak();
+  const at::Tensor weights = exec.forward({logits}, {}, ctx, 0);
+  const int64_t outputs = MemoryTracker::live() - before, scratch = spec.forward_scratch(0, {});
+  EXPECT_GE(scratch, 64 * 4 * 8);
+  EXPECT_EQ(MemoryTracker::peak() - before, outputs + scratch);
+}
+
+// Outside training Sinkhorn does not choose (Megatron-LM routes by each token's own scores there):
+// a sequence's logits do not depend on the other sequences of its batch.
+TEST(Moe, SinkhornRoutesByEachTokensOwnScoresInEvaluation) {
+  ModelConfig c = tiny("moe");
+  c.router = Router::Sinkhorn, c.top_k = 1, c.aux_loss = 0;
+  at::manual_seed(8);
+  GPT model(c, Policy::parse("none"));
+  model->eval();
+  auto [input, target] = random_batch(c);
+  const at::Tensor others = input.clone();
+  others.narrow(0, 1, c.batch - 1).random_(0, c.vocab);
+  EXPECT_TRUE(testing::close(model->logits(input)[0], model->logits(others)[0], 1e-5));
 }
 
 // The choice is the top of the balanced scores as Sinkhorn-Knopp finds them, written here with

@@ -72,6 +72,7 @@ extern const BlockKind kSeed{"seed",
                              block,
                              head,
                              check,
+                             /*resolve_choices=*/nullptr,
                              /*has_logits=*/false,
                              /*routes=*/false,
                              /*causal=*/false};

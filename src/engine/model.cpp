@@ -101,11 +101,14 @@ void GPTImpl::build_executors() {
     first_execs_.push_back(st.first_pass ? executor(made_first, st, st.first_pass, unverified) : nullptr);
   }
   // Eval mode: the dropout-free twin of the model, keeping everything. Its parameters are ours, in
-  // the same order.
+  // the same order. Sinkhorn balances the experts' load in training only: outside it a token's
+  // experts are the top of its own scores, whatever the batch around it (Megatron-LM's router).
   eval_execs_.clear();
   ModelConfig no_dropout = cfg_;
   no_dropout.dropout = 0;
-  auto eval_spec = std::make_shared<const ModelSpec>(make_model(no_dropout));
+  ModelSpec eval_model = make_model(no_dropout);
+  for (OpNode& op : eval_model.block.ops) op.routing.sinkhorn = false;
+  auto eval_spec = std::make_shared<const ModelSpec>(std::move(eval_model));
   ResolvedPolicy keep;
   keep.layers.assign(cfg_.layers, keep_everything(eval_spec->block));
   eval_plan_ = compile_step(eval_spec, keep);

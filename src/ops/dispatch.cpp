@@ -26,6 +26,9 @@ constexpr int64_t kRowsPerTask = 64;
 
 // slots and rows from the experts, as the header says.
 void place(const Routing& r, const int64_t* experts, int64_t copies, int64_t* slots, int64_t* rows, int64_t n_rows) {
+  for (int64_t i = 0; i < copies; ++i)
+    if (experts[i] < 0 || experts[i] >= r.experts)
+      REMAT_INTERNAL("dispatch: expert {} outside [0, {})", experts[i], r.experts);
   std::vector<int64_t> next(r.experts, 0);
   if (r.capacity == 0) {
     for (int64_t i = 0; i < copies; ++i) ++next[experts[i]];
@@ -37,7 +40,6 @@ void place(const Routing& r, const int64_t* experts, int64_t copies, int64_t* sl
   std::fill(rows, rows + n_rows, int64_t{-1});
   for (int64_t i = 0; i < copies; ++i) {
     const int64_t e = experts[i];
-    if (e < 0 || e >= r.experts) REMAT_INTERNAL("dispatch: expert {} outside [0, {})", e, r.experts);
     if (r.capacity > 0 && next[e] == (e + 1) * r.capacity) {
       slots[i] = -1;
       continue;

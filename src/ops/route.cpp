@@ -13,7 +13,9 @@
 //   backward reads experts and probs; dlogits is a fresh tensor. It also adds the gradient of the
 //   load-balancing loss aux = c E sum_e f_e P_e (Switch Transformer; Megatron-LM's
 //   switch_load_balancing_loss_func), f_e the share of the (token, slot) pairs routed to expert e
-//   and P_e its mean probability over the tokens, c = Routing::aux_loss: as Megatron's
+//   and P_e its mean probability over the tokens (for sigmoid scores, each token's divided by their
+//   sum plus 1e-20 first, as Megatron-LM's compute_routing_scores_for_aux_loss does: raw sigmoids
+//   would let the loss fall by lowering every logit), c = Routing::aux_loss: as Megatron's
 //   MoEAuxLossAutoScaler does, the loss's value is not part of the model's output and its gradient
 //   joins the router's in the backward. Under gradient accumulation the caller divides c by the
 //   micro-batches, as it divides the loss.
@@ -34,17 +36,30 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 64;
 
+// Added to a token's sum of sigmoid scores before they are divided by it for the load-balancing
+// loss (Megatron-LM's 1e-20): a token whose every score underflowed divides by it, not by 0.
+constexpr double kSigmoidScoreFloor = 1e-20;
+
 // Sinkhorn-Knopp's sweeps stop when the column scales move less than this on average (Megatron-LM's
 // tolerance), or after kSinkhornSweeps.
 constexpr double kSinkhornTolerance = 1e-4;
 constexpr int kSinkhornSweeps = 1000;
 
+// Sinkhorn's working memory, in doubles: the exp(z) table (rows x E), the row scales, and two sets
+// of column scales. An ATen tensor, so that the memory tracker sees it (forward_scratch).
+int64_t sinkhorn_doubles(int64_t rows, int64_t n) { return rows * n + rows + 2 * n; }
+
 // log of each expert's column scale c_e in the balanced scores a_t exp(z_te) c_e: rows alternately
 // scaled to sum to 1 / rows, columns to 1 / E, from c = 1. Each row of exp(z) is taken relative to
-// its largest entry, which only rescales a_t: the c_e are those of exp(z) itself.
+// its largest entry, which only rescales a_t: the c_e are those of exp(z) itself. Works in `work`
+// (sinkhorn_doubles); returns where in it the E logs are.
 template <typename T>
-std::vector<double> sinkhorn_log_scales(const T* logits, int64_t rows, int64_t n) {
-  std::vector<double> cost(static_cast<size_t>(rows * n)), row(static_cast<size_t>(rows)), col(n, 1.0), next(n);
+const double* sinkhorn_log_scales(const T* logits, int64_t rows, int64_t n, at::Tensor& work) {
+  double* cost = work.data_ptr<double>();
+  double* row = cost + rows * n;
+  double* col = row + rows;
+  double* next = col + n;
+  std::fill(col, col + n, 1.0);
   for (int64_t t = 0; t < rows; ++t) {
     const T* z = logits + t * n;
     const double top = static_cast<double>(*std::max_element(z, z + n));
@@ -57,7 +72,7 @@ std::vector<double> sinkhorn_log_scales(const T* logits, int64_t rows, int64_t n
       for (int64_t e = 0; e < n; ++e) s += cost[t * n + e] * col[e];
       row[t] = per_row / s;
     }
-    std::fill(next.begin(), next.end(), 0.0);
+    std::fill(next, next + n, 0.0);
     for (int64_t t = 0; t < rows; ++t)
       for (int64_t e = 0; e < n; ++e) next[e] += cost[t * n + e] * row[t];
     double moved = 0;
@@ -65,10 +80,10 @@ std::vector<double> sinkhorn_log_scales(const T* logits, int64_t rows, int64_t n
       next[e] = per_col / next[e];
       moved += std::abs(next[e] - col[e]);
     }
-    col.swap(next);
+    std::swap(col, next);
     if (moved / static_cast<double>(n) <= kSinkhornTolerance) break;
   }
-  for (double& c : col) c = std::log(c);
+  for (int64_t e = 0; e < n; ++e) col[e] = std::log(col[e]);
   return col;
 }
 
@@ -77,7 +92,8 @@ void forward_rows(const Routing& r, const T* logits, T* weights, int64_t* expert
   const int64_t n = r.experts, k = r.top_k;
   // What a token's experts are chosen by: its probabilities, or its balanced scores (as logits +
   // log column scale, in the same order).
-  const std::vector<double> balance = r.sinkhorn ? sinkhorn_log_scales(logits, rows, n) : std::vector<double>();
+  at::Tensor work = r.sinkhorn ? at::empty({sinkhorn_doubles(rows, n)}, at::kDouble) : at::Tensor();
+  const double* balance = r.sinkhorn ? sinkhorn_log_scales(logits, rows, n, work) : nullptr;
   detail::parallel_chunks(rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     std::vector<double> key(r.sinkhorn ? n : 0);
     for (int64_t t = begin; t < end; ++t) {
@@ -117,7 +133,8 @@ template <typename T>
 void backward_rows(const Routing& r, const T* dweights, const int64_t* experts, const T* probs, T* dlogits,
                    int64_t rows) {
   const int64_t n = r.experts, k = r.top_k;
-  // The load-balancing loss's gradient by P_e: c E f_e / tokens, f_e = count_e / (tokens k).
+  // The load-balancing loss's gradient by each token's score entering P_e: c E f_e / tokens,
+  // f_e = count_e / (tokens k).
   std::vector<double> aux(n, 0.0);
   if (r.aux_loss != 0) {
     for (int64_t i = 0; i < rows * k; ++i) aux[experts[i]] += 1.0;
@@ -130,7 +147,14 @@ void backward_rows(const Routing& r, const T* dweights, const int64_t* experts, 
       const T* p = probs + t * n;
       const int64_t* ex = experts + t * k;
       const T* dw = dweights + t * k;
-      for (int64_t e = 0; e < n; ++e) dp[e] = static_cast<T>(aux[e]);
+      if (r.sigmoid && r.aux_loss != 0) {  // q_e = p_e / S: dp_e = (g_e - sum_e' g_e' q_e') / S
+        double sum = kSigmoidScoreFloor, dot = 0;
+        for (int64_t e = 0; e < n; ++e) sum += static_cast<double>(p[e]);
+        for (int64_t e = 0; e < n; ++e) dot += aux[e] * (static_cast<double>(p[e]) / sum);
+        for (int64_t e = 0; e < n; ++e) dp[e] = static_cast<T>((aux[e] - dot) / sum);
+      } else {
+        for (int64_t e = 0; e < n; ++e) dp[e] = static_cast<T>(aux[e]);
+      }
       if (r.normalize) {  // w_j = p_j / S: dp_i = (dw_i - sum_j dw_j w_j) / S
         T sum = 0, dot = 0;
         for (int64_t j = 0; j < k; ++j) sum += p[ex[j]];
@@ -149,6 +173,12 @@ void backward_rows(const Routing& r, const T* dweights, const int64_t* experts, 
       }
     }
   });
+}
+
+int64_t forward_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
+  if (!n.routing.sinkhorn) return 0;
+  return sinkhorn_doubles(b.tensors[n.in[0]].numel() / n.routing.experts, n.routing.experts) *
+         static_cast<int64_t>(sizeof(double));
 }
 
 void check(const at::Tensor& t) {
@@ -222,6 +252,7 @@ extern const OpDef kRoute = [] {
   d.grad_in[0] = GradKind::Fresh;
   d.forward = forward;
   d.backward = backward;
+  d.forward_scratch = forward_scratch;
   d.test = &kTest;
   return d;
 }();

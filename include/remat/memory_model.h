@@ -108,6 +108,9 @@ struct StepShape {
   bool cuda = false;
   bool expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   std::vector<int64_t> fixed_blocks;
+  // The batch (input and target) is a GPU framework's own allocation, in StepMemory::fixed (its
+  // "micro-batch" term): StepMemory::data stays 0, so that the batch is counted once.
+  bool batch_in_fixed = false;
   bool op_by_op = false;  // with gradient buffers: replay every op of every micro-batch instead
                           // of folding the pipeline order over each chunk's passes (the same
                           // bytes, for the tests that say so)

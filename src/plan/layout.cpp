@@ -371,6 +371,7 @@ class Evaluator {
       shape.chunks = static_cast<int>(l.vpp);
     }
     const std::vector<Allocation> fixed = fixed_allocations(options_, device_, cfg_, l, stage);
+    shape.batch_in_fixed = !device_.engine;  // fixed_allocations' "micro-batch"
     if (cuda && !device_.engine) {
       shape.cuda = true;
       shape.expandable_segments = options_.expandable_segments;
@@ -773,8 +774,10 @@ void add_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device&
       for (int zero : space.zero_fixed >= 0 ? std::vector<int>{space.zero_fixed} : space.zero) {
         // Instances are ZeRO-1's, over the dp x cp ranks (validate names a count that does not divide them).
         if (space.optimizer_instances > 1 && zero != 1 && space.zero_fixed < 0) continue;
-        if (zero > 0 && l.dp == 1 && space.zero_fixed < 0 && space.optimizer_instances == 1)
-          continue;  // nothing to shard over
+        // Nothing to shard over: ZeRO shards over the dp x cp ranks, the experts' state over theirs.
+        if (zero > 0 && l.shards() == 1 && (!routes_experts(cfg.arch) || l.expert_shards() == 1) &&
+            space.zero_fixed < 0 && space.optimizer_instances == 1)
+          continue;
         if (space.fsdp && zero != 0) continue;
         l.vpp = vpp, l.micro_batch = mb, l.zero = zero, l.optimizer_instances = space.optimizer_instances;
         try {

@@ -576,6 +576,24 @@ TEST(Frameworks, MegatronFixedAllocationsByHand) {
   EXPECT_EQ(bytes("h100-80gb", 1, o), (std::vector<int64_t>{2 * MiB, 8 * tokens}));
 }
 
+// A framework's batch is its "micro-batch" allocation: the step's data is not counted beside it
+// (the input ids and labels are the same tensors), under Megatron and torchtitan alike.
+TEST(Frameworks, TheBatchIsCountedOnce) {
+  const ModelConfig c = mixed_model();
+  Layout l;
+  l.pp = 2, l.micro_batch = 2, l.global_batch = 4;
+  for (Framework f : {Framework::Megatron, Framework::Torchtitan}) {
+    PlanOptions o;
+    o.framework = f;
+    const LayoutPlan p = plan_layout(c, l, parse_device("h100-80gb"), "full", o);
+    for (const RankPlan& r : p.ranks) {
+      EXPECT_EQ(r.memory.data, 0) << r.stage;
+      EXPECT_TRUE(
+          std::any_of(r.fixed.begin(), r.fixed.end(), [](const Allocation& a) { return a.name == "micro-batch"; }));
+    }
+  }
+}
+
 // A mixture of experts under Megatron adds Transformer Engine's grouped-GEMM workspaces (4 streams
 // x (32 MiB + 1 KiB) on Hopper; none with one GEMM per expert) and, under expert parallelism, the
 // allgather dispatcher's kept buffer: the group's tokens, etp x ep x micro-batch x seq / tp (with
@@ -918,6 +936,20 @@ TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
   EXPECT_EQ(stages(), (std::set<int>{3}));
   space.zero_fixed = -1, space.zero = {0, 1, 2, 3};
   EXPECT_EQ(stages(), (std::set<int>{0, 1, 2, 3}));
+}
+
+// ZeRO shards over the dp x cp ranks: with dp 1 and cp 2 a search still tries it.
+TEST(Layouts, ASearchTriesZeroOverContextParallelRanks) {
+  ModelConfig c = mixed_model();
+  c.layers = 8, c.seq = 512, c.attention = AttentionImpl::Flash;
+  SearchSpace space;
+  space.gpus = 2, space.global_batch = 4, space.policies = {"none"}, space.tp = 1, space.pp = 1, space.cp = 2;
+  std::set<int> seen;
+  for (const LayoutPlan& p : search_layouts(c, space, parse_device("a100-80gb"), 100).best) {
+    EXPECT_EQ(p.layout.dp, 1);
+    seen.insert(p.layout.zero);
+  }
+  EXPECT_EQ(seen, (std::set<int>{0, 1}));
 }
 
 // Optimizer instances make a search try ZeRO-1 alone, over dp x cp ranks (dp 1 with cp 2 too), and

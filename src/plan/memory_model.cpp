@@ -479,10 +479,12 @@ StepMemory persistent_memory(const CompiledStep& plan, const StepShape& shape, c
         updated * adam_bytes_per_param(grad, e.sharded_weight(), e.state, e.master > 0 ? e.weight : 0);
     if (shape.bucketed()) m.buffers = m.grads + shape.extra_buffers;
   }
-  for (const CompiledStage& st : plan.stages) {
-    if (st.role == CompiledStage::Role::Stem || (st.external.size() > 0 && st.external[0]))
-      m.data += st.spec->tensors[st.spec->inputs[0]].bytes();
-    if (st.role == CompiledStage::Role::Head) m.data += st.spec->tensors[st.spec->inputs[1]].bytes();
+  if (!shape.batch_in_fixed) {
+    for (const CompiledStage& st : plan.stages) {
+      if (st.role == CompiledStage::Role::Stem || (st.external.size() > 0 && st.external[0]))
+        m.data += st.spec->tensors[st.spec->inputs[0]].bytes();
+      if (st.role == CompiledStage::Role::Head) m.data += st.spec->tensors[st.spec->inputs[1]].bytes();
+    }
   }
   return m;
 }

@@ -125,6 +125,12 @@ bad "preset 'attn' in 'attn' drops nothing in a llama block: it has no T x T att
 bad "--fsdp-root 'drop': allowed are reshard (PyTorch 2.8 and later) and keep" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --fsdp-root drop
 bad "--no-fused-wgrad describes Megatron-LM; --framework torchtitan has no such setting" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-fused-wgrad
 bad "--no-grouped-gemm: --arch llama has no experts" plan --model llama2-70b --gpus 16 --device h100-80gb --no-grouped-gemm
+bad "--deterministic changes only a mixture of experts' unpermute here; --arch llama has none" plan --model llama2-70b --gpus 16 --device h100-80gb --deterministic
+bad "--pure-bf16 keeps weights, gradients and Adam state in bf16; give --dtype bf16" plan --model llama2-7b --gpus 8 --device h100-80gb --dtype fp32 --pure-bf16
+bad "--grad-dtype fp32 with --pure-bf16, which keeps every gradient in bf16" plan --model llama2-7b --gpus 8 --device h100-80gb --pure-bf16 --grad-dtype fp32
+bad "--grad-dtype sets Megatron-LM's gradient buffers; FSDP2" plan --model llama2-7b --gpus 8 --device h100-80gb --framework torchtitan --grad-dtype bf16
+bad "--expert-imbalance sizes dropless routing's busiest rank; --capacity-factor 1 fixes" plan "${moe[@]}" --global-batch 8 --gpus 2 --capacity-factor 1 --expert-imbalance 2
+bad "--expert-imbalance sizes the busiest expert-parallel rank; --ep 1 keeps every expert" plan "${moe[@]}" --global-batch 8 --gpus 2 --ep 1 --expert-imbalance 2
 bad "--dispatcher 'flex': allowed are allgather (Megatron-LM's default) and alltoall" plan --model mixtral-8x7b --gpus 64 --device h100-80gb --global-batch 256 --dispatcher flex
 bad "policy 'uniform:1' runs uniform:N segments, which are planned on layouts of one pipeline stage" plan --model llama2-70b --gpus 16 --device h100-80gb --tp 8 --pp 2 --dp 1 --policies uniform:1
 bad "--attn-block must be a positive integer, got 0" bench "${tiny[@]}" --attn-block 0

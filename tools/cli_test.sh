@@ -149,6 +149,17 @@ grep -q "fastest layouts that fit" "$tmp/layouts.out" && grep -q "| every GPU\||
   grep -q "MFU" "$tmp/layouts.out" && grep -q '"fits": true' "$tmp/layouts.json" ||
   { echo "FAIL: plan --gpus 16 output"; cat "$tmp/layouts.out"; failures=$((failures + 1)); }
 
+# A --budget is per GPU: the devices offered instead are those with at least that much memory (the
+# A100 40GB cannot hold a 46 GiB peak; the A100 80GB can).
+expect_error 2 "at 1 GPUs, a100-80gb fit" plan --model llama2-7b --layers 12 --gpus 1 --tp 1 --pp 1 --dp 1 \
+  --micro-batch 1 --global-batch 1 --policies full --device h100-80gb --budget 48.7GiB
+
+# --pure-bf16 keeps the gradients in bf16 too: 2 bytes each, not Megatron's fp32 buffers.
+"$remat" plan --model llama2-7b --gpus 8 --device h100-80gb --policies full --tp 2 --dp 4 --zero 1 --pp 1 \
+  --pure-bf16 --json "$tmp/pure.json" >/dev/null 2>&1 || echo "plan --pure-bf16 failed" >&2
+grep -q '"grad_bytes": 2' "$tmp/pure.json" ||
+  { echo "FAIL: --pure-bf16 planned gradients of other than 2 bytes"; failures=$((failures + 1)); }
+
 # A GPU plan runs flash attention unless --attention says math (the frameworks planned fuse it), and
 # the default policies leave out those with nothing to drop there (a listed one is refused:
 # bad_input_test.sh); --device cpu plans the engine's math.

@@ -499,7 +499,8 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
       left_out.policies.push_back(p);
     }
   space.policies = kept;
-  space.grad_bytes = f.grad_dtype == "fp32" || cfg.dtype == DType::F32 ? 4 : 2;
+  // --pure-bf16 keeps the gradients in the model's dtype as well.
+  space.grad_bytes = cfg.dtype == DType::F32 || (f.grad_dtype == "fp32" && !opt.pure_dtype) ? 4 : 2;
   space.tp = f.tp, space.pp = f.pp, space.dp = f.dp, space.vpp = f.vpp, space.micro_batch = f.micro_batch;
   space.cp = f.cp;
   space.ep = f.ep;
@@ -525,6 +526,24 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
     fail("--fsdp-root sets FSDP2's root unit; this plan does not shard with FSDP2 (--fsdp, --framework torchtitan)");
   if (f.app->count("--grad-dtype") > 0 && f.grad_dtype != "fp32" && cfg.dtype == DType::F32)
     fail("--grad-dtype {} is for mixed precision; --dtype fp32 keeps fp32 gradients", f.grad_dtype);
+  if (f.app->count("--grad-dtype") > 0 && space.fsdp)
+    fail(
+        "--grad-dtype sets Megatron-LM's gradient buffers; FSDP2 (--fsdp, --framework torchtitan) reduce-scatters "
+        "in its reduce dtype (fp32, or bf16 with --pure-bf16): leave --grad-dtype out");
+  if (opt.pure_dtype && cfg.dtype == DType::F32)
+    fail("--pure-bf16 keeps weights, gradients and Adam state in bf16; give --dtype bf16 with it");
+  if (opt.pure_dtype && f.app->count("--grad-dtype") > 0 && f.grad_dtype == "fp32")
+    fail("--grad-dtype fp32 with --pure-bf16, which keeps every gradient in bf16: leave one out");
+  if (opt.deterministic && !routes_experts(cfg.arch))
+    fail("--deterministic changes only a mixture of experts' unpermute here; --arch {} has none: leave it out",
+         cfg.arch);
+  if (f.app->count("--expert-imbalance") > 0 && cfg.capacity_factor > 0)
+    fail(
+        "--expert-imbalance sizes dropless routing's busiest rank; --capacity-factor {} fixes every expert's rows: "
+        "leave one out",
+        cfg.capacity_factor);
+  if (f.app->count("--expert-imbalance") > 0 && f.app->count("--ep") > 0 && f.ep == 1)
+    fail("--expert-imbalance sizes the busiest expert-parallel rank; --ep 1 keeps every expert on each rank");
   space.zero_fixed = f.zero;
   if (f.optimizer_instances < 1 || f.optimizer_instances > kMostGpus)
     fail("--optimizer-instances must be in 1..{}, got {}", kMostGpus, f.optimizer_instances);
@@ -589,9 +608,11 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
     fmt::print(
         "  assumed: matmuls at {:.0f}% of the peak, memory-bound ops at {:.0f}% of HBM bandwidth, collectives "
         "at {:.0f}% of link bandwidth; tensor-parallel collectives and pipeline sends not overlapped; the "
-        "data-parallel reduction overlaps the last micro-batch's backward; gradients in {} buffers\n",
+        "data-parallel reduction overlaps the last micro-batch's backward; gradients in {}\n",
         100 * device.matmul_efficiency, 100 * device.memory_efficiency, 100 * device.link_efficiency,
-        space.grad_bytes == 4 ? "fp32" : "16-bit");
+        space.fsdp ? (opt.pure_dtype ? "bf16, reduce-scattered by FSDP2" : "fp32, reduce-scattered by FSDP2")
+        : space.grad_bytes == 4 ? "fp32 buffers"
+                                : "16-bit buffers");
   else
     fmt::print(
         "  remat's own engine and trainer (remat train --nproc): exact to the byte against its tracker; step times "
@@ -637,7 +658,9 @@ LayoutAnswer answer_layouts(const ModelConfig& cfg, const SearchSpace& space, co
   if (!device.engine)
     for (const std::string& name : device_names()) {
       if (name == "cpu" || name == device.name) continue;
-      if (!search_layouts(cfg, space, parse_device(name), 1, opt).best.empty()) a.other_devices.push_back(name);
+      const Device other = parse_device(name);
+      if (opt.budget > other.memory) continue;  // a --budget is per GPU: one smaller cannot give it
+      if (!search_layouts(cfg, space, other, 1, opt).best.empty()) a.other_devices.push_back(name);
     }
   return a;
 }

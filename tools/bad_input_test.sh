@@ -124,6 +124,7 @@ bad "model 'deepseek-v3' is not modelled: its multi-head latent attention" plan 
 bad "preset 'attn' in 'attn' drops nothing in a llama block: it has no T x T attention tensor" plan --arch llama --layers 2 --dim 256 --heads 4 --seq 256 --vocab 1024 --dtype bf16 --global-batch 8 --gpus 8 --device h100-80gb --policies attn
 bad "--fsdp-root 'drop': allowed are reshard (PyTorch 2.8 and later) and keep" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --fsdp-root drop
 bad "--no-fused-wgrad describes Megatron-LM; --framework torchtitan has no such setting" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-fused-wgrad
+bad "--no-sp: torchtitan's tensor parallelism is always sequence-parallel" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-sp
 bad "--no-grouped-gemm: --arch llama has no experts" plan --model llama2-70b --gpus 16 --device h100-80gb --no-grouped-gemm
 bad "--deterministic changes only a mixture of experts' unpermute here; --arch llama has none" plan --model llama2-70b --gpus 16 --device h100-80gb --deterministic
 bad "--pure-bf16 keeps weights, gradients and Adam state in bf16; give --dtype bf16" plan --model llama2-7b --gpus 8 --device h100-80gb --dtype fp32 --pure-bf16

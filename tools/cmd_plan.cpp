@@ -562,6 +562,12 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
          ranks);
   space.optimizer_instances = f.optimizer_instances;
   if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
+  // torchtitan's tensor-parallel plan shards the norms' tokens (SequenceParallel) whenever tp > 1.
+  space.sp_with_tp = opt.framework == Framework::Torchtitan;
+  if (space.sp_with_tp && f.app->count("--sp") > 0 && !f.sp)
+    fail(
+        "--no-sp: torchtitan's tensor parallelism is always sequence-parallel (its plan shards the norms); leave it "
+        "out");
   return space;
 }
 

@@ -276,6 +276,7 @@ struct SearchSpace {
   bool fsdp = false;                          // every layout shards with FSDP2 (zero 0)
   int zero_fixed = -1, sp_fixed = -1;         // -1: searched; else the ZeRO stage, and sp off (0) or on (1)
   int64_t optimizer_instances = 1;            // Layout::optimizer_instances; > 1 tries ZeRO-1 alone
+  bool sp_with_tp = false;                    // tp > 1 always with sp (torchtitan's tensor-parallel plan has no other)
 };
 
 struct SearchResult {

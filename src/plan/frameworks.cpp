@@ -141,11 +141,22 @@ int64_t nccl_peer_bytes(bool same_node) {
 
 namespace {
 
-// `peers` point-to-point peers `apart` ranks from one another along a line of ranks (`apart`
-// consecutive GPUs each), on the GPU that has the most of them in its own node: nodes of
-// `per_node` GPUs hold per_node / apart consecutive members of the line.
-int64_t peer_bytes(int64_t peers, int64_t apart, int64_t line, int64_t per_node) {
-  const int64_t in_node = std::min(peers, std::min(line, std::max<int64_t>(1, per_node / apart)) - 1);
+// Along a line of `line` ranks `apart` GPUs from one another, in nodes of `per_node` GPUs: the
+// most other members of the line one rank has in its own node. A node holds ceil(per_node / apart)
+// of them where the line starts at its first GPU.
+int64_t members_in_node(int64_t apart, int64_t line, int64_t per_node) {
+  return std::min(line, (per_node + apart - 1) / apart) - 1;
+}
+
+// Of a rank's two neighbours on such a line (the one before it and the one after), the most in its
+// own node: both where the three fit in a node (2 apart + 1 GPUs), one where two do.
+int64_t neighbours_in_node(int64_t apart, int64_t line, int64_t per_node) {
+  return std::min(line - 1, 2 * apart < per_node ? int64_t{2} : apart < per_node ? int64_t{1} : int64_t{0});
+}
+
+// The NCCL buffers of `peers` point-to-point peers, `in_node` of them (at most) in the rank's node.
+int64_t peer_bytes(int64_t peers, int64_t in_node) {
+  in_node = std::min(peers, in_node);
   return in_node * nccl_peer_bytes(true) + (peers - in_node) * nccl_peer_bytes(false);
 }
 
@@ -172,11 +183,15 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
     nccl("across optimizer instances", l.optimizer_instances, ring);
   }
   // Pipeline sends and receives with the neighbouring stages, tp x cp x dp ranks apart (two, or one
-  // when pp is 2), on the stage with the most of them in its node (a stage inside a node's run of
-  // stages, where one holds three or more). The first and last stage of a pipeline without virtual
-  // stages have one neighbour: counted as the others, on the safe side.
+  // when pp is 2), on the stage with the most of them in its node (neighbours_in_node). The first
+  // and last stage of a pipeline without virtual stages have one neighbour: counted as the others,
+  // on the safe side.
   nccl("pipeline neighbours", l.pp,
-       peer_bytes(std::min<int64_t>(2, l.pp - 1), l.tp * l.cp * l.dp, l.pp, d.gpus_per_node));
+       peer_bytes(std::min<int64_t>(2, l.pp - 1), neighbours_in_node(l.tp * l.cp * l.dp, l.pp, d.gpus_per_node)));
+  // A word embedding tied to the head across the first and last stage: Megatron-LM all-reduces its
+  // gradient over the embedding group (parallel_state.py, _EMBEDDING_GROUP), a communicator of its
+  // own (counted on every stage, on the safe side).
+  if (l.pp > 1 && with_choices_resolved(c).tied == Switch::On) nccl("embedding group (tied weights)", 2, ring);
   if (!routes_experts(c.arch)) return out;
   // A mixture of experts (Megatron-LM's groups; every process group is one NCCL communicator):
   // both token dispatchers gather over the etp x ep ranks (the allgather dispatcher its tokens,
@@ -187,7 +202,7 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
   // the dense parameters (ep > 1, or etp other than tp).
   nccl("expert- and expert-tensor-parallel group", l.ep * l.etp, ring);
   if (!allgather_dispatch(o, d)) {
-    nccl("expert-parallel all-to-all", l.ep, peer_bytes(l.ep - 1, l.etp, l.ep, d.gpus_per_node));
+    nccl("expert-parallel all-to-all", l.ep, peer_bytes(l.ep - 1, members_in_node(l.etp, l.ep, d.gpus_per_node)));
     nccl("expert-tensor-parallel group", l.etp, ring);
   }
   if (l.ep > 1 || l.etp != l.tp) {

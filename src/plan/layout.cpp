@@ -800,6 +800,7 @@ std::vector<Layout> candidate_layouts(const ModelConfig& cfg, const SearchSpace&
     if (tp > device.gpus_per_node || space.gpus % tp != 0 || cfg.kv() % tp != 0 || cfg.hidden() % tp != 0) continue;
     for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
       if (space.sp_fixed >= 0 && sp != space.sp_fixed) continue;
+      if (space.sp_with_tp && tp > 1 && !sp) continue;
       if (sp && cfg.seq % (tp * space.cp) != 0) continue;
       for (int64_t pp = 1; pp <= cfg.layers; ++pp) {
         if (space.pp > 0 && pp != space.pp) continue;

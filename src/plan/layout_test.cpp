@@ -706,8 +706,27 @@ TEST(Frameworks, OutsideTheAllocatorCountsEachCommunicator) {
   EXPECT_EQ(total(l), one_instance + ring);
 }
 
-// A pipeline stage's two neighbours, by how many stages a node holds: all 8 (both in the node), 2
-// (one in the node, one across), 1 (both across).
+// A word embedding tied to the head across pipeline stages has its own communicator (Megatron-LM's
+// embedding group): a ring more for gpt2 under pp 2, none for llama's untied head or one stage.
+TEST(Frameworks, ATiedEmbeddingAcrossStagesHasItsOwnRing) {
+  const Device d = parse_device("h100-80gb");
+  auto has_group = [&](const char* arch, int64_t pp) {
+    ModelConfig c;
+    c.arch = arch;
+    Layout l;
+    l.pp = pp;
+    for (const Allocation& a : outside_allocator({}, d, c, l))
+      if (a.name == "NCCL buffers (embedding group (tied weights))") return a.bytes == nccl_ring_bytes();
+    return false;
+  };
+  EXPECT_TRUE(has_group("gpt2", 2));
+  EXPECT_FALSE(has_group("llama", 2));
+  EXPECT_FALSE(has_group("gpt2", 1));
+}
+
+// A pipeline stage's two neighbours, by how far apart the stages are on 8-GPU nodes: 1 or 3 GPUs
+// (the stage 1 holds and both neighbours fit in a node), 4 or 5 (one neighbour in the node, one
+// across), 8 (both across).
 TEST(Frameworks, PipelineNeighboursInTheNodeOrAcross) {
   const Device d = parse_device("h100-80gb");  // 8 per node
   const int64_t MiB = int64_t{1} << 20, node = 32 * 12 * MiB, net = 2 * 12 * MiB;
@@ -719,7 +738,9 @@ TEST(Frameworks, PipelineNeighboursInTheNodeOrAcross) {
     return int64_t{0};
   };
   EXPECT_EQ(neighbours(1), 2 * node);
+  EXPECT_EQ(neighbours(3), 2 * node);  // GPUs 0, 3 and 6
   EXPECT_EQ(neighbours(4), node + net);
+  EXPECT_EQ(neighbours(5), node + net);  // GPUs 0 and 5, then 10
   EXPECT_EQ(neighbours(8), 2 * net);
 }
 
@@ -936,6 +957,21 @@ TEST(Layouts, ASearchTriesZeroStagesTwoAndThreeOnlyWhenAsked) {
   EXPECT_EQ(stages(), (std::set<int>{3}));
   space.zero_fixed = -1, space.zero = {0, 1, 2, 3};
   EXPECT_EQ(stages(), (std::set<int>{0, 1, 2, 3}));
+}
+
+// torchtitan's tensor parallelism is always sequence-parallel: with sp_with_tp no layout has tp
+// above 1 without sp, and some have tp above 1.
+TEST(Layouts, ASearchKeepsSequenceParallelismWithTensorParallelismWhenAsked) {
+  ModelConfig c = mixed_model();
+  c.layers = 8, c.seq = 512;
+  SearchSpace space;
+  space.gpus = 8, space.global_batch = 16, space.policies = {"none"}, space.pp = 1, space.sp_with_tp = true;
+  bool split = false;
+  for (const LayoutPlan& p : search_layouts(c, space, parse_device("a100-80gb"), 100).best) {
+    EXPECT_TRUE(p.layout.tp == 1 || p.layout.sp) << to_string(p.layout);
+    split = split || p.layout.tp > 1;
+  }
+  EXPECT_TRUE(split);
 }
 
 // ZeRO shards over the dp x cp ranks: with dp 1 and cp 2 a search still tries it.

@@ -614,7 +614,8 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
     fmt::print(
         "  assumed: matmuls at {:.0f}% of the peak, memory-bound ops at {:.0f}% of HBM bandwidth, collectives "
         "at {:.0f}% of link bandwidth; tensor-parallel collectives and pipeline sends not overlapped; the "
-        "data-parallel reduction overlaps the last micro-batch's backward; gradients in {}\n",
+        "data-parallel reduction overlaps the last micro-batch's backward (ZeRO-2 and 3, FSDP: every "
+        "micro-batch's compute); gradients in {}\n",
         100 * device.matmul_efficiency, 100 * device.memory_efficiency, 100 * device.link_efficiency,
         space.fsdp ? (opt.pure_dtype ? "bf16, reduce-scattered by FSDP2" : "fp32, reduce-scattered by FSDP2")
         : space.grad_bytes == 4 ? "fp32 buffers"

@@ -593,9 +593,12 @@ class Evaluator {
     t.tp_comm_s = l.tp > 1 || l.ep > 1 ? m * comm_ms / 1e3 : 0;
     t.bubble_s = static_cast<double>(l.pp - 1) / static_cast<double>(l.vpp) * (slow.micro_ms + slow.p2p_ms) / 1e3;
     t.p2p_s = m * slow.p2p_ms / 1e3;
-    // Data parallelism, on the most-loaded rank's parameters: all-reduce the gradients (ZeRO:
-    // reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights again for
-    // the backward), overlapped with the last micro-batch's backward. The dense parameters' ring
+    // Data parallelism, on the most-loaded rank's parameters: all-reduce the gradients, overlapped
+    // with the last micro-batch's backward; ZeRO-1 reduce-scatters them once a step and all-gathers
+    // the updated weights. ZeRO-2 keeps only its shard of the gradients: every micro-batch's are
+    // reduce-scattered as they come; ZeRO-3 keeps only its shard of the weights as well: every
+    // micro-batch gathers them for its forward and again for its backward (as the memory model
+    // replays it). Those run beside every micro-batch's compute. The dense parameters' ring
     // spans the data- x context-parallel ranks, the routed experts' the expert-data-parallel ones;
     // with optimizer instances, the ranks of one instance, the shards then all-reduced across the
     // instances.
@@ -637,10 +640,15 @@ class Evaluator {
       double across_bytes = 0;
       if (l.zero == 0)
         bytes = 2 * moved * l.grad_bytes;
+      else if (l.zero == 1)
+        bytes = moved * (l.grad_bytes + wbytes), across_bytes = across * l.grad_bytes;
+      else if (l.zero == 2)
+        bytes = moved * (m * l.grad_bytes + wbytes), across_bytes = across * l.grad_bytes;
       else
-        bytes = moved * (l.grad_bytes + wbytes * (l.zero >= 3 ? 2 : 1)), across_bytes = across * l.grad_bytes;
+        bytes = m * moved * (l.grad_bytes + 2 * wbytes), across_bytes = across * l.grad_bytes;
       if (!device_.engine) t.dp_comm_s = bytes / (instance_gbps(l) * 1e9) + across_bytes / (dp_gbps(l) * 1e9);
-      t.dp_exposed_s = std::max(0.0, t.dp_comm_s - slow.backward_ms / 1e3);
+      const double hiding = l.zero >= 2 ? t.compute_s : slow.backward_ms / 1e3;  // what it runs beside
+      t.dp_exposed_s = std::max(0.0, t.dp_comm_s - hiding);
     }
     // A word embedding tied across the first and last stage: its gradient all-reduced between them,
     // (pp - 1) tp cp dp ranks apart: in one node while the whole grid fits in one.

@@ -974,6 +974,21 @@ TEST(Layouts, ASearchKeepsSequenceParallelismWithTensorParallelismWhenAsked) {
   EXPECT_TRUE(split);
 }
 
+// ZeRO-3 gathers the weights and reduce-scatters the gradients every micro-batch, as the memory
+// model replays it: 8 times the micro-batches, 8 times the traffic; ZeRO-1 moves them once a step.
+TEST(Layouts, ZeroThreeMovesTheWeightsEveryMicroBatch) {
+  const ModelConfig c = mixed_model();
+  const Device d = parse_device("h100-80gb");
+  auto comm = [&](int zero, int64_t global_batch) {
+    Layout l;
+    l.dp = 8, l.zero = zero, l.micro_batch = 1, l.global_batch = global_batch;
+    return plan_layout(c, l, d, "full").time.dp_comm_s;
+  };
+  EXPECT_NEAR(comm(3, 64) / comm(3, 8), 8.0, 1e-9);
+  EXPECT_EQ(comm(1, 64), comm(1, 8));
+  EXPECT_GT(comm(2, 64), comm(2, 8));  // the gradients every micro-batch, the weights once
+}
+
 // ZeRO shards over the dp x cp ranks: with dp 1 and cp 2 a search still tries it.
 TEST(Layouts, ASearchTriesZeroOverContextParallelRanks) {
   ModelConfig c = mixed_model();

@@ -310,6 +310,16 @@ nlohmann::json plan_json(const LayoutPlan& p, bool experts, const nlohmann::json
 }
 
 // The best layout's step: where its time and each stage's bytes go.
+// What LayoutTime::tp_comm_s holds on layout `l`: its tensor-parallel collectives, expert
+// all-to-alls and the context-parallel ring's sends the attention does not hide.
+std::string comm_name(const Layout& l) {
+  std::vector<std::string> parts;
+  if (l.tp > 1 || (l.ep == 1 && l.cp == 1)) parts.emplace_back("tensor-parallel collectives");
+  if (l.ep > 1) parts.emplace_back("expert all-to-alls");
+  if (l.cp > 1) parts.emplace_back("context-parallel ring sends not hidden");
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 void print_breakdown(const LayoutPlan& p, const ModelConfig& cfg, const PlanOptions& opt, double tokens,
                      const Device& device) {
   const bool experts = routes_experts(cfg.arch), opt_reserve_given = opt.reserve >= 0 || opt.budget > 0;
@@ -372,8 +382,7 @@ void print_breakdown(const LayoutPlan& p, const ModelConfig& cfg, const PlanOpti
   fmt::print(
       "\n  step {}: compute {} on the slowest stage (recompute {}, {} {}), pipeline "
       "bubble {}, pipeline sends {}, data-parallel reduction {} ({} not hidden), optimizer {}\n",
-      seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s),
-      p.layout.ep > 1 ? "tensor-parallel collectives and expert all-to-alls" : "tensor-parallel collectives",
+      seconds_str(t.step_s), seconds_str(t.compute_s), seconds_str(t.recompute_s), comm_name(p.layout),
       seconds_str(t.tp_comm_s), seconds_str(t.bubble_s), seconds_str(t.p2p_s), seconds_str(t.dp_comm_s),
       seconds_str(t.dp_exposed_s), seconds_str(t.optimizer_s));
   fmt::print("  MFU {:.1f}%, {:.0f} tokens/s", 100 * t.mfu, t.tokens_per_s);

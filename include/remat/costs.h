@@ -54,6 +54,7 @@ struct MachineRates {
   double memory_gbps = 0;    // streaming read + write
   double link_gbps = 0;      // what one tensor-parallel rank sends per second (0: no tensor parallelism)
   double expert_gbps = 0;    // what one expert-parallel rank sends per second in an all-to-all (0: link_gbps)
+  double ring_gbps = 0;      // what one context-parallel rank sends per second around its ring (0: link_gbps)
 
   // The rate op `op` of `b` sends at: its expert-parallel exchange's, or the tensor-parallel link's.
   double comm_gbps(const BlockSpec& b, int op) const;
@@ -66,9 +67,14 @@ struct MachineRates {
 // (28 bytes); Megatron's mixed precision with fp32 gradients: 4, 4, 8, 2 (30).
 int64_t adam_bytes_per_param(int64_t grad, int64_t weight, int64_t moments, int64_t cast);
 
-// One op's time as a roofline, max(matmul FLOPs / matmul rate, bytes moved / memory rate), plus its
-// tensor-parallel communication (BlockSpec::comm) at the link rate, not overlapped.
+// One op's time as a roofline, max(matmul FLOPs / matmul rate, bytes moved / memory rate), plus
+// op_comm_ms.
 OpTime estimate_op(const BlockSpec& spec, int op, const MachineRates& rates);
+// What an op's communication (BlockSpec::comm) adds to its roofline at comm_gbps: tensor- and
+// expert-parallel collectives in full (not overlapped); a context-parallel ring's sends only where
+// they outlast the attention they run beside (Transformer Engine's ring attention sends the next
+// key/value chunk while it computes on the current one).
+OpTime op_comm_ms(const BlockSpec& spec, int op, const MachineRates& rates);
 
 // Every op as estimate_op, and Adam as a pass over the parameters. For configs too large to run
 // here; a measured profile is better where the model fits.

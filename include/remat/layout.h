@@ -178,7 +178,8 @@ struct RankPlan {
 struct LayoutTime {
   double compute_s = 0;     // micro-batches on the slowest stage, recompute and TP collectives included
   double recompute_s = 0;   // of compute_s: the recomputation
-  double tp_comm_s = 0;     // of compute_s: tensor-parallel collectives and expert-parallel all-to-alls
+  double tp_comm_s = 0;     // of compute_s: tensor-parallel collectives, expert-parallel all-to-alls and the
+                            // context-parallel ring's sends where they outlast the attention (op_comm_ms)
   double bubble_s = 0;      // pipeline fill and drain: (pp - 1) / vpp slowest micro-batches
   double p2p_s = 0;         // pipeline sends, not overlapped
   double dp_comm_s = 0;     // gradient reduction (and ZeRO gathers) over the data-parallel group

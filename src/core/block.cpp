@@ -99,8 +99,10 @@ int64_t BlockSpec::eager_saved(int op) const {
 
 OpComm BlockSpec::comm(int op) const {
   const OpDef& def = op_def(ops[op].kind);
-  // Tensor-parallel ops, and the expert-parallel exchanges of dispatch and combine.
-  return def.comm && (ops[op].tp.active() || ops[op].routing.exchanges()) ? def.comm(*this, ops[op]) : OpComm{};
+  // Tensor-parallel ops, the expert-parallel exchanges of dispatch and combine, and the
+  // context-parallel ring of attention.
+  const OpNode& n = ops[op];
+  return def.comm && (n.tp.active() || n.routing.exchanges() || n.attn.ring > 1) ? def.comm(*this, n) : OpComm{};
 }
 
 int64_t BlockSpec::param_bytes(int param) const { return params[param].numel() * dtype_size(dtype); }

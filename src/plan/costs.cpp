@@ -69,20 +69,43 @@ double roofline_ms(int64_t flops, int64_t bytes, const MachineRates& r) {
 }  // namespace
 
 double MachineRates::comm_gbps(const BlockSpec& b, int op) const {
+  if (b.ops[op].attn.ring > 1 && ring_gbps > 0) return ring_gbps;
   return b.ops[op].routing.exchanges() && expert_gbps > 0 ? expert_gbps : link_gbps;
 }
 
-OpTime estimate_op(const BlockSpec& b, int op, const MachineRates& rates) {
+namespace {
+
+OpTime roofline(const BlockSpec& b, int op, const MachineRates& rates) {
   const OpFlops f = b.flops(op);
   const auto [fwd_bytes, bwd_bytes] = bytes_moved(b, op);
-  OpTime t{roofline_ms(f.forward, fwd_bytes, rates), roofline_ms(f.backward, bwd_bytes, rates)};
+  return {roofline_ms(f.forward, fwd_bytes, rates), roofline_ms(f.backward, bwd_bytes, rates)};
+}
+
+OpTime comm_beyond(const BlockSpec& b, int op, const MachineRates& rates, const OpTime& compute) {
   const OpComm c = b.comm(op);
   const double gbps = rates.comm_gbps(b, op);
   if ((c.forward > 0 || c.backward > 0) && !(gbps > 0))
-    fail("op '{}' is split over tensor- or expert-parallel ranks; MachineRates.link_gbps must be positive, got {}",
-         b.ops[op].name, gbps);
-  if (c.forward > 0) t.forward_ms += c.forward / (gbps * 1e6);
-  if (c.backward > 0) t.backward_ms += c.backward / (gbps * 1e6);
+    fail(
+        "op '{}' is split over tensor-, context- or expert-parallel ranks; MachineRates.link_gbps must be positive, "
+        "got {}",
+        b.ops[op].name, gbps);
+  OpTime t{c.forward > 0 ? c.forward / (gbps * 1e6) : 0.0, c.backward > 0 ? c.backward / (gbps * 1e6) : 0.0};
+  if (b.ops[op].attn.ring > 1)
+    t = {std::max(0.0, t.forward_ms - compute.forward_ms), std::max(0.0, t.backward_ms - compute.backward_ms)};
+  return t;
+}
+
+}  // namespace
+
+OpTime op_comm_ms(const BlockSpec& b, int op, const MachineRates& rates) {
+  return comm_beyond(b, op, rates, roofline(b, op, rates));
+}
+
+OpTime estimate_op(const BlockSpec& b, int op, const MachineRates& rates) {
+  OpTime t = roofline(b, op, rates);
+  const OpTime c = comm_beyond(b, op, rates, t);
+  t.forward_ms += c.forward_ms;
+  t.backward_ms += c.backward_ms;
   return t;
 }
 

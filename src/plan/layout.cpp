@@ -193,7 +193,7 @@ struct Shapes {
   MachineRates rates;
   CostModel costs;  // the block's ops (estimate_op)
   double stem_fwd = 0, stem_bwd = 0, head_fwd = 0, head_bwd = 0;
-  double block_comm = 0;              // tensor-parallel collectives of one block, forward + backward
+  double block_comm = 0;              // communication of one block, forward + backward (op_comm_ms)
   std::vector<double> comm_fwd;       // per block op: its forward's collectives (a recompute repeats them)
   std::vector<BlockOption> frontier;  // for "auto", computed on first use
   ScheduleCache cache;
@@ -220,12 +220,15 @@ std::unique_ptr<Shapes> make_shapes(const ModelConfig& cfg, const Layout& l, con
   const double ep_gbps =
       (l.etp * l.ep > device.gpus_per_node ? device.inter_gbps : device.intra_gbps) * device.link_efficiency;
   s->rates.expert_gbps = ep_gbps;
+  // A context-parallel ring's ranks are tp apart (the grid's order tp, cp, dp, pp): it crosses
+  // nodes once tp x cp passes a node.
+  s->rates.ring_gbps =
+      (l.tp * l.cp > device.gpus_per_node ? device.inter_gbps : device.intra_gbps) * device.link_efficiency;
   for (size_t op = 0; op < b.ops.size(); ++op) {
     s->costs.block.push_back(estimate_op(b, static_cast<int>(op), s->rates));
-    const OpComm c = b.comm(static_cast<int>(op));
-    const double gbps = s->rates.comm_gbps(b, static_cast<int>(op));
-    s->comm_fwd.push_back(c.forward / (gbps * 1e6));
-    s->block_comm += (c.forward + c.backward) / (gbps * 1e6);
+    const OpTime c = op_comm_ms(b, static_cast<int>(op), s->rates);
+    s->comm_fwd.push_back(c.forward_ms);
+    s->block_comm += c.forward_ms + c.backward_ms;
   }
   auto stage = [&](const BlockSpec& st, double& fwd, double& bwd) {
     for (size_t op = 0; op < st.ops.size(); ++op) {
@@ -590,7 +593,7 @@ class Evaluator {
     const double m = static_cast<double>(l.micro_batches());
     t.compute_s = m * slow.micro_ms / 1e3;
     t.recompute_s = m * recompute_ms / 1e3;
-    t.tp_comm_s = l.tp > 1 || l.ep > 1 ? m * comm_ms / 1e3 : 0;
+    t.tp_comm_s = l.tp > 1 || l.ep > 1 || l.cp > 1 ? m * comm_ms / 1e3 : 0;
     t.bubble_s = static_cast<double>(l.pp - 1) / static_cast<double>(l.vpp) * (slow.micro_ms + slow.p2p_ms) / 1e3;
     t.p2p_s = m * slow.p2p_ms / 1e3;
     // Data parallelism, on the most-loaded rank's parameters: all-reduce the gradients, overlapped

@@ -989,6 +989,21 @@ TEST(Layouts, ZeroThreeMovesTheWeightsEveryMicroBatch) {
   EXPECT_GT(comm(2, 64), comm(2, 8));  // the gradients every micro-batch, the weights once
 }
 
+// A context-parallel ring's sends run beside the attention they feed: at 16384 tokens on NVLink
+// they hide behind it, on a 1 GB/s link they outlast it and the step shows the rest.
+TEST(Layouts, AContextParallelRingShowsWhereItOutlastsTheAttention) {
+  ModelConfig c = mixed_model();
+  c.attention = AttentionImpl::Flash, c.seq = 16384, c.attn_block = 16384;
+  auto comm = [&](const char* device, int64_t cp) {
+    Layout l;
+    l.cp = cp, l.micro_batch = 1, l.global_batch = 1;
+    return plan_layout(c, l, parse_device(device), "none").time.tp_comm_s;
+  };
+  EXPECT_EQ(comm("custom:80GiB,989,3350,1,1,8", 1), 0.0);
+  EXPECT_GT(comm("custom:80GiB,989,3350,1,1,8", 2), 0.0);
+  EXPECT_EQ(comm("h100-80gb", 2), 0.0);
+}
+
 // ZeRO shards over the dp x cp ranks: with dp 1 and cp 2 a search still tries it.
 TEST(Layouts, ASearchTriesZeroOverContextParallelRanks) {
   ModelConfig c = mixed_model();

@@ -125,6 +125,8 @@ bad "preset 'attn' in 'attn' drops nothing in a llama block: it has no T x T att
 bad "--fsdp-root 'drop': allowed are reshard (PyTorch 2.8 and later) and keep" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --fsdp-root drop
 bad "--no-fused-wgrad describes Megatron-LM; --framework torchtitan has no such setting" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-fused-wgrad
 bad "--no-sp: torchtitan's tensor parallelism is always sequence-parallel" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-sp
+bad "no layout of these flags validates (tp 3 does not divide the 32 heads)" plan --model llama2-7b --gpus 6 --device h100-80gb --tp 3
+bad "no layout of these flags validates (pp 40 is more than the 32 layers)" plan --model llama2-7b --gpus 40 --device h100-80gb --pp 40
 bad "--no-grouped-gemm: --arch llama has no experts" plan --model llama2-70b --gpus 16 --device h100-80gb --no-grouped-gemm
 bad "--deterministic changes only a mixture of experts' unpermute here; --arch llama has none" plan --model llama2-70b --gpus 16 --device h100-80gb --deterministic
 bad "--pure-bf16 keeps weights, gradients and Adam state in bf16; give --dtype bf16" plan --model llama2-7b --gpus 8 --device h100-80gb --dtype fp32 --pure-bf16

@@ -730,9 +730,13 @@ nlohmann::json layouts_json(const ModelConfig& cfg, const SearchSpace& space, co
         "{:.0f}% under",
         bytes_str(a.res.least.peak()), to_string(a.res.least.layout, routes_experts(cfg.arch)), a.res.least.policy,
         bytes_str(a.res.least.budget), 100 * a.res.least.margin);
+  // (No layout at all validates: a value the flags fix, which no GPU count changes, or none of the
+  // counts min_gpus found.)
+  const std::string count = a.fewest > 0            ? fmt::format("; {} GPUs fit", a.fewest)
+                            : a.res.candidates == 0 ? ""
+                                                    : "; no count up to 65536 fits";
   fail(
-      "{} x {} cannot train {}: {}; {}{}", space.gpus, device.name, describe(cfg), least,
-      a.fewest > 0 ? fmt::format("{} GPUs fit", a.fewest) : "no count up to 65536 fits",
+      "{} x {} cannot train {}: {}{}{}", space.gpus, device.name, describe(cfg), least, count,
       a.other_devices.empty() ? "" : fmt::format("; at {} GPUs, {} fit", space.gpus, fmt::join(a.other_devices, ", ")));
 }
 

@@ -803,9 +803,43 @@ void add_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device&
 }
 
 // Every layout of the space that validates.
+// Why no layout can take a value the caller fixed in `space` (empty: none such found): what a
+// search that finds no layout names, rather than a refusal of some searched value.
+std::string fixed_value_refusal(const ModelConfig& cfg, const SearchSpace& space, const Device& device) {
+  const int64_t tp = space.tp, pp = space.pp, cp = space.cp;
+  if (tp > 0 && cfg.heads % tp != 0) return fmt::format("tp {} does not divide the {} heads", tp, cfg.heads);
+  if (tp > device.gpus_per_node)
+    return fmt::format("tp {} is more than a node's {} GPUs: tensor parallelism stays inside a node", tp,
+                       device.gpus_per_node);
+  if (tp > 0 && cfg.kv() % tp != 0) return fmt::format("tp {} does not divide the {} key/value heads", tp, cfg.kv());
+  if (tp > 0 && cfg.hidden() % tp != 0)
+    return fmt::format("tp {} does not divide the MLP's {} features", tp, cfg.hidden());
+  if (space.sp_fixed == 1 && tp == 1)
+    return "sp with tp 1: sequence parallelism splits the tensor-parallel ranks' tokens";
+  if (space.sp_fixed == 1 && tp > 0 && cfg.seq % (tp * cp) != 0)
+    return fmt::format("sp with tp {} x cp {}: the sequence of {} tokens does not split into {}", tp, cp, cfg.seq,
+                       tp * cp);
+  if (pp > cfg.layers) return fmt::format("pp {} is more than the {} layers", pp, cfg.layers);
+  const int64_t fixed = (tp > 0 ? tp : 1) * cp * (pp > 0 ? pp : 1) * (space.dp > 0 ? space.dp : 1);
+  if (space.gpus % fixed != 0)
+    return fmt::format("{} GPUs do not split into the tp x cp x pp x dp given, {}", space.gpus, fixed);
+  if (tp > 0 && pp > 0 && space.dp > 0 && fixed != space.gpus)
+    return fmt::format("tp {} x cp {} x pp {} x dp {} is {} GPUs, not {}", tp, cp, pp, space.dp, fixed, space.gpus);
+  if (space.vpp > 1 && (space.first_layers > 0 || space.last_layers > 0))
+    return fmt::format(
+        "vpp {} with first or last stage layers given: virtual stages split the layers evenly; give one or the "
+        "other",
+        space.vpp);
+  return "";
+}
+
 std::vector<Layout> candidate_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
                                       std::string& refused) {
   std::vector<Layout> layouts;
+  if (const std::string why = fixed_value_refusal(cfg, space, device); !why.empty()) {
+    refused = why;
+    return layouts;
+  }
   for (int64_t tp : divisors(cfg.heads)) {
     if (space.tp > 0 && tp != space.tp) continue;
     if (tp > device.gpus_per_node || space.gpus % tp != 0 || cfg.kv() % tp != 0 || cfg.hidden() % tp != 0) continue;

@@ -1004,6 +1004,27 @@ TEST(Layouts, AContextParallelRingShowsWhereItOutlastsTheAttention) {
   EXPECT_EQ(comm("h100-80gb", 2), 0.0);
 }
 
+// A value the caller fixed that no layout can take is what a search that finds none names (not a
+// refusal of some value it searched).
+TEST(Layouts, ASearchNamesTheFixedValueNoLayoutTakes) {
+  const ModelConfig c = mixed_model();  // 8 heads, 4 layers
+  auto refusal = [&](void (*set)(SearchSpace&)) {
+    SearchSpace space;
+    space.gpus = 8, space.global_batch = 16, space.policies = {"none"};
+    set(space);
+    const SearchResult r = search_layouts(c, space, parse_device("h100-80gb"), 1);
+    EXPECT_EQ(r.candidates, 0);
+    return r.refused;
+  };
+  EXPECT_EQ(refusal([](SearchSpace& s) { s.tp = 3; }), "tp 3 does not divide the 8 heads");
+  EXPECT_EQ(refusal([](SearchSpace& s) { s.tp = 1, s.sp_fixed = 1; }),
+            "sp with tp 1: sequence parallelism splits the tensor-parallel ranks' tokens");
+  EXPECT_EQ(refusal([](SearchSpace& s) { s.pp = 8; }), "pp 8 is more than the 4 layers");
+  EXPECT_EQ(refusal([](SearchSpace& s) { s.dp = 3; }), "8 GPUs do not split into the tp x cp x pp x dp given, 3");
+  EXPECT_EQ(refusal([](SearchSpace& s) { s.tp = 2, s.pp = 2, s.dp = 1; }),
+            "tp 2 x cp 1 x pp 2 x dp 1 is 4 GPUs, not 8");
+}
+
 // ZeRO shards over the dp x cp ranks: with dp 1 and cp 2 a search still tries it.
 TEST(Layouts, ASearchTriesZeroOverContextParallelRanks) {
   ModelConfig c = mixed_model();

@@ -346,7 +346,10 @@ void print_breakdown(const LayoutPlan& p, const ModelConfig& cfg, const PlanOpti
     const StepMemory& s = r.memory;
     std::string name = pipeline ? fmt::format("stage {}", r.stage) : "every GPU";
     if (static_cast<int>(shown[k]) == p.worst && pipeline) name += " (most)";
-    m.rows.push_back({name, bytes_str(s.params), bytes_str(s.grads), bytes_str(s.optimizer), bytes_str(s.peak),
+    // Gradients kept between steps are in the persistent buffers; FSDP2's sharded ones are made and
+    // freed within the step, counted in its peak.
+    const std::string grads = s.buffers >= s.grads ? bytes_str(s.grads) : "in step's peak";
+    m.rows.push_back({name, bytes_str(s.params), grads, bytes_str(s.optimizer), bytes_str(s.peak),
                       bytes_str(std::max<int64_t>(0, s.buffers - s.grads) + s.data + s.fixed),
                       bytes_str(s.total_peak()), bytes_str(p.budget - s.total_peak())});
     if (k + 1 < shown.size() && shown[k + 1] > shown[k] + 1)

@@ -77,6 +77,21 @@ TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
   EXPECT_THROW(make_block(c), Error);
 }
 
+// Under a capacity the alltoall dispatcher permutes every expert's rows padded to it (Megatron-LM's
+// drop-and-pad): its copies are E x capacity rows, not tokens x k. tp 2 + sp, ep 2, etp 1: the
+// rank's 8 tokens make 16 copies; capacity factor 2 gives each expert 4 rows of each rank, so 8 x 4
+// = 32 padded copies, and a buffer of the rank's 4 experts x 2 ranks x 4 = 32 rows.
+TEST(Moe, UnderACapacityTheExchangedCopiesArePaddedToIt) {
+  ModelConfig c = tiny("moe");  // 8 experts, top 2, 16 wide
+  c.tp = 2, c.sp = true, c.etp = 1, c.ep = 2, c.capacity_factor = 2.0;
+  const BlockSpec b = make_block(c);
+  const int dispatch = op_of(b, OpKind::Dispatch), combine = op_of(b, OpKind::Combine);
+  const int64_t rows = b.tensors[b.find("xs")].bytes();
+  ASSERT_EQ(rows, 32 * 16 * 4);
+  EXPECT_EQ(b.forward_scratch(dispatch, {}), rows + rows);  // the padded copies, and the rows before the sort
+  EXPECT_EQ(b.forward_scratch(combine, {}), rows + rows);
+}
+
 // A rank that holds one expert (8 experts over ep 8) takes the all-to-all's rows in its expert's
 // order already: the alltoall dispatcher sorts nothing, and keeps only the copies it sent and, with
 // etp 2, its rows before the all-gather (the gathered buffer is the experts' input itself).

@@ -122,12 +122,13 @@ OpComm comm(const BlockSpec& b, const OpNode& n) {
 }
 
 int64_t exchange_scratch(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
-  return ep::exchange_buffers(n.routing, b.tensors[n.in[0]].bytes() * n.routing.top_k, b.tensors[n.out[0]].bytes());
+  const int64_t tokens = b.tensors[n.in[0]].bytes(), rows = b.tensors[n.out[0]].bytes();
+  return ep::exchange_buffers(n.routing, ep::copies_bytes(n.routing, tokens, rows), rows);
 }
 
 int64_t exchange_scratch_backward(const BlockSpec& b, const OpNode& n, const ThreadConfig&) {
-  const int64_t tokens = b.tensors[n.in[0]].bytes();
-  return ep::exchange_buffers_backward(n.routing, tokens * n.routing.top_k, b.tensors[n.out[0]].bytes(), tokens);
+  const int64_t tokens = b.tensors[n.in[0]].bytes(), rows = b.tensors[n.out[0]].bytes();
+  return ep::exchange_buffers_backward(n.routing, ep::copies_bytes(n.routing, tokens, rows), rows, tokens);
 }
 
 BlockSpec build(int64_t capacity) {

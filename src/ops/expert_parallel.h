@@ -30,6 +30,14 @@ inline OpComm gathered_comm(const Routing& r, int64_t bytes) {
   return {sent, sent};
 }
 
+// This rank's token copies in expert order, as the alltoall dispatcher permutes them, for
+// `tokens` bytes of tokens and a dispatch buffer of `rows` bytes: each token k times, or under a
+// capacity every expert's rows padded to it (Megatron-LM's drop-and-pad permute: E x capacity
+// rows, the buffer's over the etp ranks that gather it).
+inline int64_t copies_bytes(const Routing& r, int64_t tokens, int64_t rows) {
+  return r.capacity > 0 ? rows / r.etp : tokens * r.top_k;
+}
+
 // The alltoall dispatcher's buffers for a dispatch buffer of `rows` bytes: this rank's token
 // copies in expert order (`copies` bytes), what the all-to-all brings when the etp ranks then
 // gather it (rows / etp, with both ep and etp above 1), and the rows before they are sorted by
@@ -82,7 +90,7 @@ inline int64_t return_buffers(const BlockSpec& b, const OpNode& n, const ThreadC
     const int64_t gathered = tokens * r.ep * r.etp * width;
     return gathered * dtype_size(ys.dtype) + (r.fp32_return ? gathered * kFp32 + tokens * width * kFp32 : 0);
   }
-  const int64_t copies = tokens * r.top_k * width * dtype_size(ys.dtype);
+  const int64_t copies = copies_bytes(r, tokens * width * dtype_size(ys.dtype), ys.bytes());
   return alltoall_buffers(r, copies, ys.bytes()) +
          (r.fp32_return && r.etp > 1 ? ys.numel() * kFp32 + ys.numel() / r.etp * kFp32 : 0);
 }

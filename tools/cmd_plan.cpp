@@ -309,7 +309,6 @@ nlohmann::json plan_json(const LayoutPlan& p, bool experts, const nlohmann::json
             {"tokens_per_s", t.tokens_per_s}}}};
 }
 
-// The best layout's step: where its time and each stage's bytes go.
 // What LayoutTime::tp_comm_s holds on layout `l`: its tensor-parallel collectives, expert
 // all-to-alls and the context-parallel ring's sends the attention does not hide.
 std::string comm_name(const Layout& l) {
@@ -320,6 +319,7 @@ std::string comm_name(const Layout& l) {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
+// The best layout's step: where its time and each stage's bytes go.
 void print_breakdown(const LayoutPlan& p, const ModelConfig& cfg, const PlanOptions& opt, double tokens,
                      const Device& device) {
   const bool experts = routes_experts(cfg.arch), opt_reserve_given = opt.reserve >= 0 || opt.budget > 0;
@@ -542,8 +542,9 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
     fail(
         "--grad-dtype sets Megatron-LM's gradient buffers; FSDP2 (--fsdp, --framework torchtitan) reduce-scatters "
         "in its reduce dtype (fp32, or bf16 with --pure-bf16): leave --grad-dtype out");
-  if (opt.pure_dtype && cfg.dtype == DType::F32)
-    fail("--pure-bf16 keeps weights, gradients and Adam state in bf16; give --dtype bf16 with it");
+  if (opt.pure_dtype && cfg.dtype != DType::BF16)
+    fail("--pure-bf16 keeps weights, gradients and Adam state in bf16; give --dtype bf16 with it, not {}",
+         to_string(cfg.dtype));
   if (opt.pure_dtype && f.app->count("--grad-dtype") > 0 && f.grad_dtype == "fp32")
     fail("--grad-dtype fp32 with --pure-bf16, which keeps every gradient in bf16: leave one out");
   if (opt.deterministic && !routes_experts(cfg.arch))
@@ -576,7 +577,7 @@ SearchSpace search_space(const PlanFlags& f, const ModelConfig& cfg, const PlanO
   if (f.app->count("--sp") > 0) space.sp_fixed = f.sp ? 1 : 0;
   // torchtitan's tensor-parallel plan shards the norms' tokens (SequenceParallel) whenever tp > 1.
   space.sp_with_tp = opt.framework == Framework::Torchtitan;
-  if (space.sp_with_tp && f.app->count("--sp") > 0 && !f.sp)
+  if (space.sp_with_tp && f.app->count("--sp") > 0 && !f.sp && f.tp != 1)
     fail(
         "--no-sp: torchtitan's tensor parallelism is always sequence-parallel (its plan shards the norms); leave it "
         "out");
@@ -626,8 +627,8 @@ void print_layout_header(const ModelConfig& cfg, const SearchSpace& space, const
     fmt::print(
         "  assumed: matmuls at {:.0f}% of the peak, memory-bound ops at {:.0f}% of HBM bandwidth, collectives "
         "at {:.0f}% of link bandwidth; tensor-parallel collectives and pipeline sends not overlapped; the "
-        "data-parallel reduction overlaps the last micro-batch's backward (ZeRO-2 and 3, FSDP: every "
-        "micro-batch's compute); gradients in {}\n",
+        "data-parallel reduction overlaps the last micro-batch's backward (ZeRO-2: every backward; ZeRO-3 "
+        "and FSDP: every micro-batch's compute); gradients in {}\n",
         100 * device.matmul_efficiency, 100 * device.memory_efficiency, 100 * device.link_efficiency,
         space.fsdp ? (opt.pure_dtype ? "bf16, reduce-scattered by FSDP2" : "fp32, reduce-scattered by FSDP2")
         : space.grad_bytes == 4 ? "fp32 buffers"
@@ -735,9 +736,10 @@ nlohmann::json layouts_json(const ModelConfig& cfg, const SearchSpace& space, co
         bytes_str(a.res.least.budget), 100 * a.res.least.margin);
   // (No layout at all validates: a value the flags fix, which no GPU count changes, or none of the
   // counts min_gpus found.)
-  const std::string count = a.fewest > 0            ? fmt::format("; {} GPUs fit", a.fewest)
-                            : a.res.candidates == 0 ? ""
-                                                    : "; no count up to 65536 fits";
+  const std::string count =
+      a.fewest > 0            ? fmt::format("; {} GPUs fit{}", a.fewest, space.dp > 0 ? " (with the dp they give)" : "")
+      : a.res.candidates == 0 ? ""
+                              : "; no count up to 65536 fits";
   fail(
       "{} x {} cannot train {}: {}{}{}", space.gpus, device.name, describe(cfg), least, count,
       a.other_devices.empty() ? "" : fmt::format("; at {} GPUs, {} fit", space.gpus, fmt::join(a.other_devices, ", ")));

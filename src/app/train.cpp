@@ -553,7 +553,10 @@ TrainOptions resumed_options(const TrainOptions& given, const TrainState& saved,
       fail("--{} {} differs from the run saved in '{}' ({}); drop the flag to continue that run, or --save elsewhere",
            flag, now.at(flag).dump(), resume_dir, before.dump());
   }
-  if (o.model.arch == "moe" && o.model.router == Router::Sigmoid &&
+  // (Only a balancing loss, or one expert per token whose weight was normalised, changed.)
+  const ModelConfig& mc = o.model;
+  const bool changed = mc.aux_loss != 0 || (mc.top_k == 1 && mc.norm_topk);
+  if (mc.arch == "moe" && mc.router == Router::Sigmoid && changed &&
       was.value("router-arithmetic", 1) != kRouterArithmetic)
     fail(
         "the run in '{}' was trained with the sigmoid router's earlier arithmetic (its balancing loss on raw scores, "

@@ -451,16 +451,24 @@ std::string load_error(const std::string& run) {
   return "";
 }
 
-// A sigmoid-routed run saved before the router's arithmetic changed would go on with other
-// arithmetic: it is refused, naming the change; a softmax-routed one is untouched by it.
+// A sigmoid-routed run with a balancing loss saved before the router's arithmetic changed would go
+// on with other arithmetic: it is refused, naming the change. The same run saved now resumes, and
+// so do earlier runs the change left alone: softmax routing, or sigmoid without a balancing loss.
 TEST(Train, AResumeRefusesASigmoidRunOfTheEarlierRouterArithmetic) {
   const std::string dir = temp_dir("router_arithmetic");
-  TrainOptions o = tiny_moe(corpus_file(dir));
-  o.model.router = Router::Sigmoid;
-  o.steps = 4, o.save_dir = dir + "/run", o.save_every = 2;
-  crash_after(o, 3);
-  forge(o.save_dir + "/state.bin", [](nlohmann::json& h) { h["options"].erase("router-arithmetic"); });
-  EXPECT_TRUE(contains(testing::error_of([&] { train(o, o.save_dir); }), "the sigmoid router's earlier arithmetic"));
+  auto refusal = [&](Router router, double aux, bool forged) {
+    std::filesystem::remove_all(dir + "/run");
+    TrainOptions o = tiny_moe(corpus_file(dir));
+    o.model.router = router, o.model.aux_loss = aux;
+    o.steps = 4, o.save_dir = dir + "/run", o.save_every = 2;
+    crash_after(o, 3);
+    if (forged) forge(o.save_dir + "/state.bin", [](nlohmann::json& h) { h["options"].erase("router-arithmetic"); });
+    return testing::error_of([&] { train(o, o.save_dir); });
+  };
+  EXPECT_TRUE(contains(refusal(Router::Sigmoid, 0.05, true), "the sigmoid router's earlier arithmetic"));
+  EXPECT_EQ(refusal(Router::Sigmoid, 0.05, false), "");
+  EXPECT_EQ(refusal(Router::Softmax, 0.05, true), "");
+  EXPECT_EQ(refusal(Router::Sigmoid, 0.0, true), "");
   std::filesystem::remove_all(dir);
 }
 

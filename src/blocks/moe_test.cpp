@@ -78,7 +78,7 @@ TEST(Moe, ExpertTensorParallelismGathersTheRowsOfItsRanks) {
 }
 
 // Under a capacity the alltoall dispatcher permutes every expert's rows padded to it (Megatron-LM's
-// drop-and-pad): its copies are E x capacity rows, not tokens x k. tp 2 + sp, ep 2, etp 1: the
+// drop-and-pad): its copies are E x each rank's capacity rows, not tokens x k. tp 2 + sp, ep 2, etp 1: the
 // rank's 8 tokens make 16 copies; capacity factor 2 gives each expert 4 rows of each rank, so 8 x 4
 // = 32 padded copies, and a buffer of the rank's 4 experts x 2 ranks x 4 = 32 rows.
 TEST(Moe, UnderACapacityTheExchangedCopiesArePaddedToIt) {

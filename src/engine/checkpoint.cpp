@@ -1,5 +1,6 @@
 #include "remat/checkpoint.h"
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 
@@ -21,7 +22,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The RNG state to replay: the CPU generator's, and the CUDA one's when an input lives there.
+// The RNG state to replay: the CPU generator's, and the current CUDA device's when an input or a
+// parameter lives on a GPU.
 struct RngState {
   at::Tensor cpu;
   at::Tensor cuda;
@@ -100,13 +102,30 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Closure> closure, at::TensorList inputs,
                                at::TensorList params) {
     bool on_cuda = false;
-    for (const at::Tensor& t : inputs) on_cuda = on_cuda || (t.defined() && t.is_cuda());
+    for (at::TensorList list : {inputs, params})
+      for (const at::Tensor& t : list) on_cuda = on_cuda || (t.defined() && t.is_cuda());
     if (closure->options.preserve_rng_state) closure->rng = RngState::capture(on_cuda);
     closure->n_inputs = inputs.size();
     for (const at::Tensor& t : inputs) closure->input_requires_grad.push_back(t.defined() && t.requires_grad());
 
     std::vector<at::Tensor> in(inputs.begin(), inputs.end());
+    // A recompute starts from what the inputs and parameters hold when the backward runs: fn must
+    // leave them as it found them.
+    auto versions = [&] {
+      std::vector<uint32_t> v;
+      for (at::TensorList list : {inputs, params})
+        for (const at::Tensor& t : list) v.push_back(t._version());
+      return v;
+    };
+    const std::vector<uint32_t> before = versions();
     variable_list outputs = closure->fn(in);  // Function::forward already runs with grad off
+    const std::vector<uint32_t> after = versions();
+    for (size_t k = 0; k < before.size(); ++k)
+      if (after[k] != before[k])
+        fail(
+            "remat::checkpoint: fn changed {} {} in place; its recompute would start from the changed values: "
+            "change a clone of it inside fn instead",
+            k < inputs.size() ? "input" : "parameter", k < inputs.size() ? k : k - inputs.size());
 
     variable_list to_save(inputs.begin(), inputs.end());
     to_save.insert(to_save.end(), params.begin(), params.end());
@@ -182,10 +201,15 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, at::TensorList inputs
     if (!inputs[i].defined()) fail("remat::checkpoint: input {} is an undefined tensor; pass defined tensors", i);
   for (size_t i = 0; i < params.size(); ++i)
     if (!params[i].defined()) fail("remat::checkpoint: parameter {} is an undefined tensor; pass defined tensors", i);
+  // A parameter listed twice (a layer used twice in a segment) is one edge: its gradient once.
+  std::vector<at::Tensor> unique;
+  for (const at::Tensor& p : params)
+    if (std::none_of(unique.begin(), unique.end(), [&](const at::Tensor& u) { return u.is_same(p); }))
+      unique.push_back(p);
   auto closure = c10::make_intrusive<Closure>();
   closure->fn = fn;
   closure->options = options;
-  return CheckpointFunction::apply(std::move(closure), inputs, params);
+  return CheckpointFunction::apply(std::move(closure), inputs, at::TensorList(unique));
 }
 
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x,

@@ -177,6 +177,31 @@ TEST(Checkpoint, SequentialEqualsThePlainStack) {
     for (const at::Tensor& p : m.params()) EXPECT_TRUE(testing::bitwise_equal(ckpt[i++], p.grad()));
 }
 
+// A layer used twice in a segment lists its parameters twice: they get its gradient once, as in
+// the plain stack.
+TEST(Checkpoint, ALayerUsedTwiceInASegmentGetsItsGradientOnce) {
+  const Mlp a(1), b(2);
+  auto layer = [](const Mlp& m) { return Layer{[m](const at::Tensor& x) { return at::tanh(m(x, 0.0)); }, m.params()}; };
+  const std::vector<Layer> layers = {layer(a), layer(a), layer(b), layer(b)};
+  const at::Tensor x = at::randn({4, 8});
+  checkpoint_sequential(layers, 2, x).sum().backward();  // the first segment is a, a
+  const at::Tensor ckpt = a.w1.grad().clone();
+  a.w1.mutable_grad() = at::Tensor();
+  at::Tensor h = x;
+  for (const Layer& l : layers) h = l.fn(h);
+  h.sum().backward();
+  EXPECT_TRUE(testing::bitwise_equal(ckpt, a.w1.grad()));
+}
+
+// A recompute starts from the inputs as the backward finds them: fn must not change them.
+TEST(Checkpoint, RefusesAnFnThatChangesItsInputInPlace) {
+  const Mlp m(3);
+  const at::Tensor x = at::randn({4, 8});
+  const std::string e =
+      testing::error_of([&] { checkpoint([&](const at::Tensor& in) { return m(in.mul_(0.5), 0.0); }, x, m.params()); });
+  EXPECT_NE(e.find("fn changed input 0 in place"), std::string::npos) << e;
+}
+
 TEST(Checkpoint, SequentialRejectsBadSegmentCounts) {
   std::vector<Layer> layers(3, Layer{[](const at::Tensor& x) { return x * 2; }, {}});
   EXPECT_THROW(checkpoint_sequential(layers, 0, at::ones({2})), Error);

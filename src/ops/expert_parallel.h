@@ -32,8 +32,8 @@ inline OpComm gathered_comm(const Routing& r, int64_t bytes) {
 
 // This rank's token copies in expert order, as the alltoall dispatcher permutes them, for
 // `tokens` bytes of tokens and a dispatch buffer of `rows` bytes: each token k times, or under a
-// capacity every expert's rows padded to it (Megatron-LM's drop-and-pad permute: E x capacity
-// rows, the buffer's over the etp ranks that gather it).
+// capacity every expert's rows padded to each rank's share of it (Megatron-LM's drop-and-pad
+// permute: E x capacity / ep rows, the buffer's over the etp ranks that gather it).
 inline int64_t copies_bytes(const Routing& r, int64_t tokens, int64_t rows) {
   return r.capacity > 0 ? rows / r.etp : tokens * r.top_k;
 }

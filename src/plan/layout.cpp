@@ -650,7 +650,9 @@ class Evaluator {
       else
         bytes = m * moved * (l.grad_bytes + 2 * wbytes), across_bytes = across * l.grad_bytes;
       if (!device_.engine) t.dp_comm_s = bytes / (instance_gbps(l) * 1e9) + across_bytes / (dp_gbps(l) * 1e9);
-      const double hiding = l.zero >= 2 ? t.compute_s : slow.backward_ms / 1e3;  // what it runs beside
+      // What it runs beside: ZeRO-3's gathers every micro-batch's forward and backward, ZeRO-2's
+      // reduce-scatters every backward, the others the last backward.
+      const double hiding = l.zero >= 3 ? t.compute_s : (l.zero == 2 ? m : 1.0) * slow.backward_ms / 1e3;
       t.dp_exposed_s = std::max(0.0, t.dp_comm_s - hiding);
     }
     // A word embedding tied across the first and last stage: its gradient all-reduced between them,
@@ -802,7 +804,6 @@ void add_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device&
   }
 }
 
-// Every layout of the space that validates.
 // Why no layout can take a value the caller fixed in `space` (empty: none such found): what a
 // search that finds no layout names, rather than a refusal of some searched value.
 std::string fixed_value_refusal(const ModelConfig& cfg, const SearchSpace& space, const Device& device) {
@@ -816,7 +817,7 @@ std::string fixed_value_refusal(const ModelConfig& cfg, const SearchSpace& space
     return fmt::format("tp {} does not divide the MLP's {} features", tp, cfg.hidden());
   if (space.sp_fixed == 1 && tp == 1)
     return "sp with tp 1: sequence parallelism splits the tensor-parallel ranks' tokens";
-  if (space.sp_fixed == 1 && tp > 0 && cfg.seq % (tp * cp) != 0)
+  if ((space.sp_fixed == 1 || space.sp_with_tp) && tp > 1 && cfg.seq % (tp * cp) != 0)
     return fmt::format("sp with tp {} x cp {}: the sequence of {} tokens does not split into {}", tp, cp, cfg.seq,
                        tp * cp);
   if (pp > cfg.layers) return fmt::format("pp {} is more than the {} layers", pp, cfg.layers);
@@ -833,6 +834,7 @@ std::string fixed_value_refusal(const ModelConfig& cfg, const SearchSpace& space
   return "";
 }
 
+// Every layout of the space that validates.
 std::vector<Layout> candidate_layouts(const ModelConfig& cfg, const SearchSpace& space, const Device& device,
                                       std::string& refused) {
   std::vector<Layout> layouts;

@@ -28,16 +28,20 @@ class Adam {
   Adam(std::vector<at::Tensor> params, const AdamOptions& options);
 
   // One update of every parameter whose grad is defined (float32, the parameter's element count).
+  // Each parameter's bias corrections count the steps that updated it (torch.optim.Adam's
+  // per-parameter step): one whose first gradient comes late starts as a fresh Adam would.
   void step();
   // Sets every grad to undefined, freeing it (PyTorch's set_to_none=True).
   void zero_grad();
 
-  // The learning rate the next step uses (a schedule sets it before each step).
+  // The learning rate the next step uses (a schedule sets it before each step). Throws
+  // remat::Error unless finite and >= 0.
   double lr() const { return options_.lr; }
-  void set_lr(double lr) { options_.lr = lr; }
-  // Steps taken: the bias corrections' t (a resumed run sets it from its state).
+  void set_lr(double lr);
+  // Steps taken (calls of step()). set_steps(n), n >= 0 (remat::Error otherwise), also sets every
+  // parameter's count to n, as a resumed run's were when each step updated every parameter.
   int64_t steps() const { return steps_; }
-  void set_steps(int64_t steps) { steps_ = steps; }
+  void set_steps(int64_t steps);
   // The parameters it updates, in the order given.
   const std::vector<at::Tensor>& params() const { return params_; }
   // First and second moments, one pair per parameter (for checkpoints).
@@ -49,6 +53,7 @@ class Adam {
   std::vector<at::Tensor> m_, v_;
   AdamOptions options_;
   int64_t steps_ = 0;
+  std::vector<int64_t> updates_;  // per parameter: the steps that updated it (its bias corrections' t)
 };
 
 // Adam over the elements [first, last) of all parameters laid end to end (flat index = the running
@@ -67,11 +72,12 @@ class ShardedAdam {
   // count; throws remat::Error otherwise).
   void step(const std::vector<at::Tensor>& grads);
 
-  // As Adam's: the learning rate of the next step, and the steps taken.
+  // As Adam's: the learning rate of the next step, and the steps taken (every step updates every
+  // owned element). The setters throw remat::Error as Adam's do.
   double lr() const { return options_.lr; }
-  void set_lr(double lr) { options_.lr = lr; }
+  void set_lr(double lr);
   int64_t steps() const { return steps_; }
-  void set_steps(int64_t steps) { steps_ = steps; }
+  void set_steps(int64_t steps);
   // The owned range [first, last) of the flat elements.
   int64_t first() const { return first_; }
   int64_t last() const { return last_; }

@@ -66,6 +66,12 @@ std::function<void(int, at::Tensor)> GradientBuckets::sink() {
 }
 
 void GradientBuckets::take(int param, at::Tensor grad) {
+  // One more would be summed into a bucket whose all-reduce may already run.
+  if (arrived_[param] >= expected_[param])
+    fail(
+        "gradient buckets: parameter {} got more gradients than the {} backward pass(es) of a step; wait() ends a "
+        "step before the next one's backward",
+        param, expected_[param]);
   at::Tensor& view = views_[param];
   if (arrived_[param] == 0)
     view.copy_(grad);  // the first of the step: what autograd would steal

@@ -33,6 +33,22 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// A second backward before wait() would sum into buckets whose all-reduce may be running: the
+// first gradient past a step's backward passes is refused.
+TEST(DataParallel, BucketsRefuseMoreBackwardPassesThanAStepHas) {
+  const ModelConfig c = testing::tiny("gpt2");
+  GPT model(c, Policy::parse("none"));
+  DistConfig d;
+  d.master_port = free_port();
+  Communicator comm(d);
+  GradientBuckets buckets(model->compiled_step(), model->parameters(), /*bucket_bytes=*/1, /*micro=*/1, comm);
+  model->set_grad_sink(buckets.sink());
+  auto [input, target] = random_batch(c);
+  model->forward(input, target).backward();
+  const std::string e = testing::error_of([&] { model->forward(input, target).backward(); });
+  EXPECT_NE(e.find("got more gradients than the 1 backward pass(es) of a step"), std::string::npos) << e;
+}
+
 // A group of one: the buckets' layout and bookkeeping, without a second process.
 TEST(DataParallel, BucketsFollowTheBackwardAndTiedWeightsAreReducedOnce) {
   const ModelConfig c = testing::tiny("gpt2");

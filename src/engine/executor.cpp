@@ -48,6 +48,10 @@ BlockExecutor::BlockExecutor(BlockSpec spec, LayerPolicy policy, ExecOptions opt
 
 BlockExecutor::BlockExecutor(const BlockSpec& spec, std::shared_ptr<const Schedule> schedule, ExecOptions options)
     : spec_(spec), schedule_(std::move(schedule)), options_(std::move(options)) {
+  if (!schedule_) fail("BlockExecutor: the schedule is null; give one compile_schedule made for this block");
+  if (schedule_->saved.size() != spec_.tensors.size())
+    fail("BlockExecutor: the schedule is for a block of {} tensors, '{}' has {}; give one compiled for this block",
+         schedule_->saved.size(), spec_.kind, spec_.tensors.size());
   policy_ = policy_of(spec_, schedule_->saved);
   if (options_.timer && options_.timer->forward_ms.size() != spec_.ops.size()) options_.timer->resize(spec_.ops.size());
 }

@@ -45,6 +45,15 @@ TEST(Executor, RefusesAnUndefinedParameter) {
             std::string::npos);
 }
 
+// A schedule indexes its block's ops and tensors: a null one, or one made for another block, is
+// refused before it is read.
+TEST(Executor, RefusesAScheduleOfAnotherBlock) {
+  const BlockSpec seed = make_block(testing::tiny("seed")), gpt2 = make_block(testing::tiny("gpt2"));
+  const auto other = std::make_shared<const Schedule>(compile_schedule(gpt2, keep_everything(gpt2)));
+  EXPECT_NE(error_of([&] { BlockExecutor(seed, nullptr); }).find("the schedule is null"), std::string::npos);
+  EXPECT_NE(error_of([&] { BlockExecutor(seed, other); }).find("the schedule is for a block of"), std::string::npos);
+}
+
 // A backward frees the stage's tensors: a second one (retain_graph) would read freed slots.
 TEST(Executor, RefusesASecondBackward) {
   SeedStage s;

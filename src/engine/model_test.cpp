@@ -169,6 +169,19 @@ INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds, ::testing::ValuesIn(testing::engine
 
 // Token ids index the embedding and the chunked loss's rows unchecked: one past the vocabulary is
 // refused before any op runs.
+// A batch refilled in place between the forward and the backward (a loader reusing its buffer)
+// would give the embedding the new ids' gradients: the backward refuses it, as autograd refuses a
+// saved tensor changed in place.
+TEST(Engine, RefusesABatchChangedBetweenForwardAndBackward) {
+  const ModelConfig c = tiny("gpt2");
+  GPT model(c, Policy::parse("none"));
+  auto [input, target] = random_batch(c);
+  const at::Tensor loss = model->forward(input, target);
+  input.copy_(target);
+  const std::string e = testing::error_of([&] { loss.backward(); });
+  EXPECT_NE(e.find("input 0 of stage 'gpt2.stem' was changed in place"), std::string::npos) << e;
+}
+
 TEST(Engine, RefusesATokenIdOutsideTheVocabulary) {
   ModelConfig c = tiny("gpt2");
   c.loss = Loss::Chunked, c.loss_chunks = 2;

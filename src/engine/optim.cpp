@@ -13,9 +13,17 @@ namespace remat {
 
 namespace {
 
+void check_lr(const char* who, double lr) {
+  if (!(lr >= 0 && std::isfinite(lr))) fail("{}: lr must be finite and >= 0, got {}", who, lr);
+}
+
+void check_steps(const char* who, int64_t steps) {
+  if (steps < 0) fail("{}: steps must be >= 0 (the bias corrections' count), got {}", who, steps);
+}
+
 // The options, and each parameter a contiguous float32 CPU tensor (the update is a CPU loop).
 void check(const char* who, const AdamOptions& o, const std::vector<at::Tensor>& params) {
-  if (!(o.lr >= 0 && std::isfinite(o.lr))) fail("{}: lr must be finite and >= 0, got {}", who, o.lr);
+  check_lr(who, o.lr);
   if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
     fail("{}: beta1 and beta2 must be in [0, 1), got {} and {}", who, o.beta1, o.beta2);
   // 0 would divide 0 by 0 for a parameter whose gradient and moments are all 0 (an unused token row).
@@ -50,6 +58,28 @@ Adam::Adam(std::vector<at::Tensor> params, const AdamOptions& options) : params_
     m_.push_back(at::zeros_like(p));
     v_.push_back(at::zeros_like(p));
   }
+  updates_.assign(params_.size(), 0);
+}
+
+void Adam::set_lr(double lr) {
+  check_lr("remat::Adam::set_lr", lr);
+  options_.lr = lr;
+}
+
+void Adam::set_steps(int64_t steps) {
+  check_steps("remat::Adam::set_steps", steps);
+  steps_ = steps;
+  updates_.assign(params_.size(), steps);
+}
+
+void ShardedAdam::set_lr(double lr) {
+  check_lr("remat::ShardedAdam::set_lr", lr);
+  options_.lr = lr;
+}
+
+void ShardedAdam::set_steps(int64_t steps) {
+  check_steps("remat::ShardedAdam::set_steps", steps);
+  steps_ = steps;
 }
 
 namespace detail {
@@ -97,12 +127,12 @@ void adam_update(const AdamStep& s, float* w, const float* g, float* m, float* v
 
 void Adam::step() {
   ++steps_;
-  const detail::AdamStep s = detail::adam_step(options_, steps_, options_.weight_decay);
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
     check_grad("remat::Adam", i, grad, p.numel());
+    const detail::AdamStep s = detail::adam_step(options_, ++updates_[i], options_.weight_decay);
     const at::Tensor g = grad.contiguous();
     at::NoGradGuard no_grad;
     detail::adam_update(s, p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(), v_[i].data_ptr<float>(),

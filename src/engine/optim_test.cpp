@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -49,6 +50,34 @@ TEST(Adam, RefusesAnEpsOfZero) {
   p.mutable_grad() = at::zeros({4});
   adam.step();
   EXPECT_TRUE(at::equal(p, at::ones({4})));
+}
+
+// A parameter whose first gradient comes at the second step is updated as a fresh Adam's first
+// step (torch.optim.Adam counts steps per parameter): its bias corrections use t = 1, not 2.
+TEST(Adam, AParameterFirstUpdatedLateStartsAsAFreshAdam) {
+  at::manual_seed(3);
+  const at::Tensor w1 = at::randn({4}), w2 = at::randn({4}), g = at::randn({4});
+  const at::Tensor fresh = w2.clone();
+  Adam adam({w1, w2}, AdamOptions{});
+  w1.mutable_grad() = at::randn({4});
+  adam.step();  // w2 has no gradient yet
+  w1.mutable_grad() = at::randn({4});
+  w2.mutable_grad() = g;
+  adam.step();
+  Adam alone({fresh}, AdamOptions{});
+  fresh.mutable_grad() = g;
+  alone.step();
+  EXPECT_TRUE(testing::bitwise_equal(w2, fresh));
+}
+
+// A learning rate or a step count a schedule or a saved state could give wrong is refused: a
+// negative count's next step would divide by 1 - beta^0 = 0.
+TEST(Adam, RefusesABadLearningRateOrStepCount) {
+  Adam adam({at::zeros({4})}, AdamOptions{});
+  EXPECT_NE(error_of([&] { adam.set_lr(std::nan("")); }).find("lr must be finite and >= 0, got nan"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { adam.set_steps(-1); }).find("steps must be >= 0"), std::string::npos);
+  EXPECT_EQ(error_of([&] { adam.set_steps(3), adam.set_lr(0.5); }), "");
 }
 
 // Two shards of the parameters' flat range, stepped on the same gradients, end at Adam's weights

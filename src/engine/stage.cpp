@@ -20,6 +20,10 @@ struct StageClosure : torch::CustomClassHolder {
   BlockContext ctx;
   std::shared_ptr<const GradSink> sink;
   std::vector<int> param_ids;
+  // The inputs' version counters (not the tensors: the executor decides what stays alive) and
+  // their versions at the forward, which the backward reads from.
+  std::vector<c10::VariableVersion> input_versions;
+  std::vector<uint32_t> forward_versions;
 };
 
 class StageFunction : public torch::autograd::Function<StageFunction> {
@@ -27,7 +31,11 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<StageClosure> closure, at::TensorList inputs,
                                at::TensorList params) {
     std::vector<at::Tensor> in;
-    for (const at::Tensor& t : inputs) in.push_back(t.detach());
+    for (const at::Tensor& t : inputs) {
+      in.push_back(t.detach());
+      closure->input_versions.push_back(torch::autograd::impl::version_counter(t));
+      closure->forward_versions.push_back(t._version());
+    }
     std::vector<at::Tensor> ps;
     for (const at::Tensor& p : params) ps.push_back(p.detach());
     at::Tensor y = closure->exec->forward(in, ps, closure->ctx, closure->layer);
@@ -45,6 +53,12 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
           "without the engine");
     auto closure = c10::static_intrusive_pointer_cast<StageClosure>(ctx->saved_data["closure"].toCapsule());
     const int64_t n_inputs = ctx->saved_data["n_inputs"].toInt();
+    for (size_t i = 0; i < closure->input_versions.size(); ++i)
+      if (closure->input_versions[i].current_version() != closure->forward_versions[i])
+        fail(
+            "input {} of stage '{}'{} was changed in place between its forward and its backward, which reads it; "
+            "change a copy, or run the backward first",
+            i, closure->exec->spec().kind, closure->layer >= 0 ? fmt::format(" (layer {})", closure->layer) : "");
     std::vector<at::Tensor> params;
     for (const at::Tensor& p : ctx->get_saved_variables()) params.push_back(p.detach());
     variable_list result(1 + n_inputs + params.size());

@@ -22,9 +22,10 @@
 namespace remat {
 
 struct CheckpointOptions {
-  // Save the CPU generator state (and the CUDA one when an input is on CUDA) before the forward and
-  // restore it around the recompute, so random ops (dropout) draw the same values. The outer RNG
-  // stream is left where the plain run would leave it. Costs ~5 KiB per call on CPU.
+  // Save the CPU generator state (and the current CUDA device's when an input or a parameter is on
+  // CUDA) before the forward and restore it around the recompute, so random ops (dropout) draw the
+  // same values. The outer RNG stream is left where the plain run would leave it. Costs ~5 KiB per
+  // call on CPU.
   bool preserve_rng_state = true;
 };
 
@@ -32,8 +33,10 @@ struct CheckpointOptions {
 using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
 // Runs fn(inputs) under checkpointing. `params`: every tensor fn reads that needs a gradient but
-// is not in `inputs` (module parameters). REQUIRES: fn is deterministic given the RNG state; fn
-// does not return its inputs unchanged. Throws remat::Error on double backward (create_graph).
+// is not in `inputs` (module parameters); one listed twice counts once. REQUIRES: fn is
+// deterministic given the RNG state; fn does not return its inputs unchanged. Throws remat::Error
+// when fn changes an input or a parameter in place (its recompute would start from the changed
+// values), and on double backward (create_graph).
 std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, at::TensorList inputs, at::TensorList params,
                                    const CheckpointOptions& options = {});
 

@@ -93,6 +93,7 @@ struct Closure : torch::CustomClassHolder {
   std::optional<RngState> rng;
   size_t n_inputs = 0;
   std::vector<bool> input_requires_grad;
+  std::vector<size_t> param_index;  // per parameter given to the node: its index in the caller's list
 };
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -111,10 +112,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<at::Tensor> in(inputs.begin(), inputs.end());
     // A recompute starts from what the inputs and parameters hold when the backward runs: fn must
     // leave them as it found them.
+    // (Inference tensors keep no version, and take part in no backward.)
     auto versions = [&] {
       std::vector<uint32_t> v;
       for (at::TensorList list : {inputs, params})
-        for (const at::Tensor& t : list) v.push_back(t._version());
+        for (const at::Tensor& t : list) v.push_back(t.is_inference() ? 0 : t._version());
       return v;
     };
     const std::vector<uint32_t> before = versions();
@@ -125,7 +127,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         fail(
             "remat::checkpoint: fn changed {} {} in place; its recompute would start from the changed values: "
             "change a clone of it inside fn instead",
-            k < inputs.size() ? "input" : "parameter", k < inputs.size() ? k : k - inputs.size());
+            k < inputs.size() ? "input" : "parameter", k < inputs.size() ? k : closure->param_index[k - inputs.size()]);
 
     variable_list to_save(inputs.begin(), inputs.end());
     to_save.insert(to_save.end(), params.begin(), params.end());
@@ -202,11 +204,13 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, at::TensorList inputs
   for (size_t i = 0; i < params.size(); ++i)
     if (!params[i].defined()) fail("remat::checkpoint: parameter {} is an undefined tensor; pass defined tensors", i);
   // A parameter listed twice (a layer used twice in a segment) is one edge: its gradient once.
-  std::vector<at::Tensor> unique;
-  for (const at::Tensor& p : params)
-    if (std::none_of(unique.begin(), unique.end(), [&](const at::Tensor& u) { return u.is_same(p); }))
-      unique.push_back(p);
   auto closure = c10::make_intrusive<Closure>();
+  std::vector<at::Tensor> unique;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (std::none_of(unique.begin(), unique.end(), [&](const at::Tensor& u) { return u.is_same(params[i]); })) {
+      unique.push_back(params[i]);
+      closure->param_index.push_back(i);
+    }
   closure->fn = fn;
   closure->options = options;
   return CheckpointFunction::apply(std::move(closure), inputs, at::TensorList(unique));

@@ -49,9 +49,16 @@ BlockExecutor::BlockExecutor(BlockSpec spec, LayerPolicy policy, ExecOptions opt
 BlockExecutor::BlockExecutor(const BlockSpec& spec, std::shared_ptr<const Schedule> schedule, ExecOptions options)
     : spec_(spec), schedule_(std::move(schedule)), options_(std::move(options)) {
   if (!schedule_) fail("BlockExecutor: the schedule is null; give one compile_schedule made for this block");
-  if (schedule_->saved.size() != spec_.tensors.size())
-    fail("BlockExecutor: the schedule is for a block of {} tensors, '{}' has {}; give one compiled for this block",
-         schedule_->saved.size(), spec_.kind, spec_.tensors.size());
+  bool fits =
+      schedule_->saved.size() == spec_.tensors.size() && schedule_->need_input_grad.size() == spec_.inputs.size();
+  for (const std::vector<Step>* steps : {&schedule_->forward, &schedule_->backward})
+    for (const Step& st : *steps) {
+      const bool on_tensor = st.kind == Step::Kind::Free || st.kind == Step::Kind::FreeGrad;
+      const size_t n = on_tensor ? spec_.tensors.size() : spec_.ops.size();
+      fits = fits && st.index >= 0 && static_cast<size_t>(st.index) < n;
+    }
+  if (!fits)
+    fail("BlockExecutor: the schedule was compiled for another block than '{}'; give one compiled for it", spec_.kind);
   policy_ = policy_of(spec_, schedule_->saved);
   if (options_.timer && options_.timer->forward_ms.size() != spec_.ops.size()) options_.timer->resize(spec_.ops.size());
 }

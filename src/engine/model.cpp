@@ -168,7 +168,11 @@ void check_ids(const at::Tensor& ids, const char* what, int64_t vocab) {
 
 }  // namespace
 
-at::Tensor GPTImpl::forward(const at::Tensor& input, const at::Tensor& target) {
+at::Tensor GPTImpl::forward(const at::Tensor& batch_input, const at::Tensor& batch_target) {
+  // The ops index their inputs as laid out row after row: a view (targets narrowed from a buffer
+  // of T + 1 tokens) is copied once here.
+  const at::Tensor input = batch_input.defined() ? batch_input.contiguous() : batch_input;
+  const at::Tensor target = batch_target.defined() ? batch_target.contiguous() : batch_target;
   check_ids(input, "the input", cfg_.vocab);
   check_ids(target, "the target", cfg_.vocab);
   const bool eval = !is_training();
@@ -204,7 +208,7 @@ at::Tensor GPTImpl::logits(const at::Tensor& tokens) {
   if (!logits_exec_) fail("logits() needs a token model (gpt2, llama); this one is {}", cfg_.arch);
   check_ids(tokens, "the tokens", cfg_.vocab);
   at::NoGradGuard no_grad;
-  at::Tensor x = tokens;
+  at::Tensor x = tokens.defined() ? tokens.contiguous() : tokens;
   for (size_t i = 0; i + 1 < eval_plan_.stages.size(); ++i)
     x = run_stage(eval_execs_[i], {x}, stage_params(eval_plan_.stages[i]), eval_plan_.stages[i].layer);
   return run_stage(logits_exec_, {x}, stage_params(eval_plan_.stages.back()), cfg_.layers);

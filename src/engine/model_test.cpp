@@ -167,8 +167,6 @@ TEST_P(EngineKinds, GradientsDoNotDependOnTheThreadCount) {
 INSTANTIATE_TEST_SUITE_P(Kinds, EngineKinds, ::testing::ValuesIn(testing::engine_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// Token ids index the embedding and the chunked loss's rows unchecked: one past the vocabulary is
-// refused before any op runs.
 // A batch refilled in place between the forward and the backward (a loader reusing its buffer)
 // would give the embedding the new ids' gradients: the backward refuses it, as autograd refuses a
 // saved tensor changed in place.
@@ -182,6 +180,44 @@ TEST(Engine, RefusesABatchChangedBetweenForwardAndBackward) {
   EXPECT_NE(e.find("input 0 of stage 'gpt2.stem' was changed in place"), std::string::npos) << e;
 }
 
+// Targets narrowed from a buffer of T + 1 tokens are a strided view: the chunked loss's backward
+// gives the gradients of their contiguous copy, bit for bit.
+TEST(Engine, AStridedTargetGivesTheGradientsOfItsCopy) {
+  ModelConfig c = tiny("gpt2");
+  c.loss = Loss::Chunked, c.loss_chunks = 2;
+  at::manual_seed(4);
+  const at::Tensor buffer = at::randint(0, c.vocab, {c.batch, c.seq + 1}, at::kLong);
+  const at::Tensor input = buffer.narrow(1, 0, c.seq), target = buffer.narrow(1, 1, c.seq);
+  ASSERT_FALSE(target.is_contiguous());
+  auto grads = [&](const at::Tensor& t) {
+    at::manual_seed(5);
+    GPT model(c, Policy::parse("none"));
+    model->forward(input, t).backward();
+    std::vector<at::Tensor> g;
+    for (const at::Tensor& p : model->parameters()) g.push_back(p.grad());
+    return g;
+  };
+  const std::vector<at::Tensor> strided = grads(target), copied = grads(target.contiguous());
+  for (size_t i = 0; i < strided.size(); ++i) EXPECT_TRUE(testing::bitwise_equal(strided[i], copied[i])) << i;
+}
+
+// Under InferenceMode nothing is kept for a backward: the logits come out as with grad off.
+TEST(Engine, RunsUnderInferenceMode) {
+  const ModelConfig c = tiny("gpt2");
+  GPT model(c, Policy::parse("none"));
+  model->eval();
+  auto [input, target] = random_batch(c);
+  at::Tensor want;
+  {
+    at::NoGradGuard off;
+    want = model->logits(input);
+  }
+  c10::InferenceMode inference;
+  EXPECT_TRUE(at::equal(model->logits(input), want));
+}
+
+// Token ids index the embedding and the chunked loss's rows unchecked: one past the vocabulary is
+// refused before any op runs.
 TEST(Engine, RefusesATokenIdOutsideTheVocabulary) {
   ModelConfig c = tiny("gpt2");
   c.loss = Loss::Chunked, c.loss_chunks = 2;

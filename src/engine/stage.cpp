@@ -20,9 +20,9 @@ struct StageClosure : torch::CustomClassHolder {
   BlockContext ctx;
   std::shared_ptr<const GradSink> sink;
   std::vector<int> param_ids;
-  // The inputs' version counters (not the tensors: the executor decides what stays alive) and
-  // their versions at the forward, which the backward reads from.
-  std::vector<c10::VariableVersion> input_versions;
+  // For a forward a backward may follow: the version counters of the inputs that have one (not
+  // the tensors: the executor decides what stays alive), by input index, and their versions then.
+  std::vector<std::pair<size_t, c10::VariableVersion>> input_versions;
   std::vector<uint32_t> forward_versions;
 };
 
@@ -31,11 +31,7 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<StageClosure> closure, at::TensorList inputs,
                                at::TensorList params) {
     std::vector<at::Tensor> in;
-    for (const at::Tensor& t : inputs) {
-      in.push_back(t.detach());
-      closure->input_versions.push_back(torch::autograd::impl::version_counter(t));
-      closure->forward_versions.push_back(t._version());
-    }
+    for (const at::Tensor& t : inputs) in.push_back(t.detach());
     std::vector<at::Tensor> ps;
     for (const at::Tensor& p : params) ps.push_back(p.detach());
     at::Tensor y = closure->exec->forward(in, ps, closure->ctx, closure->layer);
@@ -53,8 +49,9 @@ class StageFunction : public torch::autograd::Function<StageFunction> {
           "without the engine");
     auto closure = c10::static_intrusive_pointer_cast<StageClosure>(ctx->saved_data["closure"].toCapsule());
     const int64_t n_inputs = ctx->saved_data["n_inputs"].toInt();
-    for (size_t i = 0; i < closure->input_versions.size(); ++i)
-      if (closure->input_versions[i].current_version() != closure->forward_versions[i])
+    for (size_t k = 0; k < closure->input_versions.size(); ++k)
+      if (const auto& [i, counter] = closure->input_versions[k];
+          counter.current_version() != closure->forward_versions[k])
         fail(
             "input {} of stage '{}'{} was changed in place between its forward and its backward, which reads it; "
             "change a copy, or run the backward first",
@@ -90,6 +87,14 @@ at::Tensor run_stage(std::shared_ptr<const BlockExecutor> exec, at::TensorList i
     closure->sink = std::move(sink);
     closure->param_ids = *param_ids;
   }
+  // (Function::forward runs with grad off: whether a backward can follow is known only here.
+  // Undefined inputs are the executor's to refuse; inference tensors keep no version.)
+  if (at::GradMode::is_enabled())
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && !inputs[i].is_inference()) {
+        closure->input_versions.emplace_back(i, torch::autograd::impl::version_counter(inputs[i]));
+        closure->forward_versions.push_back(inputs[i]._version());
+      }
   return StageFunction::apply(std::move(closure), inputs, params)[0];
 }
 

@@ -75,10 +75,12 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backwar
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void relu_forward_range(const float* __restrict x,
                                                                                      float* __restrict y, int64_t n) {
+  // A NaN passes (as at::relu keeps it), told by its bits: -ffast-math may fold a NaN test away.
+  const auto* bits = reinterpret_cast<const uint32_t*>(x);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    y[i] = v > 0.0f ? v : 0.0f;
+    y[i] = v > 0.0f || (bits[i] & 0x7fffffffu) > 0x7f800000u ? v : 0.0f;
   }
 }
 
@@ -307,6 +309,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_from_l
     const float* in = x + i * cols;
     float* out = y + i * cols;
     const float shift = lse != nullptr ? lse[i] : 0.0f;
+    if (lse != nullptr && any_not_finite(&shift, 1)) {  // a row whose loss is NaN: so is its gradient
+      std::fill(out, out + cols, quiet_nan());
+      continue;
+    }
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
       const float a = std::max(in[j] - shift, -87.0f);

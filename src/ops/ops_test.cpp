@@ -501,6 +501,26 @@ TEST(NormKernels, MatchFloat64AndKeepNonFinite) {
 // A linear's bias gradient, summed in column chunks on the kernel threads, has the bits of ATen's
 // one sum over every column: over ragged chunks, on one kernel thread or two, in float and double.
 // With one ATen thread, as the engine runs, so that the chunks are what runs.
+// A NaN pre-activation stays NaN through ReLU, as at::relu keeps it (a diverged MLP must not come
+// out finite); its gradient is 0, as ATen's.
+TEST(ReluKernel, KeepsNaNAsATenDoes) {
+  const at::Tensor x = at::tensor({-1.0f, 0.0f, 2.0f, std::numeric_limits<float>::quiet_NaN(), -0.0f});
+  at::Tensor y = at::empty_like(x);
+  ops::kernels::relu_forward(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+  EXPECT_TRUE(at::equal(y.isnan(), at::relu(x).isnan())) << y;
+  EXPECT_TRUE(at::equal(at::nan_to_num(y, 7.0), at::nan_to_num(at::relu(x), 7.0))) << y;
+}
+
+// A row whose log-sum-exp is NaN (its logits overflowed) gets a NaN gradient, as its loss is NaN.
+TEST(LogSumExpKernel, ARowWhoseLossIsNaNGetsANaNGradient) {
+  const at::Tensor x = at::zeros({2, 4});
+  const at::Tensor lse = at::tensor({std::log(4.0f), std::numeric_limits<float>::quiet_NaN()});
+  at::Tensor y = at::empty_like(x);
+  ops::kernels::softmax_from_lse_rows(x.data_ptr<float>(), lse.data_ptr<float>(), 1.0f, y.data_ptr<float>(), 2, 4);
+  EXPECT_TRUE(at::allclose(y[0], at::full({4}, 0.25f)));
+  EXPECT_TRUE(y[1].isnan().all().item<bool>()) << y;
+}
+
 TEST(ColumnSums, HaveTheBitsOfOneSum) {
   const testing::AtenThreads one(1);
   ASSERT_EQ(at::get_num_threads(), 1);

@@ -68,9 +68,10 @@ for n in 3 4; do
     fail "$n ranks: validation loss $(val "dp$n"), one process with --accum $n: $(val "accum$n")"
 done
 
-# kill -9 of rank 1 mid-run: the launcher names it and stops within seconds; resume all ranks.
+# kill -9 of rank 1 mid-run: the launcher names it and stops within seconds; resume all ranks. The
+# run is ZeRO-1's (its saves gather the moments' shares on rank 0), whose weights are ZeRO-0's.
 run straight --steps 300 --nproc 2
-"$remat" train "${args[@]}" --steps 300 --nproc 2 --save "$tmp/run" --save-every 10 > /dev/null 2> "$tmp/kill.err" &
+"$remat" train "${args[@]}" --steps 300 --nproc 2 --zero 1 --save "$tmp/run" --save-every 10 > /dev/null 2> "$tmp/kill.err" &
 launcher=$!
 for _ in $(seq 1 1000); do [ -f "$tmp/run/state.bin" ] && break; sleep 0.01; done
 victim=$(pgrep -P "$launcher" | sort -n | tail -1)
@@ -86,7 +87,7 @@ grep -q "remat: error: rank [01] (pid $victim) was killed by signal 9" "$tmp/kil
 [ "$(grep -c '^remat: error:' "$tmp/kill.err")" -eq 1 ] || fail "the lost rank was reported in more than one line: $(cat "$tmp/kill.err")"
 step=$(grep -a -o '"step":[0-9]*' "$tmp/run/state.bin" | head -1 | cut -d: -f2)
 [ -n "$step" ] && [ "$step" -lt 300 ] || fail "the run finished (step $step) before kill -9"
-run resumed --steps 300 --nproc 2 --save "$tmp/run" --save-every 10 --resume "$tmp/run"
+run resumed --steps 300 --nproc 2 --zero 1 --save "$tmp/run" --save-every 10 --resume "$tmp/run"
 [ "$(digest resumed)" = "$(digest straight)" ] || fail "killed at step $step and resumed: $(digest resumed), uninterrupted $(digest straight)"
 
 # SIGTERM to the launcher (a scheduler, kill) or to one rank from outside: every rank finishes the

@@ -303,34 +303,46 @@ double val_loss(Run& r) {
 }
 
 // Full moments of every parameter, on rank 0: its own share and, with ZeRO-1, every other rank's,
-// sent to it (all ranks take part).
+// sent to it (all ranks take part). A parameter inside one rank's share is a view of it; only one
+// that spans shares is copied together (no second copy of all the moments).
 std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> full_moments(Run& r) {
-  std::vector<at::Tensor> m, v;
   const int64_t total = total_elements(r.params);
-  at::Tensor flat_m = r.adam->exp_avg(), flat_v = r.adam->exp_avg_sq();
+  std::vector<at::Tensor> ms = {r.adam->exp_avg()}, vs = {r.adam->exp_avg_sq()};
+  std::vector<int64_t> starts = {0};  // flat index of each share's first element
   if (r.parallel() && r.o.zero == 1) {
     if (!r.leader()) {
-      r.comm->send(flat_m, 0, 1, "sending Adam moments to rank 0");
-      r.comm->send(flat_v, 0, 2, "sending Adam moments to rank 0");
+      r.comm->send(ms[0], 0, 1, "sending Adam moments to rank 0");
+      r.comm->send(vs[0], 0, 2, "sending Adam moments to rank 0");
       return {};
     }
-    std::vector<at::Tensor> ms = {flat_m}, vs = {flat_v};
     for (int q = 1; q < r.o.dist.world; ++q) {
-      const int64_t n = shard_first(total, q + 1, r.o.dist.world) - shard_first(total, q, r.o.dist.world);
+      starts.push_back(shard_first(total, q, r.o.dist.world));
+      const int64_t n = shard_first(total, q + 1, r.o.dist.world) - starts.back();
       ms.push_back(at::empty({n}));
       vs.push_back(at::empty({n}));
       r.comm->recv(ms.back(), q, 1, "gathering Adam moments");
       r.comm->recv(vs.back(), q, 2, "gathering Adam moments");
     }
-    flat_m = at::cat(ms);
-    flat_v = at::cat(vs);
   } else if (!r.leader()) {
     return {};
   }
+  // Elements [at, at + n) of the moments laid end to end, shaped as `p`.
+  auto piece = [&](const std::vector<at::Tensor>& shares, int64_t at, int64_t n, const at::Tensor& p) {
+    size_t q = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), at) - starts.begin()) - 1;
+    if (at + n <= starts[q] + shares[q].numel()) return shares[q].narrow(0, at - starts[q], n).view(p.sizes());
+    at::Tensor whole = at::empty({n});
+    for (int64_t done = 0; done < n; ++q) {
+      const int64_t from = at + done - starts[q], take = std::min(n - done, shares[q].numel() - from);
+      whole.narrow(0, done, take).copy_(shares[q].narrow(0, from, take));
+      done += take;
+    }
+    return whole.view(p.sizes());
+  };
+  std::vector<at::Tensor> m, v;
   int64_t at = 0;
   for (const at::Tensor& p : r.params) {
-    m.push_back(flat_m.narrow(0, at, p.numel()).view(p.sizes()));
-    v.push_back(flat_v.narrow(0, at, p.numel()).view(p.sizes()));
+    m.push_back(piece(ms, at, p.numel(), p));
+    v.push_back(piece(vs, at, p.numel(), p));
     at += p.numel();
   }
   return {m, v};

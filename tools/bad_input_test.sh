@@ -262,6 +262,7 @@ bad "unknown format '.jpg'" bench "${tiny[@]}" --chart c.jpg
 bad "unknown format '.svg;id'" bench "${tiny[@]}" --chart 'x.svg;id'
 bad "unknown format" bench "${tiny[@]}" --chart 'x$(id>&2).jpg' --json keep.json
 bad "cannot write '/nonexistent/a.csv'" train --csv /nonexistent/a.csv --data "$box/text.txt"
+bad "--policy budget:1GiB plans a peak of up to 1.00 GiB, more than --memory-limit 100.0 MiB" train --policy budget:1GiB --memory-limit 100MiB --data "$box/text.txt"
 bad "chart 'a.gif': unknown format '.gif'" train --chart a.gif --data "$box/text.txt"
 bad "cannot save a train state in 'keep.json': it is not a folder" train --save keep.json --data "$box/text.txt"
 bad "cannot save a train state in '/proc/nope'" train --save /proc/nope --data "$box/text.txt"

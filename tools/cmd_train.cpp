@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -199,12 +200,16 @@ std::function<void(const TrainProgress&)> progress_printer() {
         fmt::format("step {}/{} [{}{}] loss {:.3f} | val {} | {:.1f}k tok/s | peak {} | ETA {}", p.step, p.steps,
                     std::string(done, '='), std::string(width - done, ' '), p.loss, val, p.tokens_per_s / 1000,
                     bytes_str(p.peak_bytes), duration(p.eta_s));
-    if (tty) {
-      fmt::print(stderr, "\r\033[K{}", line);
-    } else if (p.step == p.steps || p.step - *last_line >= std::max<int64_t>(1, p.steps / 20)) {
-      fmt::print(stderr, "{}\n", line);
-      *last_line = p.step;
-    }
+    // Best effort: a terminal that went away (SIGHUP, a closed window) fails the write, and the run
+    // goes on to save and stop.
+    try {
+      if (tty) {
+        fmt::print(stderr, "\r\033[K{}", line);
+      } else if (p.step == p.steps || p.step - *last_line >= std::max<int64_t>(1, p.steps / 20)) {
+        fmt::print(stderr, "{}\n", line);
+        *last_line = p.step;
+      }
+    } catch (const std::system_error&) {}
   };
 }
 
@@ -315,16 +320,14 @@ int run(TrainFlags& f, CLI::App* app) {
   const TrainResult r = train(f.o, f.resume, given);
   end_progress();
   if (!leader) return r.stopped != 0 ? 128 + r.stopped : 0;
+  // The files first: the summary's write fails on a terminal that went away.
+  if (!f.csv.empty()) write_file_atomic(f.csv, r.csv());
+  for (const std::string& c : f.charts)
+    r.write_chart(c, "remat train: " + describe(r.options.model) + ", policy " + r.options.policy);
   print_summary(r);
   if (!r.options.save_dir.empty()) fmt::print("  train state: {}/state.bin\n", r.options.save_dir);
-  if (!f.csv.empty()) {
-    write_file_atomic(f.csv, r.csv());
-    fmt::print("wrote {}\n", f.csv);
-  }
-  for (const std::string& c : f.charts) {
-    r.write_chart(c, "remat train: " + describe(r.options.model) + ", policy " + r.options.policy);
-    fmt::print("wrote {}\n", c);
-  }
+  if (!f.csv.empty()) fmt::print("wrote {}\n", f.csv);
+  for (const std::string& c : f.charts) fmt::print("wrote {}\n", c);
   if (r.stopped) {
     const int64_t at = r.log.empty() ? 0 : r.log.back().step;
     fmt::print(stderr, "remat: stopped by signal {} ({}) after step {} of {}; {}\n", r.stopped, strsignal(r.stopped),

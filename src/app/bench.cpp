@@ -788,8 +788,9 @@ nlohmann::json row_json(const BenchRow& r) {
           {"saved_bytes", r.saved_bytes},
           {"predicted_saved_bytes", predicted(r.predicted_saved_bytes)},
           {"peak_bytes", r.peak_bytes},
-          {"grad_max_abs_diff",
-           std::isnan(r.grad_max_abs_diff) ? nlohmann::json("nan") : nlohmann::json(r.grad_max_abs_diff)},
+          {"grad_max_abs_diff",  // (JSON has no NaN or infinity: as the table writes them)
+           std::isfinite(r.grad_max_abs_diff) ? nlohmann::json(r.grad_max_abs_diff)
+                                              : nlohmann::json(fmt::format("{}", r.grad_max_abs_diff))},
           {"flops_per_step", r.flops_per_step},
           {"floor_ratio", r.floor_ratio},
           {"floor_ratio_min", r.floor_ratio_min},

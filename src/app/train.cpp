@@ -808,6 +808,10 @@ void check_train_memory(const TrainOptions& given) {
   o.model.vocab = kByteVocab;
   const Policy policy = Policy::parse(o.policy);
   if (policy.is_budget()) {  // a budget no policy meets, refused as build_model's planner would, measuring nothing
+    const int64_t bytes = policy.budget().bytes;
+    if (o.memory_limit > 0 && bytes > o.memory_limit)
+      fail("--policy {} plans a peak of up to {}, more than --memory-limit {}: give a budget of at most the limit",
+           o.policy, bytes_str(bytes), bytes_str(o.memory_limit));
     check_policy(policy, o.model, o.threads);
     return;
   }
@@ -881,9 +885,11 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
       save(r);
       last_saved = r.step;
     }
+    // A stop saves before the progress line: a hung-up terminal (SIGHUP) fails that write.
+    const int stop = last ? 0 : stop_request(r);
+    if (stop != 0 && !r.o.save_dir.empty() && last_saved != r.step) save(r);
     if (r.o.progress && r.leader()) report_progress(r, rec, last_val, r.log.size() - restored, seconds);
-    if (const int stop = last ? 0 : stop_request(r)) {
-      if (!r.o.save_dir.empty() && last_saved != r.step) save(r);
+    if (stop != 0) {
       result.stopped = stop;
       break;
     }

@@ -3,12 +3,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <system_error>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -278,6 +280,22 @@ TEST(Train, AStopRequestSavesTheStepAndEnds) {
   EXPECT_EQ(r.stopped, 15);
   ASSERT_EQ(r.log.size(), 7u);
   EXPECT_EQ(load_train_state(o.save_dir).header.at("step").get<int64_t>(), 7);
+  std::filesystem::remove_all(dir);
+}
+
+// A hang-up (SIGHUP) also takes the terminal away: the progress line that follows fails. The step
+// is saved before that line is written.
+TEST(Train, AStopSavesBeforeTheProgressLineThatMayFail) {
+  const std::string dir = temp_dir("hangup");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.save_dir = dir + "/run";
+  auto polls = std::make_shared<int>(0);
+  o.should_stop = [polls] { return ++*polls == 5 ? 1 : 0; };
+  o.progress = [polls](const TrainProgress&) {
+    if (*polls == 5) throw std::system_error(EIO, std::generic_category(), "cannot write to file");
+  };
+  EXPECT_THROW(train(o), std::system_error);
+  EXPECT_EQ(load_train_state(o.save_dir).header.at("step").get<int64_t>(), 5);
   std::filesystem::remove_all(dir);
 }
 

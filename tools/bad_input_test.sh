@@ -188,6 +188,8 @@ bad "--seq: '99999999999999999999' is out of range (-9223372036854775808..922337
 bad "--layers: '-99999999999999999999' is out of range" bench --layers -99999999999999999999
 bad "with math attention, none (every bench's reference step) is predicted to peak at" \
   bench --arch gpt2 --seq 65536 --batch 8 --policies none --steps 1 --warmup 0
+bad "with math attention, none (every bench's reference step) beside the other 7 runs' weights, moments and gradients" \
+  bench --arch gpt2 --layers 48 --dim 4096 --heads 32 --batch 1 --seq 128 --policies none,attn,mlp-act,attn+mlp-act,norm,full,every:2,every:3 --steps 1 --warmup 0 --engine ops
 bad "needs about" train --policy uniform:2 --batch 100000 --seq 1024 --data "$box/text.txt"
 bad "needs about" train --policy none --batch 100000 --seq 1024 --data "$box/text.txt"
 # --nproc: the launcher refuses them before it measures the GEMM choice for its ranks.

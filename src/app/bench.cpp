@@ -235,18 +235,23 @@ void check_bench_options(const BenchOptions& o) {
       ModelConfig cfg = o.model;
       cfg.attention = a;
       check_engine(cfg);
-      // Every variant first runs `none` for its reference gradients: refuse a shape whose none does
-      // not fit this machine (the kernel's OOM killer would end the run).
+      // Every variant first runs `none` for its reference gradients, beside every run's model (its
+      // weights, Adam's moments and last gradients, kept until the report): refuse a shape whose
+      // none does not fit this machine so (the kernel's OOM killer would end the run).
       ResolvedPolicy keep;
       keep.layers.assign(cfg.layers, keep_everything(make_block(cfg)));
       const auto spec = std::make_shared<const ModelSpec>(make_model(cfg));
-      const int64_t need = simulate_memory(compile_step(spec, keep), o.threads).total_peak();
+      const StepMemory none = simulate_memory(compile_step(spec, keep), o.threads);
+      const int64_t runs = static_cast<int64_t>(o.policies.size() * o.engines.size() * attentions.size());
+      const int64_t need = none.total_peak() + (runs - 1) * (none.params + none.optimizer + none.grads);
       if (const int64_t usable = usable_memory(); usable > 0 && need > usable)
         fail(
-            "with {} attention, none (every bench's reference step) is predicted to peak at {}; runs here may take "
-            "{} (nine tenths of what this machine has available): try --attention flash, a shorter --seq or a "
-            "smaller --batch",
-            to_string(a), bytes_str(need), bytes_str(usable));
+            "with {} attention, none (every bench's reference step){} is predicted to peak at {}; runs here may "
+            "take {} (nine tenths of what this machine has available): try {}--attention flash, a shorter --seq or "
+            "a smaller --batch",
+            to_string(a),
+            runs > 1 ? fmt::format(" beside the other {} runs' weights, moments and gradients", runs - 1) : "",
+            bytes_str(need), bytes_str(usable), runs > 1 ? "fewer --policies, " : "");
     }
     // A policy no attention variant can run is refused now, with the first variant's error as a
     // single run would give it (one that fails in some variants only is left out of those, with a note).

@@ -127,6 +127,8 @@ bad "--no-fused-wgrad describes Megatron-LM; --framework torchtitan has no such 
 bad "--no-sp: torchtitan's tensor parallelism is always sequence-parallel" plan --model llama2-70b --gpus 16 --device h100-80gb --framework torchtitan --no-sp
 bad "no layout of these flags validates (tp 3 does not divide the 32 heads)" plan --model llama2-7b --gpus 6 --device h100-80gb --tp 3
 bad "no layout of these flags validates (pp 40 is more than the 32 layers)" plan --model llama2-7b --gpus 40 --device h100-80gb --pp 40
+bad "expert rows of 16777216 features, over 2^60 bytes" plan --device h100-80gb --gpus 1 --micro-batch 8 --global-batch 8 --dtype bf16 --arch moe --layers 1 --experts 4096 --top-k 4096 --seq 16777216 --dim 8 --heads 1 --ffn 16777216 --policies none
+bad "--head-dim 7 is odd; rotary embeddings turn pairs of head dimensions" plan --device h100-80gb --gpus 1 --arch llama --dim 64 --heads 4 --head-dim 7 --global-batch 8
 bad "--no-grouped-gemm: --arch llama has no experts" plan --model llama2-70b --gpus 16 --device h100-80gb --no-grouped-gemm
 bad "--deterministic changes only a mixture of experts' unpermute here; --arch llama has none" plan --model llama2-70b --gpus 16 --device h100-80gb --deterministic
 bad "--pure-bf16 keeps weights, gradients and Adam state in bf16; give --dtype bf16" plan --model llama2-7b --gpus 8 --device h100-80gb --dtype fp32 --pure-bf16

@@ -104,9 +104,12 @@ void set_choices(ModelConfig& c, const DecoderStyle& kind) {
 }
 
 void check_decoder(const ModelConfig& c, const DecoderStyle& s) {
-  if (s.positions == Positions::Rope && c.head_dim() % 2 != 0)
+  if (s.positions == Positions::Rope && c.head_dim() % 2 != 0) {
+    if (c.head_size > 0)
+      fail("ModelConfig.head_size {} is odd; rotary embeddings turn pairs of head dimensions", c.head_size);
     fail("ModelConfig.dim {} / ModelConfig.heads {} = {} is odd; rotary embeddings turn pairs of head dimensions",
          c.dim, c.heads, c.head_dim());
+  }
   if (!(c.rotary_fraction > 0 && c.rotary_fraction <= 1))
     fail("ModelConfig.rotary_fraction must be in (0, 1], got {}", c.rotary_fraction);
   if (s.positions == Positions::Rope && rotary_dims(c) == 0)

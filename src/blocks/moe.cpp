@@ -8,7 +8,7 @@
 // expert_capacity() x etp).
 //   stem   x = drop(wte[tokens])
 //   block  x2 = x + drop(proj(attn(rope(q(n1)), rope(k(n1)), v(n1)))), n1 = rms1(x), n2 = rms2(x2)
-//          (weights, experts, probs) = route(router(n2))
+//          (weights, experts, router_probs) = route(router(n2))
 //          (xs, slots, rows) = dispatch(n2, experts)
 //          moe = combine(down(silu(gate(xs)) * up(xs)), weights, slots) [+ the shared expert's MLP of n2]
 //          or, with ModelConfig.expert_weights activation (Megatron-LM's placement), the same sum as
@@ -18,6 +18,9 @@
 // Tags: router (its logits, probabilities, weights), experts (every routed tensor), expert-act (the
 // experts' SwiGLU product and its weighted copy, which mlp-act also means here), shared (the shared expert's), so the
 // presets moe-act, moe and shared drop what Megatron-LM's recompute modules of those names do.
+#include <algorithm>
+#include <cmath>
+
 #include "blocks/decoder.h"
 #include "blocks/kinds.h"
 #include "blocks/parts.h"
@@ -84,7 +87,7 @@ Dispatched route(Builder& b, const Routing& routing, int n2) {
       b.op(OpKind::Route, "route", {logits},
            {{"weights", per_token, weights, tag::kRouter, "routing weight of each token's experts"},
             {"experts", per_token, DType::I64, tag::kRouter, "each token's experts, highest score first"},
-            {"probs", b.res(c.experts), DType::F32, tag::kRouter,
+            {"router_probs", b.res(c.experts), DType::F32, tag::kRouter,
              routing.sigmoid ? "router scores (sigmoid)" : "router probabilities (softmax)"}});
   b.last().routing = routing;
   const std::vector<int> placed =
@@ -191,6 +194,21 @@ void check(const ModelConfig& c) {
   if (!(c.expert_imbalance >= 1 && c.expert_imbalance <= 1024))
     fail("ModelConfig.expert_imbalance must be in [1, 1024] (the busiest rank's rows over the mean), got {}",
          c.expert_imbalance);
+  // The dispatch buffer's rows times the widest expert tensor (SwiGLU's gate and up side by side),
+  // in doubles so that nothing wraps, under validate()'s 2^60 bytes: the copies are top_k x tokens
+  // (or capacity x experts), more than validate() counts.
+  const double tokens = static_cast<double>(c.batch) * static_cast<double>(c.seq);
+  const double copies = c.capacity_factor > 0
+                            ? std::max(1.0, std::ceil(c.capacity_factor * tokens * static_cast<double>(c.top_k) /
+                                                      static_cast<double>(c.experts))) *
+                                  static_cast<double>(c.experts)
+                            : tokens * static_cast<double>(c.top_k) * c.expert_imbalance;
+  const double widest = std::max(static_cast<double>(c.dim), 2.0 * static_cast<double>(c.hidden()));
+  if (8 * copies * widest > std::ldexp(1.0, 60))
+    fail(
+        "ModelConfig batch {} x seq {} x top_k {} makes {:.3g} expert rows of {} features, over 2^60 bytes: give a "
+        "smaller batch, seq, top_k or ffn",
+        c.batch, c.seq, c.top_k, copies, c.hidden());
 }
 
 }  // namespace

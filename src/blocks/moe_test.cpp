@@ -153,8 +153,8 @@ TEST(Moe, PresetsDropWhatTheirMegatronModulesRecompute) {
   EXPECT_EQ(dropped("moe-act"), (std::vector<std::string>{"act"}));
   EXPECT_EQ(dropped("mlp-act"), (std::vector<std::string>{"act"}));
   EXPECT_EQ(dropped("shared"), (std::vector<std::string>{"shared_gate", "shared_up", "shared_act"}));
-  EXPECT_EQ(dropped("moe"), (std::vector<std::string>{"weights", "experts", "probs", "xs", "slots", "rows", "gate",
-                                                      "up", "act", "down"}));
+  EXPECT_EQ(dropped("moe"), (std::vector<std::string>{"weights", "experts", "router_probs", "xs", "slots", "rows",
+                                                      "gate", "up", "act", "down"}));
   EXPECT_THROW(Policy::parse("moe").resolve(make_block(tiny("llama")), 1), Error);
 }
 

@@ -1,5 +1,7 @@
 #include "core/builder.h"
 
+#include <set>
+
 #include "remat/error.h"
 
 namespace remat::detail {
@@ -52,6 +54,10 @@ std::vector<int> Builder::op(OpKind kind, std::string name, std::vector<int> in,
 }
 
 BlockSpec Builder::finish(int output) {
+  // Policies and plans name tensors: a name must mean one tensor.
+  std::set<std::string> names;
+  for (const TensorSpec& t : spec_.tensors)
+    if (!names.insert(t.name).second) REMAT_INTERNAL("block '{}' has two tensors named '{}'", spec_.kind, t.name);
   spec_.output = output;
   for (size_t i = 0; i < spec_.ops.size(); ++i)
     for (int t : spec_.bwd_reads(static_cast<int>(i))) spec_.tensors[t].read_by_backward = true;

@@ -191,7 +191,7 @@ std::vector<Allocation> outside_allocator(const PlanOptions& o, const Device& d,
   // A word embedding tied to the head across the first and last stage: Megatron-LM all-reduces its
   // gradient over the embedding group (parallel_state.py, _EMBEDDING_GROUP), a communicator of its
   // own (counted on every stage, on the safe side).
-  if (l.pp > 1 && with_choices_resolved(c).tied == Switch::On) nccl("embedding group (tied weights)", 2, ring);
+  if (l.pp > 1 && with_choices_resolved(c).tied == Switch::On) nccl("tied embedding group", 2, ring);
   if (!routes_experts(c.arch)) return out;
   // A mixture of experts (Megatron-LM's groups; every process group is one NCCL communicator):
   // both token dispatchers gather over the etp x ep ranks (the allgather dispatcher its tokens,

@@ -716,7 +716,7 @@ TEST(Frameworks, ATiedEmbeddingAcrossStagesHasItsOwnRing) {
     Layout l;
     l.pp = pp;
     for (const Allocation& a : outside_allocator({}, d, c, l))
-      if (a.name == "NCCL buffers (embedding group (tied weights))") return a.bytes == nccl_ring_bytes();
+      if (a.name == "NCCL buffers (tied embedding group)") return a.bytes == nccl_ring_bytes();
     return false;
   };
   EXPECT_TRUE(has_group("gpt2", 2));

@@ -836,7 +836,12 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
   r.corpus = load_corpus(r.o.data, r.o.val_fraction, r.o.model.seq);
   const std::string saved_data =
       saved ? read_header(resume_dir, [&] { return saved->header.at("options").at("data").get<std::string>(); }) : "";
-  if (saved && saved_data != r.corpus.id)
+  // The same bytes under another path (a resume from another folder) are the same data.
+  auto content = [](const std::string& id) {
+    const auto parts = split_corpus_id(id);
+    return parts ? parts->second : id;
+  };
+  if (saved && content(saved_data) != content(r.corpus.id))
     fail("--data differs from the run saved in '{}': it trained on {}, this is {}", resume_dir, saved_data,
          r.corpus.id);
   build_model(r);

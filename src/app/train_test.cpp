@@ -347,6 +347,23 @@ TEST(Train, RefusesAMismatchedResume) {
   std::filesystem::remove_all(dir);
 }
 
+// The data is its bytes: the same file under another path (a resume from another folder) continues
+// the run; other bytes are refused.
+TEST(Train, AResumeTakesTheSameDataUnderAnotherPath) {
+  const std::string dir = temp_dir("resume_data_path");
+  TrainOptions o = interrupted_run(dir, 5, 2, 3);
+  std::filesystem::create_directories(dir + "/moved");
+  std::filesystem::copy_file(o.data, dir + "/moved/text.txt");
+  std::filesystem::copy_file(o.data, dir + "/moved/longer.txt");
+  std::ofstream(dir + "/moved/longer.txt", std::ios::app) << "more";
+  TrainOptions moved = o;
+  moved.data = dir + "/moved/longer.txt";
+  EXPECT_TRUE(contains(testing::error_of([&] { train(moved, o.save_dir, {"data"}); }), "--data differs"));
+  moved.data = dir + "/moved/../moved/text.txt";
+  EXPECT_EQ(testing::error_of([&] { train(moved, o.save_dir, {"data"}); }), "");
+  std::filesystem::remove_all(dir);
+}
+
 // Explicit choices that name what gpt2 builds by default continue a run saved without them.
 TEST(Train, AResumeAcceptsChoicesTheSavedKindBuiltByDefault) {
   const std::string dir = temp_dir("resume_choices");

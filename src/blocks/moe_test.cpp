@@ -192,9 +192,10 @@ TEST(Moe, DeterministicUnpermuteKeepsTheExpertsOutputs) {
   EXPECT_THROW(GPT(c, Policy::parse("none")), Error);
 }
 
-// Equal scores go to the lower experts, so a recompute of the same logits routes the same way:
-// with a zero router every token's scores tie, and every policy still gives none's bits.
-TEST(Moe, TiedScoresGoToTheLowerExpertsInARecompute) {
+// Ties are broken by a fixed rule (TiedScoresPickTheLowestExperts), so a recompute of the same
+// logits routes the same way: with a zero router every token's scores tie, and every policy still
+// gives none's bits.
+TEST(Moe, TiedScoresRouteTheSameInARecompute) {
   const ModelConfig c = tiny("moe", 0.1);
   auto grads = [&](const std::string& policy) {
     at::manual_seed(1);

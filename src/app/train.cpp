@@ -846,6 +846,14 @@ TrainResult train(const TrainOptions& given, const std::string& resume_dir,
          r.corpus.id);
   build_model(r);
   r.predicted_peak = guard_memory(r.o, r.model->compiled_step(), r.shape, outside);
+  // A budget is planned on one micro-batch of one process; gradient accumulation and data
+  // parallelism keep more (the gradients or buckets beside a later micro-batch).
+  if (const Policy asked = Policy::parse(r.o.policy);
+      asked.is_budget() && asked.budget().bytes > 0 && r.predicted_peak > asked.budget().bytes)
+    fail(
+        "--policy {} is planned on one micro-batch, and this run's step (--accum {}, --nproc {}) peaks at {} under "
+        "its plan; give a budget that leaves room for that, or a policy",
+        r.o.policy, r.o.accum, r.o.dist.world, bytes_str(r.predicted_peak));
   const ScopedLimit limit(r.o.memory_limit > 0 ? r.o.memory_limit : MemoryTracker::limit());
   const bool resumed = saved.has_value();
   if (saved) {

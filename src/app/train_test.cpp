@@ -299,6 +299,27 @@ TEST(Train, AStopSavesBeforeTheProgressLineThatMayFail) {
   std::filesystem::remove_all(dir);
 }
 
+// A budget is planned on one micro-batch: a run whose accumulation keeps more than the budget under
+// that plan is refused, naming its peak; the same budget without accumulation trains.
+TEST(Train, ABudgetTheAccumulatedStepExceedsIsRefused) {
+  const std::string dir = temp_dir("budget_accum");
+  TrainOptions o = tiny(corpus_file(dir));
+  o.steps = 2, o.eval_every = 0;
+  ModelConfig m = o.model;
+  m.vocab = kByteVocab;
+  const BlockSpec block = make_block(m);
+  ResolvedPolicy none;
+  none.layers.assign(m.layers, keep_everything(block));
+  const int64_t one = simulate_memory(compile_step(std::make_shared<const ModelSpec>(make_model(m)), none), o.threads,
+                                      nullptr, trainer_step_shape(1, 1, 0, 0))
+                          .total_peak();
+  o.policy = fmt::format("budget:{}", one);
+  EXPECT_EQ(testing::error_of([&] { train(o); }), "");
+  o.accum = 2;
+  EXPECT_TRUE(contains(testing::error_of([&] { train(o); }), "is planned on one micro-batch, and this run's step"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Train, ResumeMayChangeThePolicyButNotTheTrajectory) {
   const std::string dir = temp_dir("resume_policy");
   TrainOptions o = tiny(corpus_file(dir));

@@ -251,7 +251,7 @@ void check_bench_options(const BenchOptions& o) {
             "a smaller --batch",
             to_string(a),
             runs > 1 ? fmt::format(" beside the other {} runs' weights, moments and gradients", runs - 1) : "",
-            bytes_str(need), bytes_str(usable), runs > 1 ? "fewer --policies, " : "");
+            bytes_str(need), bytes_str(usable), runs > 1 ? "fewer --policies or --engine values, " : "");
     }
     // A policy no attention variant can run is refused now, with the first variant's error as a
     // single run would give it (one that fails in some variants only is left out of those, with a note).

@@ -808,10 +808,6 @@ void check_train_memory(const TrainOptions& given) {
   o.model.vocab = kByteVocab;
   const Policy policy = Policy::parse(o.policy);
   if (policy.is_budget()) {  // a budget no policy meets, refused as build_model's planner would, measuring nothing
-    const int64_t bytes = policy.budget().bytes;
-    if (o.memory_limit > 0 && bytes > o.memory_limit)
-      fail("--policy {} plans a peak of up to {}, more than --memory-limit {}: give a budget of at most the limit",
-           o.policy, bytes_str(bytes), bytes_str(o.memory_limit));
     check_policy(policy, o.model, o.threads);
     return;
   }

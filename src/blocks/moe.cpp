@@ -206,9 +206,9 @@ void check(const ModelConfig& c) {
   const double widest = std::max(static_cast<double>(c.dim), 2.0 * static_cast<double>(c.hidden()));
   if (8 * copies * widest > std::ldexp(1.0, 60))
     fail(
-        "ModelConfig batch {} x seq {} x top_k {} makes {:.3g} expert rows of {} features, over 2^60 bytes: give a "
-        "smaller batch, seq, top_k or ffn",
-        c.batch, c.seq, c.top_k, copies, c.hidden());
+        "ModelConfig.batch {} x ModelConfig.seq {} x ModelConfig.top_k {} makes {:.3g} expert rows of {} features, "
+        "over 2^60 bytes: give a smaller batch, seq, top_k, dim or ffn",
+        c.batch, c.seq, c.top_k, copies, widest);
 }
 
 }  // namespace
